@@ -1,0 +1,45 @@
+# The two commands a new user runs (see README): `make run` and `make test`.
+SHELL := /bin/bash
+GO ?= go
+# How long each fuzz target runs inside `make test` (longer when you change a parser:
+# `make fuzz FUZZTIME=2m`).
+FUZZTIME ?= 3s
+# Packages holding Fuzz targets.
+FUZZ_PKGS ?= $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u)
+
+.PHONY: all build run test lint unit fuzz bench clean
+
+all: build
+
+build:
+	$(GO) build -o bin/pgsse ./cmd/pgsse
+
+# Runs pgsse for real on this machine: a throwaway PostgreSQL unless DATABASE_URL is set.
+run: build
+	scripts/run.sh
+
+# The whole suite: formatting, vet, every test with -race against a throwaway PostgreSQL
+# (or the one PGSSE_TEST_DATABASE_URL names), then each fuzz target briefly.
+test: lint unit fuzz
+
+lint:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+unit:
+	scripts/pg.sh with $(GO) test -race -count=1 -timeout 20m ./...
+
+fuzz:
+	@set -e; for pkg in $(FUZZ_PKGS); do \
+	  for fn in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$fn ($(FUZZTIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg >/tmp/pgsse-fuzz.log 2>&1 || { cat /tmp/pgsse-fuzz.log; exit 1; }; \
+	  done; \
+	done; echo "fuzz: all targets passed"
+
+bench:
+	scripts/pg.sh with $(GO) test -run '^$$' -bench . -benchmem ./framing/... ./sse/... ./ring/... ./pglisten/... ./engine/...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,216 @@
+// Package pgtest gives tests a real PostgreSQL: a fresh database on the shared test
+// cluster named by PGSSE_TEST_DATABASE_URL (which `make test` starts), or a private
+// throwaway cluster for tests that restart or reconfigure the server.
+//
+// A test that needs PostgreSQL and finds none fails, saying how to run it; it never skips.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// EnvURL is the environment variable naming the shared test cluster (a superuser DSN).
+const EnvURL = "PGSSE_TEST_DATABASE_URL"
+
+// URL returns the shared test cluster's superuser DSN, or fails the test with the
+// command that provides one.
+func URL(t testing.TB) string {
+	t.Helper()
+	u := os.Getenv(EnvURL)
+	if u == "" {
+		t.Fatalf("%s is not set: this test needs PostgreSQL. Run `make test`, or "+
+			"`scripts/pg.sh with go test ./...` to start a throwaway cluster for one run.", EnvURL)
+	}
+	return u
+}
+
+// NewDatabase creates an empty database on the shared cluster and returns its DSN.
+// The database is dropped (terminating its sessions) when the test ends.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	return newDatabaseOn(t, URL(t))
+}
+
+func newDatabaseOn(t testing.TB, admin string) string {
+	t.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "pgsse_t_" + hex.EncodeToString(b[:])
+	Exec(t, admin, "CREATE DATABASE "+name)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgconn.Connect(ctx, admin)
+		if err != nil {
+			t.Logf("pgtest: drop %s: %v", name, err)
+			return
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)").ReadAll(); err != nil {
+			t.Logf("pgtest: drop %s: %v", name, err)
+		}
+	})
+	return WithDatabase(t, admin, name)
+}
+
+// WithDatabase returns dsn with its database replaced by name.
+func WithDatabase(t testing.TB, dsn, name string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("pgtest: parse %q: %v", dsn, err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// Exec runs sql (simple protocol, may hold several statements) on a new connection.
+func Exec(t testing.TB, dsn, sql string) []*pgconn.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	defer c.Close(context.Background())
+	res, err := c.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		t.Fatalf("pgtest: %s: %v", firstLine(sql), err)
+	}
+	return res
+}
+
+// QueryValue runs a query returning one row with one column and returns it as text
+// ("" for NULL).
+func QueryValue(t testing.TB, dsn, sql string) string {
+	t.Helper()
+	res := Exec(t, dsn, sql)
+	last := res[len(res)-1]
+	if len(last.Rows) != 1 || len(last.Rows[0]) != 1 {
+		t.Fatalf("pgtest: %s: want one value, got %d rows", firstLine(sql), len(last.Rows))
+	}
+	return string(last.Rows[0][0])
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i] + "…"
+	}
+	return s
+}
+
+// Cluster is a private throwaway PostgreSQL cluster, for tests that restart, stop or
+// reconfigure the server. Created with StartCluster; removed when the test ends.
+type Cluster struct {
+	Dir  string // holds data/, the Unix socket, server.log
+	Port string
+	t    testing.TB
+}
+
+// ClusterOptions configure StartCluster.
+type ClusterOptions struct {
+	SSL bool // ssl=on with a self-signed certificate made for this cluster
+}
+
+// StartCluster starts a private cluster with scripts/pg.sh (about a second).
+func StartCluster(t testing.TB, opts ClusterOptions) *Cluster {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pgsse-pgtest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"start", dir}
+	if opts.SSL {
+		args = append(args, "--ssl")
+	}
+	cmd := exec.Command(Script(), args...)
+	cmd.WaitDelay = 5 * time.Second // the script's children must not keep us waiting
+	if _, err := cmd.Output(); err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		_ = exec.Command(Script(), "stop", dir).Run()
+		t.Fatalf("pgtest: start cluster: %v\n%s", err, stderr)
+	}
+	port, err := os.ReadFile(filepath.Join(dir, "port"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Cluster{Dir: dir, Port: strings.TrimSpace(string(port)), t: t}
+	t.Cleanup(func() { _ = exec.Command(Script(), "stop", dir).Run() })
+	return c
+}
+
+// URL is the superuser DSN over TCP with the given sslmode ("disable", "require", …).
+func (c *Cluster) URL(sslmode string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%s/postgres?sslmode=%s", c.Port, sslmode)
+}
+
+// SocketURL is the superuser DSN over the cluster's Unix socket.
+func (c *Cluster) SocketURL() string {
+	return fmt.Sprintf("host=%s port=%s user=postgres dbname=postgres sslmode=disable", c.Dir, c.Port)
+}
+
+// NewDatabase creates a database on this cluster (see the package-level NewDatabase).
+func (c *Cluster) NewDatabase(t testing.TB) string {
+	t.Helper()
+	return newDatabaseOn(t, c.URL("disable"))
+}
+
+// Restart runs `pg_ctl restart -m fast`.
+func (c *Cluster) Restart() { c.pgctl("-m", "fast", "-o", "-p "+c.Port, "-l", c.logFile(), "restart") }
+
+// Stop runs `pg_ctl stop -m fast`.
+func (c *Cluster) Stop() { c.pgctl("-m", "fast", "stop") }
+
+// Start brings a stopped cluster back on the same port.
+func (c *Cluster) Start() { c.pgctl("-o", "-p "+c.Port, "-l", c.logFile(), "start") }
+
+func (c *Cluster) logFile() string { return filepath.Join(c.Dir, "server.log") }
+
+func (c *Cluster) pgctl(args ...string) {
+	c.t.Helper()
+	bin, err := exec.Command(Script(), "bindir").Output()
+	if err != nil {
+		c.t.Fatalf("pgtest: bindir: %v", err)
+	}
+	full := append([]string{"-D", filepath.Join(c.Dir, "data"), "-w", "-t", "60"}, args...)
+	cmd := exec.Command(filepath.Join(strings.TrimSpace(string(bin)), "pg_ctl"), full...)
+	if os.Geteuid() == 0 {
+		cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", cmd.Path}, full...)...)
+	}
+	// Never hand pg_ctl a pipe: the postmaster it starts would inherit it and
+	// the pipe would not close until the server stops.
+	out, err := os.CreateTemp(c.Dir, "pg_ctl-*.out")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer os.Remove(out.Name())
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		msg, _ := os.ReadFile(out.Name())
+		c.t.Fatalf("pgtest: pg_ctl %v: %v\n%s", args, err, msg)
+	}
+}
+
+// Script is the absolute path of scripts/pg.sh.
+func Script() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "pg.sh")
+}
