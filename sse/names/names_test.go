@@ -1,0 +1,246 @@
+package names
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+type nameCase struct {
+	name string
+	in   string
+	err  error
+}
+
+// both runs check on the string and on its []byte form and asserts the same result.
+func both(t *testing.T, check func(string) error, checkB func([]byte) error, cases []nameCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.ErrorIs(t, check(tc.in), tc.err, "string %q", tc.in)
+			assert.ErrorIs(t, checkB([]byte(tc.in)), tc.err, "[]byte %q", tc.in)
+			if tc.err == nil {
+				assert.NoError(t, check(tc.in))
+				assert.NoError(t, checkB([]byte(tc.in)))
+			}
+		})
+	}
+}
+
+func TestCheckStream(t *testing.T) {
+	cases := []nameCase{
+		{"len0", "", ErrStreamLength},
+		{"len1", "a", nil},
+		{"lenMax", strings.Repeat("x", MaxStream), nil},
+		{"lenMax+1", strings.Repeat("x", MaxStream+1), ErrStreamLength},
+		{"lenMax+1 bad chars", strings.Repeat(" ", MaxStream+1), ErrStreamLength},
+		{"alnum", "ABCxyz019", nil},
+		{"typical", "orders/42", nil},
+		{"all punct", "a.b_c:d@e/f=g+h~i-j", nil},
+		{"space", "a b", ErrStreamChars},
+		{"percent", "a%20", ErrStreamChars},
+		{"NUL", "a\x00", ErrStreamChars},
+		{"0x80", "a\x80", ErrStreamChars},
+		{"0xff", "\xff", ErrStreamChars},
+		{"newline", "a\n", ErrStreamChars},
+		{"CR", "\ra", ErrStreamChars},
+		{"star", "chat/*", ErrStreamChars},
+		{"question", "a?b", ErrStreamChars},
+		{"hash", "a#b", ErrStreamChars},
+		{"comma", "a,b", ErrStreamChars},
+		{"quote", `a"b`, ErrStreamChars},
+		{"backslash", `a\b`, ErrStreamChars},
+		{"utf8", "café", ErrStreamChars},
+		{"forbidden at max", strings.Repeat("x", MaxStream-1) + "%", ErrStreamChars},
+	}
+	for _, p := range []byte("._:@/=+~-") {
+		cases = append(cases, nameCase{"punct " + string(p), string(p), nil})
+		cases = append(cases, nameCase{"punct mid " + string(p), "a" + string(p) + "b", nil})
+	}
+	both(t, CheckStream[string], CheckStream[[]byte], cases)
+}
+
+func TestCheckEvent(t *testing.T) {
+	cases := []nameCase{
+		{"len0", "", ErrEventLength},
+		{"len1", "m", nil},
+		{"lenMax", strings.Repeat("e", MaxEvent), nil},
+		{"lenMax+1", strings.Repeat("e", MaxEvent+1), ErrEventLength},
+		{"typical", "order.created", nil},
+		{"gap", "pgsse:gap", nil},
+		{"all punct", "a.b_c:d-e", nil},
+		{"space", "a b", ErrEventChars},
+		{"percent", "a%", ErrEventChars},
+		{"NUL", "\x00", ErrEventChars},
+		{"0x80", "\x80", ErrEventChars},
+		{"newline", "a\nb", ErrEventChars},
+		{"CR", "a\r", ErrEventChars},
+		{"colon space", "a: b", ErrEventChars},
+	}
+	for _, p := range []byte("._:-") {
+		cases = append(cases, nameCase{"punct " + string(p), string(p), nil})
+	}
+	// Stream-only punctuation is not allowed in events.
+	for _, p := range []byte("@/=+~") {
+		cases = append(cases, nameCase{"stream-only " + string(p), "a" + string(p), ErrEventChars})
+	}
+	both(t, CheckEvent[string], CheckEvent[[]byte], cases)
+}
+
+func TestCheckChannel(t *testing.T) {
+	cases := []nameCase{
+		{"len0", "", ErrChannelEmpty},
+		{"len1", "c", nil},
+		{"lenMax", strings.Repeat("c", MaxChannel), nil},
+		{"lenMax+1", strings.Repeat("c", MaxChannel+1), ErrChannelLength},
+		{"lenMax+1 with NUL", strings.Repeat("\x00", MaxChannel+1), ErrChannelLength},
+		{"NUL only", "\x00", ErrChannelNUL},
+		{"NUL mid", "a\x00b", ErrChannelNUL},
+		{"NUL at max", strings.Repeat("c", MaxChannel-1) + "\x00", ErrChannelNUL},
+		{"space", "a b", nil},
+		{"percent", "a%", nil},
+		{"quote", `we"ird`, nil},
+		{"newline", "a\n", nil},
+		{"0x80", "\x80", nil},
+		{"utf8", "café", nil},
+		{"pgsse", "pgsse", nil},
+	}
+	both(t, CheckChannel[string], CheckChannel[[]byte], cases)
+}
+
+func TestParseCursor(t *testing.T) {
+	cases := []struct {
+		in   string
+		want int64
+		err  error
+	}{
+		{"0", 0, nil},
+		{"1", 1, nil},
+		{"42", 42, nil},
+		{"007", 7, nil},
+		{strings.Repeat("0", 300) + "5", 5, nil},
+		{"9223372036854775806", 1<<63 - 2, nil},
+		{"9223372036854775807", 1<<63 - 1, nil},
+		{"09223372036854775807", 1<<63 - 1, nil},
+		{"9223372036854775808", 0, ErrCursorRange},
+		{"9223372036854775809", 0, ErrCursorRange},
+		{"9223372036854775810", 0, ErrCursorRange},
+		{"18446744073709551615", 0, ErrCursorRange},
+		{"18446744073709551616", 0, ErrCursorRange},
+		{"99999999999999999999", 0, ErrCursorRange},
+		{"92233720368547758070", 0, ErrCursorRange},
+		{strings.Repeat("9", 400), 0, ErrCursorRange},
+		{"", 0, ErrCursorSyntax},
+		{"+1", 0, ErrCursorSyntax},
+		{"-1", 0, ErrCursorSyntax},
+		{"-0", 0, ErrCursorSyntax},
+		{" 1", 0, ErrCursorSyntax},
+		{"1 ", 0, ErrCursorSyntax},
+		{"0x1", 0, ErrCursorSyntax},
+		{"1e3", 0, ErrCursorSyntax},
+		{"1_000", 0, ErrCursorSyntax},
+		{"1.0", 0, ErrCursorSyntax},
+		{"١", 0, ErrCursorSyntax}, // Arabic-Indic digit one
+		{"1\x00", 0, ErrCursorSyntax},
+		{"1\n", 0, ErrCursorSyntax},
+		{"/", 0, ErrCursorSyntax}, // '0'-1
+		{":", 0, ErrCursorSyntax}, // '9'+1
+		// Overflowing digits followed by junk: syntax wins (the value was never a number).
+		{"99999999999999999999x", 0, ErrCursorSyntax},
+	}
+	for _, tc := range cases {
+		name := tc.in
+		if len(name) > 40 {
+			name = name[:20] + "…" + strconv.Itoa(len(name))
+		}
+		t.Run(name, func(t *testing.T) {
+			for _, got := range []func() (int64, error){
+				func() (int64, error) { return ParseCursor(tc.in) },
+				func() (int64, error) { return ParseCursor([]byte(tc.in)) },
+			} {
+				v, err := got()
+				if tc.err != nil {
+					assert.ErrorIs(t, err, tc.err)
+					assert.Zero(t, v)
+				} else {
+					assert.NoError(t, err)
+					assert.Equal(t, tc.want, v)
+				}
+			}
+		})
+	}
+}
+
+// Every error message names its rule; they reach HTTP bodies and SQL errors.
+func TestErrorMessages(t *testing.T) {
+	errs := map[error]string{
+		ErrStreamLength:  "stream name must be 1-200 bytes",
+		ErrStreamChars:   "stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -",
+		ErrEventLength:   "event name must be 1-64 bytes",
+		ErrEventChars:    "event name may contain only A-Z a-z 0-9 and . _ : -",
+		ErrChannelEmpty:  "channel name must be 1-63 bytes",
+		ErrChannelLength: "channel name must be at most 63 bytes",
+		ErrChannelNUL:    "channel name must not contain a NUL byte",
+		ErrCursorSyntax:  "cursor must be decimal digits",
+		ErrCursorRange:   "cursor must be at most 9223372036854775807",
+	}
+	seen := map[string]bool{}
+	for err, msg := range errs {
+		assert.Equal(t, msg, err.Error())
+		assert.False(t, seen[msg], "duplicate message %q", msg)
+		seen[msg] = true
+	}
+}
+
+// Named string/byte types work through the ~ constraint.
+func TestNamedTypes(t *testing.T) {
+	type streamName string
+	type raw []byte
+	assert.NoError(t, CheckStream(streamName("a/b")))
+	assert.ErrorIs(t, CheckStream(raw("a b")), ErrStreamChars)
+	v, err := ParseCursor(raw("12"))
+	assert.NoError(t, err)
+	assert.Equal(t, int64(12), v)
+}
+
+var sink error
+
+func TestZeroAllocs(t *testing.T) {
+	long := strings.Repeat("x", MaxStream)
+	bs := []byte("orders/42")
+	bad := []byte("a b")
+	cur := []byte("9223372036854775807")
+	cases := map[string]func(){
+		"CheckStream string":  func() { sink = CheckStream(long) },
+		"CheckStream bytes":   func() { sink = CheckStream(bs) },
+		"CheckStream bad":     func() { sink = CheckStream(bad) },
+		"CheckEvent string":   func() { sink = CheckEvent("order.created") },
+		"CheckEvent bytes":    func() { sink = CheckEvent(bad) },
+		"CheckChannel string": func() { sink = CheckChannel("jobs") },
+		"CheckChannel bytes":  func() { sink = CheckChannel(bs) },
+		"ParseCursor bytes":   func() { _, sink = ParseCursor(cur) },
+		"ParseCursor string":  func() { _, sink = ParseCursor("123456") },
+		"ParseCursor bad":     func() { _, sink = ParseCursor("99999999999999999999") },
+	}
+	for name, fn := range cases {
+		assert.Zero(t, testing.AllocsPerRun(200, fn), name)
+	}
+}
+
+func BenchmarkCheckStream(b *testing.B) {
+	s := []byte("tenant-7/orders/2024-06-01:abc@x")
+	b.ReportAllocs()
+	for b.Loop() {
+		sink = CheckStream(s)
+	}
+}
+
+func BenchmarkParseCursor(b *testing.B) {
+	s := []byte("9223372036854775807")
+	b.ReportAllocs()
+	for b.Loop() {
+		_, sink = ParseCursor(s)
+	}
+}
