@@ -1,0 +1,204 @@
+package framing
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/pgsse/pgsse/sse/names"
+)
+
+// Wire constants.
+const (
+	HeaderLen = 4     // the u32 body length
+	MaxBody   = 65536 // largest announced body length N, type byte included
+	Version   = 1     // HELLO protocol version
+	MaxName   = 64    // longest HELLO worker name
+)
+
+// Type is a frame's first body byte.
+type Type uint8
+
+// Frame types. 0x0_ travel worker→hub, 0x8_ hub→worker.
+const (
+	TypeHello  Type = 0x01
+	TypeSub    Type = 0x02
+	TypeUnsub  Type = 0x03
+	TypePing   Type = 0x04
+	TypeAck    Type = 0x81
+	TypeNotify Type = 0x82
+	TypeStatus Type = 0x83
+	TypePong   Type = 0x84
+)
+
+// String returns the protocol name of t ("SUB"), or "Type(0x..)" if unknown.
+func (t Type) String() string {
+	switch t {
+	case TypeHello:
+		return "HELLO"
+	case TypeSub:
+		return "SUB"
+	case TypeUnsub:
+		return "UNSUB"
+	case TypePing:
+		return "PING"
+	case TypeAck:
+		return "ACK"
+	case TypeNotify:
+		return "NOTIFY"
+	case TypeStatus:
+		return "STATUS"
+	case TypePong:
+		return "PONG"
+	}
+	return unknown("Type", uint8(t))
+}
+
+// IsWorkerType reports whether t is a frame a worker sends (HELLO, SUB, UNSUB, PING).
+func IsWorkerType(t Type) bool { return t >= TypeHello && t <= TypePing }
+
+// IsHubType reports whether t is a frame the hub sends (ACK, NOTIFY, STATUS, PONG).
+func IsHubType(t Type) bool { return t >= TypeAck && t <= TypePong }
+
+// SUB modes (Frame.Mode). Untyped so they compare with uint8 fields directly;
+// convert to Mode for a name.
+const (
+	ModeLossless = 0 // every notification is delivered, or the worker is evicted
+	ModeWake     = 1 // notifications may collapse into one STATUS RESYNC for the channel
+)
+
+// Mode names a SUB mode for logs.
+type Mode uint8
+
+func (m Mode) String() string {
+	switch m {
+	case ModeLossless:
+		return "LOSSLESS"
+	case ModeWake:
+		return "WAKE"
+	}
+	return unknown("Mode", uint8(m))
+}
+
+// ACK codes (Frame.Code of an ACK). Untyped; convert to AckCode for a name.
+const (
+	AckOK            = 0
+	AckBadChannel    = 1
+	AckListenFailed  = 2
+	AckLimit         = 3
+	AckNotSubscribed = 4
+)
+
+// AckCode names an ACK code for logs.
+type AckCode uint8
+
+func (c AckCode) String() string {
+	switch c {
+	case AckOK:
+		return "OK"
+	case AckBadChannel:
+		return "BAD_CHANNEL"
+	case AckListenFailed:
+		return "LISTEN_FAILED"
+	case AckLimit:
+		return "LIMIT"
+	case AckNotSubscribed:
+		return "NOT_SUBSCRIBED"
+	}
+	return unknown("AckCode", uint8(c))
+}
+
+// STATUS codes (Frame.Code of a STATUS). Untyped; convert to StatusCode for a name.
+const (
+	StatusReady         = 1
+	StatusListenerDown  = 2
+	StatusResync        = 3
+	StatusShutdown      = 4
+	StatusEvicted       = 5
+	StatusProtocolError = 6
+)
+
+// StatusCode names a STATUS code for logs.
+type StatusCode uint8
+
+func (c StatusCode) String() string {
+	switch c {
+	case StatusReady:
+		return "READY"
+	case StatusListenerDown:
+		return "LISTENER_DOWN"
+	case StatusResync:
+		return "RESYNC"
+	case StatusShutdown:
+		return "SHUTDOWN"
+	case StatusEvicted:
+		return "EVICTED"
+	case StatusProtocolError:
+		return "PROTOCOL_ERROR"
+	}
+	return unknown("StatusCode", uint8(c))
+}
+
+func unknown(kind string, v uint8) string {
+	return kind + "(0x" + strconv.FormatUint(uint64(v)|0x100, 16)[1:] + ")"
+}
+
+// Decode errors. Every error except ErrIncomplete means the byte stream is
+// not the hub protocol and the connection must be closed (SPEC §5). Channel
+// rule violations are reported with the errors of package names
+// (names.ErrChannelEmpty, names.ErrChannelLength, names.ErrChannelNUL).
+var (
+	ErrIncomplete  = errors.New("framing: incomplete frame, need more bytes")
+	ErrLength      = errors.New("framing: frame length must be 1-65536 bytes")
+	ErrUnknownType = errors.New("framing: unknown frame type")
+	ErrTruncated   = errors.New("framing: frame body ends inside a field")
+	ErrBadVersion  = errors.New("framing: HELLO version must be 1")
+	ErrNameTooLong = errors.New("framing: HELLO name must be at most 64 bytes")
+	ErrBadMode     = errors.New("framing: SUB mode must be 0 (lossless) or 1 (wake)")
+	ErrBadCode     = errors.New("framing: ACK code must be 0-4 and STATUS code 1-6")
+	ErrTrailing    = errors.New("framing: PING/PONG body must be exactly a u64 token")
+)
+
+// Frame is one decoded frame. Which fields are meaningful depends on Type;
+// the others are zero. Channel, Name and Text are views into the decoded
+// input (see Decode and Decoder.Next for their lifetime); copy them to keep them.
+type Frame struct {
+	Type    Type
+	Version uint8  // HELLO
+	PID     uint32 // HELLO, NOTIFY
+	Req     uint32 // SUB, UNSUB, ACK
+	Mode    uint8  // SUB
+	Code    uint8  // ACK, STATUS
+	Token   uint64 // PING, PONG
+	Channel []byte // SUB, UNSUB, NOTIFY, STATUS   (view)
+	Name    []byte // HELLO                        (view)
+	Text    []byte // ACK message, STATUS text, NOTIFY payload (view)
+}
+
+// Append re-encodes f and appends it to dst. A frame returned by Decode
+// re-encodes to exactly the bytes it was decoded from. A Frame with an
+// unknown Type appends nothing. Like the AppendX functions it trusts its
+// fields' lengths.
+func (f *Frame) Append(dst []byte) []byte {
+	switch f.Type {
+	case TypeHello:
+		return AppendHello(dst, f.PID, f.Name)
+	case TypeSub:
+		return AppendSub(dst, f.Req, f.Mode, f.Channel)
+	case TypeUnsub:
+		return AppendUnsub(dst, f.Req, f.Channel)
+	case TypePing:
+		return AppendPing(dst, f.Token)
+	case TypeAck:
+		return AppendAck(dst, f.Req, f.Code, f.Text)
+	case TypeNotify:
+		return AppendNotify(dst, f.PID, f.Channel, f.Text)
+	case TypeStatus:
+		return AppendStatus(dst, f.Code, f.Channel, f.Text)
+	case TypePong:
+		return AppendPong(dst, f.Token)
+	}
+	return dst
+}
+
+// checkChannel applies the names rule to SUB/UNSUB/NOTIFY channels.
+func checkChannel(ch []byte) error { return names.CheckChannel(ch) }
