@@ -1,0 +1,153 @@
+package auth
+
+import (
+	"crypto"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// Verification errors. Each maps to HTTP 401; the messages are fit for a one-line body
+// and never echo token contents.
+var (
+	ErrMalformed   = errors.New("token is malformed")
+	ErrSignature   = errors.New("token signature is invalid")
+	ErrExpired     = errors.New("token has expired")
+	ErrNotYetValid = errors.New("token is not valid yet (nbf)")
+	ErrNoExp       = errors.New("token has no exp claim")
+	ErrIssuer      = errors.New("token issuer is not accepted")
+	ErrAudience    = errors.New("token audience is not accepted")
+	ErrAlgorithm   = errors.New("token algorithm is not accepted")
+)
+
+// MaxTokenBytes bounds the token Verify will look at.
+const MaxTokenBytes = 8192
+
+// wireClaims is the token's JSON payload: the registered claims plus ours under "pgsse".
+type wireClaims struct {
+	jwt.RegisteredClaims
+	PGSSE wirePGSSE `json:"pgsse"`
+}
+
+type wirePGSSE struct {
+	Streams  []string `json:"streams,omitempty"`
+	Channels []string `json:"channels,omitempty"`
+	Tags     []string `json:"tags,omitempty"`
+}
+
+// Verifier checks tokens against one configuration. It is safe for concurrent use.
+type Verifier struct {
+	cfg     Config
+	secret  []byte           // HS256; nil if not configured
+	pub     crypto.PublicKey // nil if not configured
+	pubAlg  string           // the only algorithm pub accepts
+	parser  *jwt.Parser
+	keyFunc jwt.Keyfunc
+}
+
+// NewVerifier parses the configured keys once. It needs Secret or PublicKeyPEM (or both:
+// then HS256 tokens are checked with the secret and the public key's own algorithm with
+// the key). Errors name the problem, e.g. "public key: no PEM block".
+func NewVerifier(cfg Config) (*Verifier, error) {
+	if len(cfg.Secret) == 0 && len(cfg.PublicKeyPEM) == 0 {
+		return nil, errors.New("no JWT key: need a secret or a public key")
+	}
+	v := &Verifier{cfg: cfg}
+	if len(cfg.Secret) > 0 {
+		v.secret = slices.Clone(cfg.Secret)
+	}
+	if len(cfg.PublicKeyPEM) > 0 {
+		key, alg, err := ParsePublicKeyPEM(cfg.PublicKeyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("public key: %w", err)
+		}
+		v.pub, v.pubAlg = key, alg
+	}
+	// Claims are validated by Verify itself, against the caller's clock.
+	v.parser = jwt.NewParser(jwt.WithoutClaimsValidation(), jwt.WithStrictDecoding())
+	v.keyFunc = v.key
+	return v, nil
+}
+
+// Algorithms lists the algorithms this verifier accepts.
+func (v *Verifier) Algorithms() []string {
+	var algs []string
+	if v.secret != nil {
+		algs = append(algs, AlgHS256)
+	}
+	if v.pub != nil {
+		algs = append(algs, v.pubAlg)
+	}
+	return algs
+}
+
+// key picks the verification key from the token's alg, accepting only the configured
+// families: a token never chooses how it is checked.
+func (v *Verifier) key(t *jwt.Token) (any, error) {
+	alg := t.Method.Alg()
+	switch {
+	case alg == AlgHS256 && v.secret != nil:
+		return v.secret, nil
+	case v.pub != nil && alg == v.pubAlg:
+		return v.pub, nil
+	}
+	return nil, ErrAlgorithm
+}
+
+// Verify checks token's signature and its exp, nbf, iss and aud against now and the
+// configuration, and returns the granted claims. Every error is one of the Err* values
+// above (test with errors.Is).
+func (v *Verifier) Verify(token []byte, now time.Time) (*Claims, error) {
+	if len(token) == 0 || len(token) > MaxTokenBytes {
+		return nil, ErrMalformed
+	}
+	var wc wireClaims
+	if _, err := v.parser.ParseWithClaims(string(token), &wc, v.keyFunc); err != nil {
+		return nil, classify(err)
+	}
+	if wc.ExpiresAt == nil {
+		if !v.cfg.AllowNoExp {
+			return nil, ErrNoExp
+		}
+	} else if !now.Before(wc.ExpiresAt.Time) {
+		return nil, ErrExpired
+	}
+	if wc.NotBefore != nil && now.Before(wc.NotBefore.Time) {
+		return nil, ErrNotYetValid
+	}
+	if v.cfg.Issuer != "" && wc.Issuer != v.cfg.Issuer {
+		return nil, ErrIssuer
+	}
+	if v.cfg.Audience != "" && !slices.Contains(wc.Audience, v.cfg.Audience) {
+		return nil, ErrAudience
+	}
+	c := &Claims{
+		Streams:  wc.PGSSE.Streams,
+		Channels: wc.PGSSE.Channels,
+		Tags:     wc.PGSSE.Tags,
+		Subject:  wc.Subject,
+	}
+	if wc.ExpiresAt != nil {
+		c.Expires = wc.ExpiresAt.Time
+	}
+	return c, nil
+}
+
+func classify(err error) error {
+	switch {
+	case errors.Is(err, ErrAlgorithm):
+		return ErrAlgorithm
+	case errors.Is(err, jwt.ErrTokenMalformed):
+		return ErrMalformed
+	case errors.Is(err, jwt.ErrTokenUnverifiable):
+		// alg missing or unknown to the library (including "none" without its magic key)
+		return ErrAlgorithm
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		return ErrSignature
+	default:
+		return ErrMalformed
+	}
+}
