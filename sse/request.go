@@ -1,0 +1,813 @@
+package sse
+
+import (
+	"bytes"
+	"errors"
+)
+
+// Method is the request method, classified for routing.
+type Method uint8
+
+// Methods. Any other token is MethodOther; Request.RawMethod keeps it.
+const (
+	MethodNone Method = iota
+	MethodGET
+	MethodHEAD
+	MethodOPTIONS
+	MethodOther
+)
+
+func (m Method) String() string {
+	switch m {
+	case MethodGET:
+		return "GET"
+	case MethodHEAD:
+		return "HEAD"
+	case MethodOPTIONS:
+		return "OPTIONS"
+	case MethodOther:
+		return "other"
+	}
+	return "none"
+}
+
+// Route is the endpoint a request path selects.
+type Route uint8
+
+// Routes. Matching is on the raw (still percent-encoded), case-sensitive
+// path: "/streams/…" and "/channels/…" need the trailing slash ("/streams"
+// alone is RouteOther), and the root is exactly "/".
+const (
+	RouteNone    Route = iota
+	RouteStream        // /streams/{stream}
+	RouteChannel       // /channels/{channel}
+	RouteRoot          // "/", the demo page
+	RouteOther         // anything else: 404
+)
+
+func (r Route) String() string {
+	switch r {
+	case RouteStream:
+		return "stream"
+	case RouteChannel:
+		return "channel"
+	case RouteRoot:
+		return "root"
+	case RouteOther:
+		return "other"
+	}
+	return "none"
+}
+
+// Request is a parsed request head. Every byte slice is a view into the
+// buffer passed to Parse or into the Parser's scratch; views have no spare
+// capacity (appending to one copies) and are valid until the next Parse on
+// the same Parser. Values are trimmed of surrounding whitespace; absent
+// headers are nil.
+type Request struct {
+	Method    Method
+	RawMethod []byte // the method token as sent, for logs and the 405 decision
+	Route     Route
+	Target    []byte // the raw request target (path and query)
+
+	// Name is the rest of the path after "/streams/" or "/channels/",
+	// percent-decoded ('+' stays '+'). It is not validated here: callers
+	// run names.CheckStream / names.CheckChannel on it.
+	Name []byte
+
+	Token          []byte // ?token=, percent-decoded, '+' as space; nil if absent
+	Since          []byte // ?since=, percent-decoded, '+' as space
+	HasSince       bool   // ?since was present, even if blank
+	LastEventID    []byte // Last-Event-ID header
+	HasLastEventID bool   // the header was present, even if blank
+	Authorization  []byte
+	Cookie         []byte // raw Cookie header; several Cookie lines are joined with "; "
+	Origin         []byte
+	Host           []byte
+	ACRMethod      []byte // Access-Control-Request-Method
+	ACRHeaders     []byte // Access-Control-Request-Headers
+	HTTP10         bool   // the request line said HTTP/1.0
+	HeadLen        int    // bytes of input the head occupied, including the final CRLFCRLF
+}
+
+// ParseError is a request the server must refuse: Status is the HTTP status
+// to answer with and Reason the one-line body that says which rule broke.
+type ParseError struct {
+	Status int
+	Reason string
+}
+
+func (e *ParseError) Error() string { return e.Reason }
+
+// DefaultMaxHead is SPEC §3's default --max-header-bytes.
+const DefaultMaxHead = 8192
+
+var (
+	// ErrIncomplete means the buffer does not yet hold a whole head and
+	// nothing in it so far is invalid: read more and call Parse again.
+	ErrIncomplete = errors.New("sse: request head incomplete")
+
+	// ErrHeadTooLarge is returned as soon as more than maxHead bytes have
+	// arrived without the end of the head, or a complete head is longer
+	// than maxHead.
+	ErrHeadTooLarge = &ParseError{Status: 431, Reason: "request head is larger than the limit"}
+)
+
+func badRequest(reason string) *ParseError { return &ParseError{Status: 400, Reason: reason} }
+
+// One error per rule; the Reason is the 400 body.
+var (
+	errMethod        = badRequest("request method must be a token")
+	errRequestLine   = badRequest("request line must be METHOD SP request-target SP HTTP-version CRLF")
+	errSpaces        = badRequest("request line must separate its parts with single spaces")
+	errAsteriskForm  = badRequest("asterisk-form request target (*) is not accepted")
+	errAbsoluteForm  = badRequest("absolute-form request target is not accepted: send the path only")
+	errOriginForm    = badRequest("request target must be a path starting with /")
+	errTargetByte    = badRequest("request target contains a byte that must be percent-encoded")
+	errFragment      = badRequest("request target must not contain a fragment (#)")
+	errPathEscape    = badRequest("invalid percent-escape in path")
+	errPathNUL       = badRequest("path must not contain %00")
+	errQueryEscape   = badRequest("invalid percent-escape in query")
+	errDupToken      = badRequest("duplicate token query parameter")
+	errDupSince      = badRequest("duplicate since query parameter")
+	errVersionSyntax = badRequest("malformed HTTP version")
+	errVersion       = badRequest("HTTP version must be HTTP/1.1 or HTTP/1.0")
+	errBareCR        = badRequest("bare CR in request head: lines must end in CRLF")
+	errBareLF        = badRequest("bare LF in request head: lines must end in CRLF")
+	errObsFold       = badRequest("obsolete header line folding is not accepted")
+	errHeaderName    = badRequest("header name must be a token")
+	errSpaceColon    = badRequest("whitespace between header name and colon is not accepted")
+	errNoColon       = badRequest("header line must be name: value")
+	errHeaderCTL     = badRequest("header value contains a control character")
+	errBody          = badRequest("request bodies are not accepted")
+	errContentLength = badRequest("invalid Content-Length")
+	errNoHost        = badRequest("missing Host header")
+	errHost          = badRequest("invalid Host header")
+	errDupHost       = badRequest("duplicate Host header")
+	errDupAuth       = badRequest("duplicate Authorization header")
+	errDupLastID     = badRequest("duplicate Last-Event-ID header")
+	errDupOrigin     = badRequest("duplicate Origin header")
+	errDupACRMethod  = badRequest("duplicate Access-Control-Request-Method header")
+	errDupACRHeaders = badRequest("duplicate Access-Control-Request-Headers header")
+)
+
+// Parser parses request heads. It is reusable and not safe for concurrent
+// use: one per event loop. It owns a scratch buffer for percent-decoded and
+// joined values, sized to the largest head seen, so steady-state parsing
+// does not allocate.
+type Parser struct {
+	req     Request
+	scratch []byte
+	seen    uint16 // headers seen in this head, for duplicate detection
+	cookieS int    // offset of the joined Cookie value in scratch, -1 if none
+}
+
+const (
+	seenHost uint16 = 1 << iota
+	seenAuth
+	seenCookie
+	seenLastID
+	seenOrigin
+	seenACRMethod
+	seenACRHeaders
+)
+
+// Parser states, one per position in the head's grammar.
+const (
+	stMethod = iota
+	stTarget
+	stVersion
+	stLineStart
+	stName
+	stValue
+)
+
+var crlfcrlf = []byte("\r\n\r\n")
+
+// Parse parses one request head from the start of buf.
+//
+// It finds the end of the head (the first CRLFCRLF) before anything else,
+// so calling it on a growing buffer after every read is cheap, and then
+// makes one pass over the head. Bytes after the head (a pipelined request)
+// are not looked at; Request.HeadLen says where the head ended.
+//
+// It returns ErrIncomplete when buf holds no whole head yet, nothing in it
+// is invalid and len(buf) <= maxHead; ErrHeadTooLarge when more than maxHead
+// bytes arrived without the end of the head, or the head is longer than
+// maxHead; otherwise, for an invalid head, a *ParseError with Status 400.
+// maxHead <= 0 means DefaultMaxHead.
+//
+// The returned *Request and its views belong to p and are valid until the
+// next call to Parse.
+func (p *Parser) Parse(buf []byte, maxHead int) (*Request, error) {
+	if maxHead <= 0 {
+		maxHead = DefaultMaxHead
+	}
+	p.req = Request{}
+	p.seen = 0
+	p.cookieS = -1
+	if end := bytes.Index(buf, crlfcrlf); end >= 0 {
+		if end+4 > maxHead {
+			return nil, ErrHeadTooLarge
+		}
+		buf = buf[:end+4]
+	} else if len(buf) > maxHead {
+		return nil, ErrHeadTooLarge
+	}
+	// Decoded and joined values never outgrow the head they come from, so
+	// this capacity means appends to scratch never reallocate mid-parse.
+	if cap(p.scratch) < len(buf) {
+		p.scratch = make([]byte, 0, max(len(buf), min(maxHead, 64<<10)))
+	}
+	p.scratch = p.scratch[:0]
+	if err := p.scan(buf); err != nil {
+		return nil, err
+	}
+	return &p.req, nil
+}
+
+// scan is the state machine over the head. It returns nil once it has
+// consumed the blank line that ends the head, ErrIncomplete if it runs out
+// of input first, or the *ParseError of the first rule broken.
+func (p *Parser) scan(b []byte) error {
+	r := &p.req
+	state := stMethod
+	mark, nameEnd, valStart, valEnd := 0, 0, 0, 0
+	for i := 0; i < len(b); i++ {
+		switch state {
+		case stMethod:
+			for i < len(b) && isToken[b[i]] {
+				i++
+			}
+			if i == len(b) {
+				return ErrIncomplete
+			}
+			if c := b[i]; c == '\r' || c == '\n' {
+				return lineError(b, i, errRequestLine)
+			} else if c != ' ' {
+				return errMethod
+			}
+			if i == 0 {
+				return errMethod
+			}
+			r.RawMethod = b[0:i:i]
+			r.Method = methodOf(r.RawMethod)
+			mark = i + 1
+			state = stTarget
+
+		case stTarget:
+			for i < len(b) && isTarget[b[i]] {
+				i++
+			}
+			if i == len(b) {
+				return ErrIncomplete
+			}
+			switch c := b[i]; {
+			case c == ' ' && i == mark:
+				return errSpaces
+			case c == ' ':
+				if err := p.target(b[mark:i:i]); err != nil {
+					return err
+				}
+				mark = i + 1
+				state = stVersion
+			case c == '#':
+				return errFragment
+			case c == '\r' || c == '\n':
+				return lineError(b, i, errRequestLine)
+			default:
+				return errTargetByte
+			}
+
+		case stVersion:
+			c := b[i]
+			switch {
+			case c == '\r':
+				if i+1 == len(b) {
+					return ErrIncomplete
+				}
+				if b[i+1] != '\n' {
+					return errBareCR
+				}
+				if err := p.version(b[mark:i]); err != nil {
+					return err
+				}
+				i++
+				state = stLineStart
+			case c == '\n':
+				return errBareLF
+			case c == ' ':
+				return errSpaces
+			case i-mark >= len("HTTP/1.1"):
+				return versionError(b[mark:i])
+			case i-mark < len("HTTP/1.") && c != "HTTP/1."[i-mark]:
+				return versionError(b[mark : i+1])
+			}
+
+		case stLineStart:
+			c := b[i]
+			switch {
+			case isToken[c]:
+				mark = i
+				state = stName
+			case c == '\r':
+				if i+1 == len(b) {
+					return ErrIncomplete
+				}
+				if b[i+1] != '\n' {
+					return errBareCR
+				}
+				if p.seen&seenHost == 0 && !r.HTTP10 {
+					return errNoHost
+				}
+				r.HeadLen = i + 2
+				return nil
+			case c == '\n':
+				return errBareLF
+			case c == ' ' || c == '\t':
+				return errObsFold
+			default:
+				return errHeaderName
+			}
+
+		case stName:
+			for i < len(b) && isToken[b[i]] {
+				i++
+			}
+			if i == len(b) {
+				return ErrIncomplete
+			}
+			switch c := b[i]; c {
+			case ':':
+				nameEnd = i
+				valStart, valEnd = -1, -1
+				state = stValue
+			case ' ', '\t':
+				return errSpaceColon
+			case '\r', '\n':
+				return lineError(b, i, errNoColon)
+			default:
+				return errHeaderName
+			}
+
+		case stValue:
+			for ; i < len(b); i++ {
+				c := b[i]
+				if isFieldVChar[c] {
+					if valStart < 0 {
+						valStart = i
+					}
+					valEnd = i + 1
+					continue
+				}
+				if c != ' ' && c != '\t' {
+					break
+				}
+			}
+			if i == len(b) {
+				return ErrIncomplete
+			}
+			switch b[i] {
+			case '\r':
+				if i+1 == len(b) {
+					return ErrIncomplete
+				}
+				if b[i+1] != '\n' {
+					return errBareCR
+				}
+				if valStart < 0 {
+					valStart, valEnd = i, i
+				}
+				if err := p.header(b[mark:nameEnd], b[valStart:valEnd:valEnd]); err != nil {
+					return err
+				}
+				i++
+				state = stLineStart
+			case '\n':
+				return errBareLF
+			default:
+				return errHeaderCTL
+			}
+		}
+	}
+	return ErrIncomplete
+}
+
+// lineError reports the byte at b[i], which ended a request-line part too
+// early: a CR not followed by LF or an LF not preceded by CR is reported as
+// such, a proper CRLF (or a CR still waiting for its LF) as def.
+func lineError(b []byte, i int, def *ParseError) error {
+	switch b[i] {
+	case '\n':
+		return errBareLF
+	case '\r':
+		if i+1 < len(b) && b[i+1] != '\n' {
+			return errBareCR
+		}
+	}
+	return def
+}
+
+func methodOf(m []byte) Method {
+	switch string(m) {
+	case "GET":
+		return MethodGET
+	case "HEAD":
+		return MethodHEAD
+	case "OPTIONS":
+		return MethodOPTIONS
+	}
+	return MethodOther
+}
+
+// version checks the whole HTTP-version of the request line.
+func (p *Parser) version(v []byte) error {
+	switch string(v) {
+	case "HTTP/1.1":
+		return nil
+	case "HTTP/1.0":
+		p.req.HTTP10 = true
+		return nil
+	}
+	return versionError(v)
+}
+
+// versionError tells a well-formed but unsupported version (HTTP/2.0) from
+// one that is not an HTTP-version at all.
+func versionError(v []byte) error {
+	if len(v) > 5 && string(v[:5]) == "HTTP/" {
+		return errVersion
+	}
+	return errVersionSyntax
+}
+
+// target parses the request target: origin-form only, the path's escapes
+// checked, the route chosen, the name and query decoded.
+func (p *Parser) target(t []byte) error {
+	r := &p.req
+	r.Target = t
+	if t[0] != '/' {
+		switch {
+		case len(t) == 1 && t[0] == '*':
+			return errAsteriskForm
+		case isAbsoluteForm(t):
+			return errAbsoluteForm
+		}
+		return errOriginForm
+	}
+	path, query, hasQuery := t, []byte(nil), false
+	if q := bytes.IndexByte(t, '?'); q >= 0 {
+		path, query, hasQuery = t[:q:q], t[q+1:], true
+	}
+	if err := checkPathEscapes(path); err != nil {
+		return err
+	}
+	switch {
+	case len(path) == 1:
+		r.Route = RouteRoot
+	case hasPrefix(path, "/streams/"):
+		r.Route = RouteStream
+		r.Name = p.decode(path[len("/streams/"):], false)
+	case hasPrefix(path, "/channels/"):
+		r.Route = RouteChannel
+		r.Name = p.decode(path[len("/channels/"):], false)
+	default:
+		r.Route = RouteOther
+	}
+	if hasQuery {
+		return p.query(query)
+	}
+	return nil
+}
+
+// isAbsoluteForm reports whether t starts with a URI scheme and ':'.
+func isAbsoluteForm(t []byte) bool {
+	if !isAlpha(t[0]) {
+		return false
+	}
+	for _, c := range t[1:] {
+		switch {
+		case c == ':':
+			return true
+		case isAlpha(c) || c >= '0' && c <= '9' || c == '+' || c == '-' || c == '.':
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+func isAlpha(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
+
+func hasPrefix(b []byte, prefix string) bool {
+	return len(b) >= len(prefix) && string(b[:len(prefix)]) == prefix
+}
+
+// checkPathEscapes checks that every '%' in path starts a two-hex-digit
+// escape and that none is %00.
+func checkPathEscapes(path []byte) error {
+	for i := bytes.IndexByte(path, '%'); i >= 0; {
+		if i+2 >= len(path) || unhex[path[i+1]] < 0 || unhex[path[i+2]] < 0 {
+			return errPathEscape
+		}
+		if path[i+1] == '0' && path[i+2] == '0' {
+			return errPathNUL
+		}
+		j := bytes.IndexByte(path[i+3:], '%')
+		if j < 0 {
+			break
+		}
+		i += 3 + j
+	}
+	return nil
+}
+
+// query walks the '&'-separated parameters, keeping token and since.
+// Every escape in the query must be valid, used or not.
+func (p *Parser) query(q []byte) error {
+	r := &p.req
+	haveToken := false
+	for len(q) > 0 {
+		param := q
+		if i := bytes.IndexByte(q, '&'); i >= 0 {
+			param, q = q[:i], q[i+1:]
+		} else {
+			q = nil
+		}
+		if len(param) == 0 {
+			continue
+		}
+		for i := bytes.IndexByte(param, '%'); i >= 0; {
+			if i+2 >= len(param) || unhex[param[i+1]] < 0 || unhex[param[i+2]] < 0 {
+				return errQueryEscape
+			}
+			j := bytes.IndexByte(param[i+3:], '%')
+			if j < 0 {
+				break
+			}
+			i += 3 + j
+		}
+		key, value := param, param[len(param):]
+		if i := bytes.IndexByte(param, '='); i >= 0 {
+			key, value = param[:i], param[i+1:]
+		}
+		switch {
+		case queryKeyIs(key, "token"):
+			if haveToken {
+				return errDupToken
+			}
+			haveToken = true
+			r.Token = p.decode(value, true)
+		case queryKeyIs(key, "since"):
+			if r.HasSince {
+				return errDupSince
+			}
+			r.HasSince = true
+			r.Since = p.decode(value, true)
+		}
+	}
+	return nil
+}
+
+// queryKeyIs reports whether the raw, already-validated query key decodes
+// to want, without decoding it anywhere.
+func queryKeyIs(key []byte, want string) bool {
+	j := 0
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		switch c {
+		case '%':
+			c = byte(unhex[key[i+1]]<<4 | unhex[key[i+2]])
+			i += 2
+		case '+':
+			c = ' '
+		}
+		if j == len(want) || want[j] != c {
+			return false
+		}
+		j++
+	}
+	return j == len(want)
+}
+
+// decode returns the percent-decoded raw value (with '+' as space when
+// plus is set): raw itself when it has nothing to decode, else a copy in
+// scratch. raw's escapes have been validated.
+func (p *Parser) decode(raw []byte, plus bool) []byte {
+	if bytes.IndexByte(raw, '%') < 0 && (!plus || bytes.IndexByte(raw, '+') < 0) {
+		return raw[:len(raw):len(raw)]
+	}
+	start := len(p.scratch)
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		switch {
+		case c == '%':
+			c = byte(unhex[raw[i+1]]<<4 | unhex[raw[i+2]])
+			i += 2
+		case c == '+' && plus:
+			c = ' '
+		}
+		p.scratch = append(p.scratch, c)
+	}
+	return p.scratch[start:len(p.scratch):len(p.scratch)]
+}
+
+// header handles one header line: name is a token, value is trimmed and
+// free of control characters other than HTAB.
+func (p *Parser) header(name, value []byte) error {
+	r := &p.req
+	switch len(name) {
+	case 4:
+		if foldEq(name, "host") {
+			if p.seen&seenHost != 0 {
+				return errDupHost
+			}
+			p.seen |= seenHost
+			for _, c := range value {
+				if !isHost[c] {
+					return errHost
+				}
+			}
+			r.Host = value
+		}
+	case 6:
+		switch {
+		case foldEq(name, "cookie"):
+			p.cookie(value)
+		case foldEq(name, "origin"):
+			if p.seen&seenOrigin != 0 {
+				return errDupOrigin
+			}
+			p.seen |= seenOrigin
+			r.Origin = value
+		}
+	case 13:
+		switch {
+		case foldEq(name, "authorization"):
+			if p.seen&seenAuth != 0 {
+				return errDupAuth
+			}
+			p.seen |= seenAuth
+			r.Authorization = value
+		case foldEq(name, "last-event-id"):
+			if p.seen&seenLastID != 0 {
+				return errDupLastID
+			}
+			p.seen |= seenLastID
+			r.LastEventID, r.HasLastEventID = value, true
+		}
+	case 14:
+		if foldEq(name, "content-length") {
+			if len(value) == 0 {
+				return errContentLength
+			}
+			for _, c := range value {
+				if c < '0' || c > '9' {
+					return errContentLength
+				}
+				if c != '0' {
+					return errBody
+				}
+			}
+		}
+	case 17:
+		if foldEq(name, "transfer-encoding") {
+			return errBody
+		}
+	case 29:
+		if foldEq(name, "access-control-request-method") {
+			if p.seen&seenACRMethod != 0 {
+				return errDupACRMethod
+			}
+			p.seen |= seenACRMethod
+			r.ACRMethod = value
+		}
+	case 30:
+		if foldEq(name, "access-control-request-headers") {
+			if p.seen&seenACRHeaders != 0 {
+				return errDupACRHeaders
+			}
+			p.seen |= seenACRHeaders
+			r.ACRHeaders = value
+		}
+	}
+	return nil
+}
+
+// cookie records a Cookie header. RFC 9113 lets a client split cookies over
+// several lines; they are joined with "; " in scratch, whose capacity (the
+// head's length) always holds the join.
+func (p *Parser) cookie(value []byte) {
+	r := &p.req
+	if p.seen&seenCookie == 0 || len(r.Cookie) == 0 {
+		p.seen |= seenCookie
+		r.Cookie = value
+		return
+	}
+	if len(value) == 0 {
+		return
+	}
+	if p.cookieS < 0 {
+		p.cookieS = len(p.scratch)
+		p.scratch = append(p.scratch, r.Cookie...)
+	}
+	p.scratch = append(p.scratch, ';', ' ')
+	p.scratch = append(p.scratch, value...)
+	r.Cookie = p.scratch[p.cookieS:len(p.scratch):len(p.scratch)]
+}
+
+// foldEq reports whether the header name equals lower, a lower-case name,
+// ignoring ASCII case.
+func foldEq(name []byte, lower string) bool {
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// CookieValue returns the value of the first cookie called name in a Cookie
+// header value ("a=1; b=2"), without surrounding double quotes, or nil if
+// there is none. The result is a view into cookie; it does not allocate.
+func CookieValue(cookie []byte, name string) []byte {
+	for len(cookie) > 0 {
+		part := cookie
+		if i := bytes.IndexByte(cookie, ';'); i >= 0 {
+			part, cookie = cookie[:i], cookie[i+1:]
+		} else {
+			cookie = nil
+		}
+		eq := bytes.IndexByte(part, '=')
+		if eq < 0 || string(trimOWS(part[:eq])) != name {
+			continue
+		}
+		v := trimOWS(part[eq+1:])
+		if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+			v = v[1 : len(v)-1]
+		}
+		return v[:len(v):len(v)]
+	}
+	return nil
+}
+
+func trimOWS(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// ValidHeaderList reports whether b is a comma-separated list of header
+// names (tokens, optional whitespace, empty elements allowed), the shape of
+// Access-Control-Request-Headers, so it can be echoed in a preflight.
+func ValidHeaderList(b []byte) bool {
+	for len(b) > 0 {
+		elem := b
+		if i := bytes.IndexByte(b, ','); i >= 0 {
+			elem, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		for _, c := range trimOWS(elem) {
+			if !isToken[c] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Byte classes.
+var (
+	isToken      [256]bool // RFC 9110 tchar
+	isTarget     [256]bool // bytes allowed raw in a request target: VCHAR but '#'
+	isFieldVChar [256]bool // VCHAR and obs-text: a header value's non-space bytes
+	isHost       [256]bool // uri-host [ ":" port ], IP-literals included
+	unhex        [256]int8 // hex digit value, -1 if not a hex digit
+)
+
+func init() {
+	for c := 0; c < 256; c++ {
+		unhex[c] = -1
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		isToken[c] = alnum || c < 0x80 && bytes.IndexByte([]byte("!#$%&'*+-.^_`|~"), byte(c)) >= 0
+		isTarget[c] = c > 0x20 && c < 0x7f && c != '#'
+		isFieldVChar[c] = c > 0x20 && c != 0x7f
+		isHost[c] = alnum || c < 0x80 && bytes.IndexByte([]byte("-._~!$&'()*+,;=:[]%"), byte(c)) >= 0
+	}
+	for c := '0'; c <= '9'; c++ {
+		unhex[c] = int8(c - '0')
+	}
+	for c := 'a'; c <= 'f'; c++ {
+		unhex[c] = int8(c - 'a' + 10)
+		unhex[c-'a'+'A'] = int8(c - 'a' + 10)
+	}
+}
