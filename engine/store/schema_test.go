@@ -1,0 +1,159 @@
+package store
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
+)
+
+const psqlPath = "/usr/bin/psql"
+
+// schemaDump describes everything pgsse installs, for comparing two databases.
+const schemaDump = `SELECT string_agg(x, E'\n' ORDER BY x) FROM (
+  SELECT 'col ' || table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '')
+    FROM information_schema.columns WHERE table_schema = 'pgsse'
+  UNION ALL SELECT 'fn ' || pg_get_functiondef(p.oid) FROM pg_proc p WHERE p.pronamespace = 'pgsse'::regnamespace
+  UNION ALL SELECT 'idx ' || indexdef FROM pg_indexes WHERE schemaname = 'pgsse'
+  UNION ALL SELECT 'seq ' || sequencename || ' ' || data_type::text || ' ' || cycle FROM pg_sequences WHERE schemaname = 'pgsse'
+  UNION ALL SELECT 'con ' || conrelid::regclass::text || ' ' || pg_get_constraintdef(oid) FROM pg_constraint WHERE connamespace = 'pgsse'::regnamespace
+  UNION ALL SELECT 'ver ' || version FROM pgsse.schema_version
+) s(x)`
+
+func runPsql(t *testing.T, dsn, file string) error {
+	t.Helper()
+	out, err := exec.Command(psqlPath, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", file).CombinedOutput()
+	if err != nil {
+		t.Logf("psql: %s", out)
+	}
+	return err
+}
+
+func writeMigrationSQL(t *testing.T) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "pgsse.sql")
+	require.NoError(t, os.WriteFile(file, []byte(MigrationSQL()), 0o600))
+	return file
+}
+
+func TestMigrateTwice(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	c := connect(t, dsn)
+	ctx := context.Background()
+
+	v, err := Version(ctx, c)
+	require.NoError(t, err)
+	assert.Equal(t, 0, v, "fresh database")
+
+	from, to, err := Migrate(ctx, c)
+	require.NoError(t, err)
+	assert.Equal(t, [2]int{0, SchemaVersion}, [2]int{from, to})
+
+	from, to, err = Migrate(ctx, c)
+	require.NoError(t, err)
+	assert.Equal(t, [2]int{SchemaVersion, SchemaVersion}, [2]int{from, to})
+
+	v, err = Version(ctx, c)
+	require.NoError(t, err)
+	assert.Equal(t, SchemaVersion, v)
+	assert.Equal(t, "1", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.schema_version"))
+	// The advisory lock was released: another session can take it at once.
+	assert.Equal(t, "t", pgtest.QueryValue(t, dsn, "SELECT pg_try_advisory_lock("+strconv.Itoa(migrateLockKey)+")"))
+}
+
+func TestMigrateRefusesNewerSchema(t *testing.T) {
+	dsn := migrated(t)
+	pgtest.Exec(t, dsn, "INSERT INTO pgsse.schema_version (version) VALUES (99)")
+	_, _, err := Migrate(context.Background(), connect(t, dsn))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "newer")
+}
+
+// Four Migrate calls on their own connections and two psql processes applying
+// MigrationSQL, all at once on a fresh database: every one succeeds, the version is
+// recorded once, and the schema is the one a lone Migrate installs.
+func TestMigrateConcurrent(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	file := writeMigrationSQL(t)
+	const goroutines, processes = 4, 2
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	type result struct{ from, to int }
+	results := make([]result, goroutines)
+	errs := make([]error, goroutines+processes)
+	for i := 0; i < goroutines; i++ {
+		c := connect(t, dsn)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			from, to, err := Migrate(context.Background(), c)
+			results[i], errs[i] = result{from, to}, err
+		}()
+	}
+	for i := 0; i < processes; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			errs[goroutines+i] = runPsql(t, dsn, file)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	fresh := 0
+	for i, err := range errs {
+		require.NoError(t, err, "runner %d", i)
+	}
+	for _, r := range results {
+		assert.Equal(t, SchemaVersion, r.to)
+		if r.from == 0 {
+			fresh++
+		}
+	}
+	assert.LessOrEqual(t, fresh, 1, "only one runner may find the database unmigrated")
+	assert.Equal(t, "1", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.schema_version"))
+	assert.Equal(t, pgtest.QueryValue(t, migrated(t), schemaDump), pgtest.QueryValue(t, dsn, schemaDump))
+}
+
+// `pgsse migrate --print` applied with psql gives the schema Migrate gives, and
+// applying it again changes nothing.
+func TestMigrationSQLMatchesMigrate(t *testing.T) {
+	want := pgtest.QueryValue(t, migrated(t), schemaDump)
+	require.Contains(t, want, "FUNCTION pgsse.publish(stream text, data text, event text DEFAULT NULL::text, audience text[] DEFAULT NULL::text[])")
+	require.Contains(t, want, "FUNCTION pgsse.broadcast(")
+	require.Contains(t, want, "FUNCTION pgsse.prune(older_than interval, keep_last integer DEFAULT 0)")
+
+	dsn := pgtest.NewDatabase(t)
+	file := writeMigrationSQL(t)
+	require.NoError(t, runPsql(t, dsn, file))
+	assert.Equal(t, want, pgtest.QueryValue(t, dsn, schemaDump))
+
+	require.NoError(t, runPsql(t, dsn, file), "second run")
+	assert.Equal(t, want, pgtest.QueryValue(t, dsn, schemaDump))
+
+	// Migrate after the script finds nothing to do.
+	from, to, err := Migrate(context.Background(), connect(t, dsn))
+	require.NoError(t, err)
+	assert.Equal(t, [2]int{SchemaVersion, SchemaVersion}, [2]int{from, to})
+}
+
+func TestMigrationSQLQuoting(t *testing.T) {
+	for _, m := range Migrations {
+		assert.NotContains(t, m.SQL, "$pgsse_", "version %d must not use the script's dollar-quote tags", m.Version)
+	}
+	for i, m := range Migrations {
+		assert.Equal(t, i+1, m.Version, "versions are 1, 2, 3, ... in order")
+	}
+	assert.Equal(t, SchemaVersion, Migrations[len(Migrations)-1].Version)
+	assert.True(t, strings.HasPrefix(MigrationSQL(), "-- pgsse schema"))
+}
