@@ -1,0 +1,96 @@
+package fuzz
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/pgsse/pgsse/sse/names"
+)
+
+// Reference implementations: the rules written the obvious way.
+
+func refCharset(s string, max int, allowed string, errLen, errChars error) error {
+	if len(s) < 1 || len(s) > max {
+		return errLen
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+		if !alnum && strings.IndexByte(allowed, c) < 0 {
+			return errChars
+		}
+	}
+	return nil
+}
+
+func refChannel(s string) error {
+	switch {
+	case len(s) == 0:
+		return names.ErrChannelEmpty
+	case len(s) > 63:
+		return names.ErrChannelLength
+	case strings.IndexByte(s, 0) >= 0:
+		return names.ErrChannelNUL
+	}
+	return nil
+}
+
+func refCursor(s string) (int64, error) {
+	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, names.ErrCursorSyntax
+	}
+	v, err := strconv.ParseUint(s, 10, 63) // digits only, so any error is a range error
+	if err != nil {
+		return 0, names.ErrCursorRange
+	}
+	return int64(v), nil
+}
+
+func sameErr(t *testing.T, what, s string, want, got error) {
+	t.Helper()
+	if !errors.Is(got, want) || (want == nil) != (got == nil) {
+		t.Fatalf("%s(%q) = %v, reference says %v", what, s, got, want)
+	}
+}
+
+// FuzzNames checks the validators against the reference implementations, for
+// both string and []byte inputs.
+func FuzzNames(f *testing.F) {
+	for _, s := range []string{
+		"", "a", "orders/42", "a.b_c:d@e/f=g+h~i-j", "pgsse:gap", "a b", "a%20", "a\x00b", "\x80", "a\n",
+		strings.Repeat("x", 63), strings.Repeat("x", 64), strings.Repeat("x", 65),
+		strings.Repeat("x", 200), strings.Repeat("x", 201),
+		"0", "007", "+1", "-1", " 1", "1 ", "0x1",
+		"9223372036854775807", "9223372036854775808", "18446744073709551616", "99999999999999999999x",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b := []byte(s)
+		want := refCharset(s, 200, "._:@/=+~-", names.ErrStreamLength, names.ErrStreamChars)
+		sameErr(t, "CheckStream", s, want, names.CheckStream(s))
+		sameErr(t, "CheckStream[]byte", s, want, names.CheckStream(b))
+
+		want = refCharset(s, 64, "._:-", names.ErrEventLength, names.ErrEventChars)
+		sameErr(t, "CheckEvent", s, want, names.CheckEvent(s))
+		sameErr(t, "CheckEvent[]byte", s, want, names.CheckEvent(b))
+
+		want = refChannel(s)
+		sameErr(t, "CheckChannel", s, want, names.CheckChannel(s))
+		sameErr(t, "CheckChannel[]byte", s, want, names.CheckChannel(b))
+
+		wantV, wantErr := refCursor(s)
+		for _, parse := range []func() (int64, error){
+			func() (int64, error) { return names.ParseCursor(s) },
+			func() (int64, error) { return names.ParseCursor(b) },
+		} {
+			v, err := parse()
+			sameErr(t, "ParseCursor", s, wantErr, err)
+			if v != wantV {
+				t.Fatalf("ParseCursor(%q) = %d, reference %d", s, v, wantV)
+			}
+		}
+	})
+}
