@@ -88,6 +88,7 @@ func (c *connection) writeLoop() {
 		c.wbuf = c.wspare[:0]
 		c.wmu.Unlock()
 		if len(buf) == 0 {
+			c.wspare = buf
 			continue
 		}
 		_ = c.nc.SetWriteDeadline(time.Now().Add(c.timeout))

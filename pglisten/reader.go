@@ -36,8 +36,20 @@ type item struct {
 func readStream(r io.Reader, emit func(item) bool, onRead func(), log *slog.Logger) {
 	b := getBatch()
 	var ctl []ctlMsg
+	// fail delivers what was parsed before the error, then the error.
 	fail := func(err error) {
-		b.Release()
+		if len(b.Notes) > 0 || len(ctl) > 0 {
+			it := item{batch: b, ctl: ctl}
+			if len(b.Notes) == 0 {
+				b.Release()
+				it.batch = nil
+			}
+			if !emit(it) {
+				return
+			}
+		} else {
+			b.Release()
+		}
 		emit(item{err: err})
 	}
 	for {

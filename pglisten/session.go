@@ -147,16 +147,16 @@ type Session struct {
 	epoch time.Time
 
 	// shared with other goroutines
-	mu      sync.Mutex
-	ops     []op
-	started bool
-	closed  bool
-	wake    chan struct{}
-	closing chan struct{}
-	wg      sync.WaitGroup
-	up      atomic.Bool
-	pid     atomic.Uint32
-	live    atomic.Int64
+	mu                 sync.Mutex
+	ops                []op
+	started            bool
+	closed             bool
+	wake               chan struct{}
+	closing            chan struct{}
+	wg                 sync.WaitGroup
+	up                 atomic.Bool
+	pid                atomic.Uint32
+	live               atomic.Int64
 	connects, failures atomic.Uint64
 
 	// owned by the session goroutine

@@ -1,0 +1,5 @@
+//go:build !race
+
+package pglisten
+
+const raceEnabled = false
