@@ -1,0 +1,424 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/engine/auth"
+	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/sse/names"
+)
+
+func TestMigrate(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	r := pgsse(t, nil, "migrate", "--database-url", dsn)
+	requireOK(t, r)
+	assert.Equal(t, "pgsse: schema at version "+strconv.Itoa(store.SchemaVersion)+" (was 0)\n", r.stdout)
+	assert.Equal(t, strconv.Itoa(store.SchemaVersion), pgtest.QueryValue(t, dsn, "SELECT max(version) FROM pgsse.schema_version"))
+
+	r = pgsse(t, nil, "migrate", "--database-url="+dsn)
+	requireOK(t, r)
+	assert.Equal(t, "pgsse: schema at version "+strconv.Itoa(store.SchemaVersion)+" (unchanged)\n", r.stdout)
+}
+
+func TestMigratePrintNeedsNoDatabase(t *testing.T) {
+	// DATABASE_URL is unparsable and nothing listens at PGHOST: --print must not care.
+	r := pgsse(t, []string{"DATABASE_URL=postgres://x:bad:port"}, "migrate", "--print")
+	requireOK(t, r)
+	assert.Equal(t, store.MigrationSQL(), r.stdout)
+	r = pgsse(t, []string{"PGSSE_PRINT=true"}, "migrate")
+	requireOK(t, r)
+	assert.Equal(t, store.MigrationSQL(), r.stdout, "PGSSE_PRINT")
+}
+
+// TestDatabaseSources checks where the connection string comes from, in order:
+// --database-url, PGSSE_DATABASE_URL, DATABASE_URL, the libpq variables.
+func TestDatabaseSources(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	pw, _ := u.User.Password()
+	libpq := []string{"PGHOST=" + u.Hostname(), "PGPORT=" + u.Port(), "PGUSER=" + u.User.Username(),
+		"PGPASSWORD=" + pw, "PGDATABASE=" + strings.TrimPrefix(u.Path, "/")}
+	if m := u.Query().Get("sslmode"); m != "" {
+		libpq = append(libpq, "PGSSLMODE="+m)
+	}
+	bad := "postgres://x:bad:port"
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+	}{
+		{"flag", nil, []string{"--database-url", dsn}},
+		{"flag beats env", []string{"PGSSE_DATABASE_URL=" + bad, "DATABASE_URL=" + bad}, []string{"--database-url", dsn}},
+		{"PGSSE_DATABASE_URL", []string{"PGSSE_DATABASE_URL=" + dsn, "DATABASE_URL=" + bad}, nil},
+		{"DATABASE_URL", []string{"DATABASE_URL=" + dsn}, nil},
+		{"libpq variables", libpq, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := pgsse(t, tc.env, append([]string{"migrate"}, tc.args...)...)
+			requireOK(t, r)
+			assert.Contains(t, r.stdout, "pgsse: schema at version")
+		})
+	}
+	line := errorLine(t, pgsse(t, []string{"DATABASE_URL=" + bad}, "migrate"), 2)
+	assert.True(t, strings.HasPrefix(line, "DATABASE_URL: cannot parse"), line)
+	line = errorLine(t, pgsse(t, []string{"PGSSE_DATABASE_URL=" + bad}, "migrate"), 2)
+	assert.True(t, strings.HasPrefix(line, "PGSSE_DATABASE_URL: cannot parse"), line)
+}
+
+func TestPublish(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	requireOK(t, pgsse(t, nil, "migrate", "--database-url", dsn))
+	env := []string{"DATABASE_URL=" + dsn}
+
+	r := pgsse(t, env, "publish", "orders/42", "hello")
+	requireOK(t, r)
+	assert.Equal(t, "1\n", r.stdout)
+	// Flags after the positional arguments, repeated --audience, data with a newline.
+	r = pgsse(t, env, "publish", "orders/42", "line 1\nline 2", "--event", "update", "--audience", "user:7", "--audience=role:admin")
+	requireOK(t, r)
+	assert.Equal(t, "2\n", r.stdout)
+	// "--" ends the flags: data may start with a dash.
+	r = pgsse(t, env, "publish", "--", "orders/42", "--not-a-flag")
+	requireOK(t, r)
+	assert.Equal(t, "3\n", r.stdout)
+
+	assert.Equal(t, "update|line 1\nline 2|{user:7,role:admin}",
+		pgtest.QueryValue(t, dsn, "SELECT event || '|' || data || '|' || audience::text FROM pgsse.events WHERE stream = 'orders/42' AND id = 2"))
+	assert.Equal(t, "--not-a-flag", pgtest.QueryValue(t, dsn, "SELECT data FROM pgsse.events WHERE stream = 'orders/42' AND id = 3"))
+	assert.Equal(t, "", pgtest.QueryValue(t, dsn, "SELECT event FROM pgsse.events WHERE stream = 'orders/42' AND id = 1"), "no --event is NULL")
+}
+
+func TestPublishEphemeral(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	requireOK(t, pgsse(t, nil, "migrate", "--database-url", dsn))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := pgconn.ParseConfig(dsn)
+	require.NoError(t, err)
+	got := make(chan *pgconn.Notification, 1)
+	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) { got <- n }
+	ln, err := pgconn.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer ln.Close(context.Background())
+	_, err = ln.Exec(ctx, "LISTEN "+store.Channel).ReadAll()
+	require.NoError(t, err)
+
+	r := pgsse(t, []string{"PGSSE_DATABASE_URL=" + dsn}, "publish", "--ephemeral", "ticker", "tick-payload")
+	requireOK(t, r)
+	assert.Empty(t, r.stdout, "ephemeral events have no id")
+	require.NoError(t, ln.WaitForNotification(ctx))
+	n := <-got
+	assert.Equal(t, store.Channel, n.Channel)
+	assert.Contains(t, n.Payload, "tick-payload")
+	assert.Equal(t, "0", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.events"), "nothing stored")
+}
+
+func TestPublishErrors(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	requireOK(t, pgsse(t, nil, "migrate", "--database-url", dsn))
+	env := []string{"DATABASE_URL=" + dsn}
+
+	// The message is the one pgsse.publish raises with SQLSTATE 22023.
+	ctx := context.Background()
+	conn, err := pgconn.Connect(ctx, dsn)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "SELECT pgsse.publish('bad name!', 'x')").ReadAll()
+	conn.Close(ctx)
+	pe, ok := err.(*pgconn.PgError)
+	require.True(t, ok, "want a PgError, got %v", err)
+	require.Equal(t, "22023", pe.Code)
+	line := errorLine(t, pgsse(t, env, "publish", "bad name!", "x"), 2)
+	assert.Equal(t, "publish: "+pe.Message, line)
+	assert.Equal(t, "publish: "+names.ErrStreamChars.Error(), line)
+
+	line = errorLine(t, pgsse(t, env, "publish", "s", "x", "--event", "bad event"), 2)
+	assert.Equal(t, "--event: "+names.ErrEventChars.Error(), line)
+
+	// Too big for a NOTIFY: the server's 22023, passed through.
+	line = errorLine(t, pgsse(t, env, "publish", "--ephemeral", "s", strings.Repeat("x", 8000)), 2)
+	assert.Contains(t, line, "(SQLSTATE 22023)")
+	assert.Contains(t, line, "pgsse.publish")
+
+	line = errorLine(t, pgsse(t, env, "publish", "only-stream"), 2)
+	assert.Equal(t, "publish: need STREAM and DATA (got 1 arguments)", line)
+
+	// Not migrated: a runtime error with the fix.
+	fresh := pgtest.NewDatabase(t)
+	line = errorLine(t, pgsse(t, []string{"DATABASE_URL=" + fresh}, "publish", "s", "x"), 1)
+	assert.Contains(t, line, "run pgsse migrate")
+
+	// Nothing listens: a connection error, exit 1.
+	line = errorLine(t, pgsse(t, nil, "publish", "--database-url", "postgres://u@127.0.0.1:1/db?connect_timeout=5", "s", "x"), 1)
+	assert.True(t, strings.HasPrefix(line, "connect: "), line)
+}
+
+func writeFile(t *testing.T, name string, data []byte) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(p, data, 0o600))
+	return p
+}
+
+func pemOf(t *testing.T, typ string, der []byte, err error) []byte {
+	t.Helper()
+	require.NoError(t, err)
+	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
+}
+
+func TestToken(t *testing.T) {
+	secret := "0123456789abcdef0123456789abcdef"
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	require.NoError(t, err)
+	ecKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	edPub, edKey, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	pkcs8 := func(k any) []byte {
+		der, err := x509.MarshalPKCS8PrivateKey(k)
+		return pemOf(t, "PRIVATE KEY", der, err)
+	}
+	pkix := func(k any) []byte { der, err := x509.MarshalPKIXPublicKey(k); return pemOf(t, "PUBLIC KEY", der, err) }
+	ecSEC1, err := x509.MarshalECPrivateKey(ecKey)
+	require.NoError(t, err)
+
+	claimArgs := []string{"--stream", "orders/42", "--stream=chat/*", "--channel", "jobs", "--tag", "user:7", "--tag", "role:admin", "--ttl", "30m"}
+	cases := []struct {
+		name   string
+		env    []string
+		args   []string
+		verify auth.Config
+	}{
+		{"HS256 flag", nil, []string{"--jwt-secret", secret}, auth.Config{Secret: []byte(secret)}},
+		{"HS256 env", []string{"PGSSE_JWT_SECRET=" + secret}, nil, auth.Config{Secret: []byte(secret)}},
+		{"HS256 file with newline", nil, []string{"--jwt-secret-file", writeFile(t, "secret", []byte(secret+"\n"))}, auth.Config{Secret: []byte(secret)}},
+		{"RS256", nil, []string{"--private-key-file", writeFile(t, "rsa.pem", pemOf(t, "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(rsaKey), nil))},
+			auth.Config{PublicKeyPEM: pkix(&rsaKey.PublicKey)}},
+		{"ES256", nil, []string{"--private-key-file", writeFile(t, "ec.pem", pemOf(t, "EC PRIVATE KEY", ecSEC1, nil))},
+			auth.Config{PublicKeyPEM: pkix(&ecKey.PublicKey)}},
+		{"EdDSA", nil, []string{"--private-key-file", writeFile(t, "ed.pem", pkcs8(edKey))},
+			auth.Config{PublicKeyPEM: pkix(edPub)}},
+		{"key file flag masks the secret variable", []string{"PGSSE_JWT_SECRET=" + secret},
+			[]string{"--private-key-file", writeFile(t, "ed2.pem", pkcs8(edKey))}, auth.Config{PublicKeyPEM: pkix(edPub)}},
+		{"issuer and audience", nil, []string{"--jwt-secret", secret, "--jwt-issuer", "app", "--jwt-audience", "pgsse"},
+			auth.Config{Secret: []byte(secret), Issuer: "app", Audience: "pgsse"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := time.Now()
+			r := pgsse(t, tc.env, append(append([]string{"token"}, claimArgs...), tc.args...)...)
+			requireOK(t, r)
+			tok := strings.TrimSuffix(r.stdout, "\n")
+			require.NotContains(t, tok, "\n", "prints only the token")
+			v, err := auth.NewVerifier(tc.verify)
+			require.NoError(t, err)
+			c, err := v.Verify([]byte(tok), time.Now())
+			require.NoError(t, err)
+			assert.Equal(t, []string{"orders/42", "chat/*"}, c.Streams)
+			assert.Equal(t, []string{"jobs"}, c.Channels)
+			assert.Equal(t, []string{"user:7", "role:admin"}, c.Tags)
+			assert.WithinDuration(t, before.Add(30*time.Minute), c.Expires, 5*time.Second)
+		})
+	}
+
+	// Repeatable flags from the environment are comma-separated.
+	r := pgsse(t, []string{"PGSSE_JWT_SECRET=" + secret, "PGSSE_STREAM=a,b/*", "PGSSE_TAG=t1"}, "token")
+	requireOK(t, r)
+	v, err := auth.NewVerifier(auth.Config{Secret: []byte(secret)})
+	require.NoError(t, err)
+	c, err := v.Verify([]byte(strings.TrimSpace(r.stdout)), time.Now())
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "b/*"}, c.Streams)
+	assert.Equal(t, []string{"t1"}, c.Tags)
+
+	// --ttl 0: no exp, accepted only with AllowNoExp.
+	r = pgsse(t, nil, "token", "--stream", "s", "--ttl", "0", "--jwt-secret", secret)
+	requireOK(t, r)
+	_, err = v.Verify([]byte(strings.TrimSpace(r.stdout)), time.Now())
+	assert.ErrorIs(t, err, auth.ErrNoExp)
+}
+
+func TestVersion(t *testing.T) {
+	r := pgsse(t, nil, "version")
+	requireOK(t, r)
+	assert.Regexp(t, `^pgsse \S+ commit \S+.* `+regexp.QuoteMeta(runtime.Version())+` `+runtime.GOOS+`/`+runtime.GOARCH+"\n$", r.stdout)
+	if _, err := exec.LookPath("git"); err == nil {
+		if _, err := os.Stat("../../.git"); err == nil {
+			assert.Regexp(t, `commit [0-9a-f]{40}`, r.stdout, "built in a git checkout: the revision is stamped")
+		}
+	}
+	r2 := pgsse(t, nil, "--version")
+	requireOK(t, r2)
+	assert.Equal(t, r.stdout, r2.stdout)
+}
+
+func TestDoctor(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	env := []string{"DATABASE_URL=" + dsn}
+
+	// Not migrated: the schema check fails.
+	r := pgsse(t, env, "doctor")
+	assert.Equal(t, 1, r.code, "stdout: %s", r.stdout)
+	assert.Contains(t, r.stdout, "FAIL  schema: not installed: run pgsse migrate\n")
+	assert.Empty(t, r.stderr)
+
+	requireOK(t, pgsse(t, env, "migrate"))
+	r = pgsse(t, env, "doctor", "--workers", "12")
+	requireOK(t, r)
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	checks := []string{"connectivity", "schema", "notify queue", "fd limit", "hub socket", "connection budget"}
+	require.Len(t, lines, len(checks), r.stdout)
+	for i, check := range checks {
+		assert.Regexp(t, `^(ok  |warn)  `+check+`: `, lines[i])
+	}
+	assert.Contains(t, lines[0], "PostgreSQL ")
+	assert.Contains(t, lines[1], "version "+strconv.Itoa(store.SchemaVersion))
+	assert.Contains(t, lines[2], "0.0% in use")
+	assert.Contains(t, lines[5], "5 PostgreSQL connections (1 LISTEN + 4 replay) for all 12 workers; without the hub they would hold 12 LISTEN sessions")
+	assert.Contains(t, lines[5], "max_connections")
+
+	// --max-connections beyond the fd limit.
+	r = pgsse(t, env, "doctor", "--max-connections", strconv.Itoa(1<<30))
+	assert.Equal(t, 1, r.code)
+	assert.Regexp(t, `(?m)^FAIL  fd limit: --max-connections 1073741824 exceeds RLIMIT_NOFILE`, r.stdout)
+
+	// Hub socket: too loose, then right, then stale.
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "hub.sock")
+	ln, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	require.NoError(t, os.Chmod(sock, 0o666))
+	r = pgsse(t, append(env, "PGSSE_HUB_SOCKET="+sock), "doctor")
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stdout, "FAIL  hub socket: "+sock+" has mode 0666, looser than --hub-socket-mode 0600; a server answers\n")
+	require.NoError(t, os.Chmod(sock, 0o600))
+	r = pgsse(t, env, "doctor", "--hub-socket", sock)
+	requireOK(t, r)
+	assert.Contains(t, r.stdout, "ok    hub socket: "+sock+" has mode 0600; a server answers\n")
+	r = pgsse(t, env, "doctor", "--hub-socket", sock, "--hub-socket-mode", "0660")
+	requireOK(t, r)
+	assert.Contains(t, r.stdout, "warn  hub socket: "+sock+" has mode 0600, not --hub-socket-mode 0660")
+	regular := writeFile(t, "not-a-socket", nil)
+	r = pgsse(t, env, "doctor", "--hub-socket", regular)
+	assert.Equal(t, 1, r.code)
+	assert.Contains(t, r.stdout, "FAIL  hub socket: "+regular+" is not a socket")
+
+	// Unreachable database.
+	r = pgsse(t, nil, "doctor", "--database-url", "postgres://u@127.0.0.1:1/db?connect_timeout=5")
+	assert.Equal(t, 1, r.code)
+	assert.Regexp(t, `^FAIL  connectivity: connect: `, r.stdout)
+}
+
+// TestBadInput: every bad configuration exits non-zero with exactly one line that names
+// the flag or variable and the problem, before anything starts.
+func TestBadInput(t *testing.T) {
+	key := []string{"--jwt-secret", "0123456789abcdef0123456789abcdef"}
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want string // the whole line after "pgsse: "
+	}{
+		{"duration", nil, append([]string{"serve", "--heartbeat", "abc"}, key...), `--heartbeat: invalid duration "abc" (e.g. 15s, 2m, 1h30m)`},
+		{"duration, default command", nil, []string{"--retry=x"}, `--retry: invalid duration "x" (e.g. 15s, 2m, 1h30m)`},
+		{"negative duration", nil, append([]string{"--heartbeat", "-1s"}, key...), `--heartbeat: must be positive`},
+		{"int", nil, []string{"--max-connections", "lots"}, `--max-connections: invalid integer "lots"`},
+		{"int too big for the fd limit", nil, append([]string{"--max-connections", "1073741824"}, key...), "--max-connections: 1073741824 exceeds what the file-descriptor limit allows"},
+		{"int zero", nil, append([]string{"--max-connections", "0"}, key...), "--max-connections: must be at least 1"},
+		{"size", nil, []string{"--hub-worker-buffer", "1MB"}, `--hub-worker-buffer: invalid size "1MB" (bytes, or with a KiB, MiB or GiB suffix, e.g. 1MiB)`},
+		{"size too small", nil, append([]string{"--hub-worker-buffer", "1KiB"}, key...), "--hub-worker-buffer: must be between 65540 (one maximum frame) and 1GiB"},
+		{"header size", nil, append([]string{"--max-header-bytes", "10"}, key...), "--max-header-bytes: must be between 1024 and 1048576"},
+		{"mode", nil, []string{"--hub-socket-mode", "rw-------"}, `--hub-socket-mode: invalid mode "rw-------" (octal, e.g. 0600)`},
+		{"mode out of range", nil, []string{"--hub-socket-mode", "1777"}, `--hub-socket-mode: mode "1777" out of range (0000-0777)`},
+		{"bool", []string{"PGSSE_PPROF=maybe"}, nil, `PGSSE_PPROF: invalid boolean "maybe" (use true or false)`},
+		{"unknown flag", nil, []string{"serve", "--no-such-flag"}, "serve: unknown flag --no-such-flag"},
+		{"unknown flag, migrate", nil, []string{"migrate", "-x=1"}, "migrate: unknown flag --x"},
+		{"missing value", nil, []string{"serve", "--listen"}, "--listen: needs a value"},
+		{"bad listen", nil, append([]string{"--listen", "8080"}, key...), `--listen: invalid address "8080" (want host:port, e.g. :8080)`},
+		{"bad DSN", nil, append([]string{"--database-url", "postgres://u@h:notaport/db"}, key...), "--database-url: cannot parse `postgres://u@h:notaport/db`: invalid port"},
+		{"bad DSN, migrate", nil, []string{"migrate", "--database-url", "postgres://u@h:notaport/db"}, "--database-url: cannot parse `postgres://u@h:notaport/db`: invalid port"},
+		{"missing secret file", nil, []string{"--jwt-secret-file", "/nope"}, "--jwt-secret-file: open /nope: no such file or directory"},
+		{"missing secret file from env", []string{"PGSSE_JWT_SECRET_FILE=/nope"}, nil, "PGSSE_JWT_SECRET_FILE: open /nope: no such file or directory"},
+		{"empty secret file", nil, []string{"--jwt-secret-file", os.DevNull}, "--jwt-secret-file: /dev/null is empty"},
+		{"secret and secret file", nil, []string{"--jwt-secret", "a", "--jwt-secret-file", "/x"}, "--jwt-secret and --jwt-secret-file are mutually exclusive"},
+		{"not a public key", nil, []string{"--jwt-public-key-file", os.DevNull}, "--jwt-public-key-file: no PEM block"},
+		{"no key", nil, []string{"serve"}, "no JWT key: set --jwt-secret, --jwt-secret-file or --jwt-public-key-file (or --public-streams for token-free streams)"},
+		{"log format", nil, []string{"--log-format", "xml"}, "--log-format: must be text or json"},
+		{"log level", []string{"PGSSE_LOG_LEVEL=loud"}, nil, "PGSSE_LOG_LEVEL: must be debug, info, warn or error"},
+		{"public stream pattern", nil, []string{"--public-streams", "news/*,bad name"}, `--public-streams: pattern "bad name": stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -`},
+		{"cors wildcard", nil, append([]string{"--cors-origins", "*"}, key...), `--cors-origins: "*" is not allowed: list exact origins (credentials need them)`},
+		{"cors with path", nil, append([]string{"--cors-origins", "https://a.example/app"}, key...), `--cors-origins: "https://a.example/app" is not an origin (want scheme://host[:port], e.g. https://app.example.com)`},
+		{"pprof without admin", nil, append([]string{"--admin-listen=", "--pprof"}, key...), "--pprof needs an admin address (--admin-listen)"},
+		{"unexpected argument", nil, []string{"serve", "extra"}, `serve: unexpected argument "extra"`},
+		{"unknown command", nil, []string{"frobnicate"}, `unknown command "frobnicate" (commands: serve, migrate, token, publish, doctor, version)`},
+		{"env names the variable", []string{"PGSSE_HEARTBEAT=abc"}, key, `PGSSE_HEARTBEAT: invalid duration "abc" (e.g. 15s, 2m, 1h30m)`},
+		// The flag wins over the bad variable: the run gets past it to the next problem.
+		{"flag wins over env", []string{"PGSSE_HEARTBEAT=abc"}, []string{"--heartbeat", "1s"}, "no JWT key: set --jwt-secret, --jwt-secret-file or --jwt-public-key-file (or --public-streams for token-free streams)"},
+		{"token: no key", nil, []string{"token", "--stream", "s"}, "no JWT key: set --jwt-secret, --jwt-secret-file or --private-key-file"},
+		{"token: no grant", nil, []string{"token", "--jwt-secret", "x"}, "token: give at least one --stream or --channel"},
+		{"token: bad ttl", nil, []string{"token", "--stream", "s", "--ttl", "forever"}, `--ttl: invalid duration "forever" (e.g. 15s, 2m, 1h30m)`},
+		{"token: bad pattern", nil, []string{"token", "--stream", "a b", "--jwt-secret", "x"}, `--stream: pattern "a b": stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -`},
+		{"token: missing key file", nil, []string{"token", "--stream", "s", "--private-key-file", "/nope.pem"}, "--private-key-file: open /nope.pem: no such file or directory"},
+		{"token: secret and key file", nil, []string{"token", "--stream", "s", "--jwt-secret", "x", "--private-key-file", "/k"}, "--private-key-file and --jwt-secret are mutually exclusive"},
+		{"publish: missing value", nil, []string{"publish", "s", "d", "--event"}, "--event: needs a value"},
+		{"publish: bad audience", nil, []string{"publish", "s", "d", "--audience", "a\x01"}, "--audience: audience tag must not contain control characters"},
+		{"doctor: bad workers", nil, []string{"doctor", "--workers", "-1"}, "--workers: must not be negative"},
+		{"version: argument", nil, []string{"version", "now"}, `version: unexpected argument "now"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			line := errorLine(t, pgsse(t, tc.env, tc.args...), 2)
+			if strings.HasSuffix(tc.want, "allows") {
+				assert.True(t, strings.HasPrefix(line, tc.want), line)
+				return
+			}
+			assert.Equal(t, tc.want, line)
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"help"}, {"serve", "--help"}, {"migrate", "-h"}, {"token", "--help"}, {"publish", "--help"}, {"doctor", "--help"}} {
+		r := pgsse(t, nil, args...)
+		requireOK(t, r)
+		assert.Contains(t, r.stdout, "Usage: pgsse", "%v", args)
+	}
+	r := pgsse(t, nil, "serve", "--help")
+	assert.Contains(t, r.stdout, "--max-connections N")
+	assert.Contains(t, r.stdout, "[PGSSE_MAX_CONNECTIONS]")
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgsse/pgsse/sse/names"
+)
+
+// maxKeyFileBytes bounds what is read from --jwt-secret-file and the key files.
+const maxKeyFileBytes = 64 << 10
+
+// dbFlag registers --database-url.
+func (c *cli) dbFlag() *string {
+	return c.String("database-url", "", "PostgreSQL connection `URL`; else DATABASE_URL, else the libpq variables (PGHOST, …)")
+}
+
+// database resolves the connection string: --database-url / PGSSE_DATABASE_URL, else
+// DATABASE_URL, else "" (libpq variables). It is parsed here so a bad one fails as
+// configuration, naming where it came from.
+func (c *cli) database(flagValue string) (dsn string, cfg *pgconn.Config, err error) {
+	dsn, src := flagValue, c.source("database-url")
+	if dsn == "" {
+		if v, ok := c.env("DATABASE_URL"); ok && v != "" {
+			dsn, src = v, "DATABASE_URL"
+		} else {
+			src = "libpq environment (PGHOST, PGPORT, …)"
+		}
+	}
+	cfg, err = pgconn.ParseConfig(dsn)
+	if err != nil {
+		return "", nil, configErrorf("%s: %s", src, oneLine(err.Error()))
+	}
+	return dsn, cfg, nil
+}
+
+// connect opens one session, named appName unless the connection string names it.
+func connect(ctx context.Context, cfg *pgconn.Config, appName string) (*pgconn.PgConn, error) {
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = appName
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = 10 * time.Second
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return conn, nil
+}
+
+// readKeyFile reads a secret or PEM file named by flag, bounded in size.
+func (c *cli) readKeyFile(flag, path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, configErrorf("%s: %v", c.source(flag), err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxKeyFileBytes+1))
+	if err != nil {
+		return nil, configErrorf("%s: %v", c.source(flag), err)
+	}
+	if len(data) > maxKeyFileBytes {
+		return nil, configErrorf("%s: %s is larger than %d KiB", c.source(flag), path, maxKeyFileBytes>>10)
+	}
+	return data, nil
+}
+
+// secret returns the HS256 secret from --jwt-secret or --jwt-secret-file (whose trailing
+// newlines are dropped, as `echo` writes one), or nil if neither is set.
+func (c *cli) secret(value, file string) ([]byte, error) {
+	switch {
+	case value != "" && file != "":
+		return nil, configErrorf("%s and %s are mutually exclusive", c.source("jwt-secret"), c.source("jwt-secret-file"))
+	case value != "":
+		return []byte(value), nil
+	case file != "":
+		data, err := c.readKeyFile("jwt-secret-file", file)
+		if err != nil {
+			return nil, err
+		}
+		data = bytes.TrimRight(data, "\r\n")
+		if len(data) == 0 {
+			return nil, configErrorf("%s: %s is empty", c.source("jwt-secret-file"), file)
+		}
+		return data, nil
+	}
+	return nil, nil
+}
+
+// checkStreamPattern accepts "*", an exact stream name, or a stream-name prefix + "*".
+func checkStreamPattern(p string) error {
+	base, wild := strings.CutSuffix(p, "*")
+	if wild && base == "" {
+		return nil
+	}
+	if err := names.CheckStream(base); err != nil {
+		return fmt.Errorf("pattern %q: %v", p, err)
+	}
+	return nil
+}
+
+// checkChannelPattern accepts "*", a channel name, or a channel-name prefix + "*".
+func checkChannelPattern(p string) error {
+	base, wild := strings.CutSuffix(p, "*")
+	if wild && base == "" {
+		return nil
+	}
+	if err := names.CheckChannel(base); err != nil {
+		return fmt.Errorf("pattern %q: %v", p, err)
+	}
+	return nil
+}
+
+// checkOrigin accepts an exact origin: scheme://host[:port], nothing else.
+func checkOrigin(o string) error {
+	if o == "*" {
+		return fmt.Errorf("%q is not allowed: list exact origins (credentials need them)", o)
+	}
+	u, err := url.Parse(o)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" ||
+		u.User != nil || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || strings.HasSuffix(o, "?") ||
+		strings.HasSuffix(o, "#") {
+		return fmt.Errorf("%q is not an origin (want scheme://host[:port], e.g. https://app.example.com)", o)
+	}
+	if strings.ToLower(o) != o {
+		return fmt.Errorf("%q: origins are compared exactly; write it in lower case as browsers send it", o)
+	}
+	return nil
+}
+
+// oneLine folds a multi-line message so every error stays on one line.
+func oneLine(s string) string {
+	if !strings.ContainsAny(s, "\r\n") {
+		return s
+	}
+	return strings.Join(strings.Fields(s), " ")
+}

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgsse/pgsse/engine/store"
+)
+
+// replayPoolSize is the engine's default replay pool (engine.Config.ReplayPoolSize).
+const replayPoolSize = 4
+
+// Thresholds for NOTIFY queue usage (a full queue makes every NOTIFY fail at commit).
+const (
+	queueWarn = 0.10
+	queueFail = 0.50
+)
+
+type doctor struct {
+	w     io.Writer
+	fails int
+}
+
+func (d *doctor) report(status, check, format string, args ...any) {
+	if status == "FAIL" {
+		d.fails++
+	}
+	fmt.Fprintf(d.w, "%-4s  %s: %s\n", status, check, oneLine(fmt.Sprintf(format, args...)))
+}
+
+// cmdDoctor runs `pgsse doctor`: one line per check, exit 1 if any check FAILs.
+func cmdDoctor(ctx context.Context, args []string, env func(string) (string, bool), stdout io.Writer) error {
+	c := newCLI("doctor", "[flags]", env)
+	dbURL := c.dbFlag()
+	maxConns := c.Int("max-connections", 0, "the value pgsse serve will use (default: from the fd limit)")
+	hubSocket := c.String("hub-socket", "", "hub socket path to inspect")
+	hubMode := c.Mode("hub-socket-mode", 0o600, "expected permissions of the hub socket, octal")
+	workers := c.Int("workers", 8, "worker processes on this host, for the connection budget")
+	pos, err := c.parse(args)
+	if err != nil {
+		return c.helpTo(stdout, err)
+	}
+	if err := c.noArgs(pos); err != nil {
+		return err
+	}
+	if *workers < 0 {
+		return configErrorf("%s: must not be negative", c.source("workers"))
+	}
+	if c.isSet("max-connections") && *maxConns < 1 {
+		return configErrorf("%s: must be at least 1", c.source("max-connections"))
+	}
+	_, cfg, err := c.database(*dbURL)
+	if err != nil {
+		return err
+	}
+	d := &doctor{w: stdout}
+
+	// 1. Connectivity, and the checks that need a session.
+	var server *serverBudget
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	conn, err := connect(cctx, cfg, "pgsse-doctor")
+	if err != nil {
+		d.report("FAIL", "connectivity", "%v", err)
+	} else {
+		defer conn.Close(context.WithoutCancel(ctx))
+		d.report("ok", "connectivity", "PostgreSQL %s at %s:%d, database %s, user %s",
+			conn.ParameterStatus("server_version"), cfg.Host, cfg.Port, cfg.Database, cfg.User)
+		d.schema(cctx, conn)
+		d.queue(cctx, conn)
+		server = readBudget(cctx, conn)
+	}
+
+	// 2. Local checks.
+	d.fdLimit(*maxConns, c.isSet("max-connections"), c.source("max-connections"))
+	d.hubSocket(*hubSocket, *hubMode)
+	d.budget(*workers, server)
+
+	if d.fails > 0 {
+		return errReported
+	}
+	return nil
+}
+
+func (d *doctor) schema(ctx context.Context, conn *pgconn.PgConn) {
+	v, err := store.Version(ctx, conn)
+	switch {
+	case err != nil:
+		d.report("FAIL", "schema", "%v", err)
+	case v == store.SchemaVersion:
+		d.report("ok", "schema", "version %d", v)
+	case v == 0:
+		d.report("FAIL", "schema", "not installed: run pgsse migrate")
+	case v < store.SchemaVersion:
+		d.report("FAIL", "schema", "version %d, this pgsse needs %d: run pgsse migrate", v, store.SchemaVersion)
+	default:
+		d.report("FAIL", "schema", "version %d is newer than this pgsse (%d): upgrade pgsse", v, store.SchemaVersion)
+	}
+}
+
+func (d *doctor) queue(ctx context.Context, conn *pgconn.PgConn) {
+	s, err := queryValue(ctx, conn, "SELECT pg_notification_queue_usage()")
+	if err != nil {
+		d.report("FAIL", "notify queue", "%v", err)
+		return
+	}
+	u, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		d.report("FAIL", "notify queue", "unexpected pg_notification_queue_usage() %q", s)
+		return
+	}
+	msg := fmt.Sprintf("%.1f%% in use", u*100)
+	switch {
+	case u >= queueFail:
+		d.report("FAIL", "notify queue", "%s: a listener is not consuming (look for long transactions holding LISTEN)", msg)
+	case u >= queueWarn:
+		d.report("warn", "notify queue", "%s: a listener is falling behind", msg)
+	default:
+		d.report("ok", "notify queue", "%s", msg)
+	}
+}
+
+func (d *doctor) fdLimit(maxConns int, set bool, src string) {
+	limit := fdLimit()
+	if limit == 0 {
+		d.report("warn", "fd limit", "cannot read RLIMIT_NOFILE")
+		return
+	}
+	allowed := defaultMaxConnections(limit)
+	switch {
+	case set && maxConns > allowed:
+		d.report("FAIL", "fd limit", "%s %d exceeds RLIMIT_NOFILE %d − %d reserved = %d: raise the limit (ulimit -n, LimitNOFILE=)",
+			src, maxConns, limit, fdReserve, allowed)
+	case allowed < 1:
+		d.report("FAIL", "fd limit", "RLIMIT_NOFILE %d leaves no room for connections after the %d reserved", limit, fdReserve)
+	case limit < 4096:
+		d.report("warn", "fd limit", "RLIMIT_NOFILE %d allows only %d SSE connections: raise it (ulimit -n, LimitNOFILE=)", limit, allowed)
+	case set:
+		d.report("ok", "fd limit", "RLIMIT_NOFILE %d allows %d connections; --max-connections %d", limit, allowed, maxConns)
+	default:
+		d.report("ok", "fd limit", "RLIMIT_NOFILE %d; --max-connections defaults to %d", limit, allowed)
+	}
+}
+
+func (d *doctor) hubSocket(path string, want os.FileMode) {
+	if path == "" {
+		d.report("ok", "hub socket", "not configured (no --hub-socket)")
+		return
+	}
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		d.report("warn", "hub socket", "%s does not exist (is pgsse serve running with --hub-socket?)", path)
+		return
+	case err != nil:
+		d.report("FAIL", "hub socket", "%v", err)
+		return
+	case fi.Mode().Type() != fs.ModeSocket:
+		d.report("FAIL", "hub socket", "%s is not a socket (%s)", path, fi.Mode().Type())
+		return
+	}
+	perm := fi.Mode().Perm()
+	live := "a server answers"
+	if c, err := net.DialTimeout("unix", path, time.Second); err != nil {
+		live = "nothing answers (stale file: pgsse serve replaces it)"
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			live = "cannot connect: " + err.Error()
+		}
+	} else {
+		c.Close()
+	}
+	switch {
+	case perm&^want != 0:
+		d.report("FAIL", "hub socket", "%s has mode %04o, looser than --hub-socket-mode %04o; %s", path, perm, want, live)
+	case perm != want:
+		d.report("warn", "hub socket", "%s has mode %04o, not --hub-socket-mode %04o; %s", path, perm, want, live)
+	default:
+		d.report("ok", "hub socket", "%s has mode %04o; %s", path, perm, live)
+	}
+}
+
+// serverBudget is the PostgreSQL server's connection capacity.
+type serverBudget struct {
+	max, reserved, inUse int
+}
+
+func readBudget(ctx context.Context, conn *pgconn.PgConn) *serverBudget {
+	s, err := queryValue(ctx, conn, `SELECT current_setting('max_connections')::int || ' ' ||
+		(current_setting('superuser_reserved_connections')::int +
+		 coalesce(current_setting('reserved_connections', true)::int, 0)) || ' ' ||
+		(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')`)
+	if err != nil {
+		return nil
+	}
+	var b serverBudget
+	if _, err := fmt.Sscanf(s, "%d %d %d", &b.max, &b.reserved, &b.inUse); err != nil {
+		return nil
+	}
+	b.inUse = max(b.inUse-1, 0) // not counting doctor's own session
+	return &b
+}
+
+func (d *doctor) budget(workers int, server *serverBudget) {
+	ours := 1 + replayPoolSize
+	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay) for all %d workers; without the hub they would hold %d LISTEN sessions",
+		ours, replayPoolSize, workers, workers)
+	if server == nil {
+		d.report("ok", "connection budget", "%s", msg)
+		return
+	}
+	free := server.max - server.reserved - server.inUse
+	msg += fmt.Sprintf("; server max_connections %d (%d reserved), %d in use, %d free", server.max, server.reserved, server.inUse, free)
+	if free < ours {
+		d.report("warn", "connection budget", "%s: not enough for pgsse serve", msg)
+		return
+	}
+	d.report("ok", "connection budget", "%s", msg)
+}
+
+// queryValue runs a one-row, one-column query and returns the value as text.
+func queryValue(ctx context.Context, conn *pgconn.PgConn, sql string) (string, error) {
+	res, err := conn.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return "", err
+	}
+	if len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+		return "", errors.New("unexpected result")
+	}
+	return string(res[0].Rows[0][0]), nil
+}

@@ -1,0 +1,91 @@
+// Command pgsse serves PostgreSQL notifications as Server-Sent Events and to local
+// worker processes over one LISTEN session (SPEC §6).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// errReported is a failure already reported (logged, or printed as check lines):
+// exit 1, print nothing more.
+var errReported = errors.New("failed (reported)")
+
+const topUsage = `Usage: pgsse [command] [flags]
+
+Commands:
+  serve      serve SSE, the hub and the admin endpoint (the default)
+  migrate    install or upgrade the pgsse schema (--print writes the SQL instead)
+  token      mint a token with the configured key and print it
+  publish    publish STREAM DATA (durable; --ephemeral for pgsse.broadcast)
+  doctor     check the database, limits and hub socket
+  version    print the version
+
+Every flag also comes from PGSSE_<NAME> (--max-connections → PGSSE_MAX_CONNECTIONS);
+flags win. The database is --database-url, else DATABASE_URL, else PGHOST & co.
+Run pgsse COMMAND --help for the command's flags.
+`
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
+}
+
+// run executes one command line and returns the exit status: 0 success, 1 runtime
+// failure, 2 bad configuration or usage. Errors are printed as one line on stderr.
+func run(ctx context.Context, args []string, env func(string) (string, bool), stdout, stderr io.Writer) int {
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	} else if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+		io.WriteString(stdout, topUsage)
+		return 0
+	} else if len(args) > 0 && args[0] == "--version" {
+		cmd, args = "version", args[1:]
+	}
+	var err error
+	switch cmd {
+	case "serve":
+		err = cmdServe(ctx, args, env, stdout, stderr)
+	case "migrate":
+		err = cmdMigrate(ctx, args, env, stdout)
+	case "token":
+		err = cmdToken(args, env, stdout, time.Now())
+	case "publish":
+		err = cmdPublish(ctx, args, env, stdout)
+	case "doctor":
+		err = cmdDoctor(ctx, args, env, stdout)
+	case "version":
+		err = cmdVersion(args, env, stdout)
+	case "help":
+		io.WriteString(stdout, topUsage)
+		return 0
+	default:
+		err = configErrorf("unknown command %q (commands: serve, migrate, token, publish, doctor, version)", cmd)
+	}
+	var ce *configError
+	switch {
+	case err == nil, errors.Is(err, errHelp):
+		return 0
+	case errors.Is(err, errReported):
+		return 1
+	case errors.As(err, &ce):
+		fmt.Fprintf(stderr, "pgsse: %s\n", oneLine(ce.msg))
+		return 2
+	default:
+		fmt.Fprintf(stderr, "pgsse: %s\n", oneLine(err.Error()))
+		return 1
+	}
+}
+
+// helpTo prints the usage on w when err asks for help, and returns err.
+func (c *cli) helpTo(w io.Writer, err error) error {
+	if errors.Is(err, errHelp) {
+		c.usage(w)
+	}
+	return err
+}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// binary is the pgsse command built once for the package's tests.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "pgsse-cmd-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "pgsse")
+	build := exec.Command("go", "build", "-o", binary, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build pgsse:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// result is one run of the binary.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// cleanEnv is the test process's environment without anything that configures pgsse
+// or libpq, so each test states exactly what the command sees.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "PGSSE_") || strings.HasPrefix(k, "PG") || k == "DATABASE_URL" {
+			continue
+		}
+		env = append(env, kv)
+	}
+	// No libpq defaults that could reach a real server by accident.
+	return append(env, "PGHOST=/nonexistent", "PGCONNECT_TIMEOUT=5")
+}
+
+// pgsse runs the binary with extra environment entries ("K=V") and arguments.
+func pgsse(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = append(cleanEnv(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		require.True(t, ok, "run pgsse %v: %v", args, err)
+		code = ee.ExitCode()
+	}
+	return result{stdout.String(), stderr.String(), code}
+}
+
+// requireOK asserts a zero exit with nothing on stderr.
+func requireOK(t *testing.T, r result) {
+	t.Helper()
+	require.Equal(t, 0, r.code, "exit status; stderr: %s", r.stderr)
+	assert.Empty(t, r.stderr)
+}
+
+// errorLine asserts a non-zero exit (want) with exactly one line on stderr and nothing on
+// stdout, and returns the line without its "pgsse: " prefix.
+func errorLine(t *testing.T, r result, want int) string {
+	t.Helper()
+	assert.Equal(t, want, r.code, "exit status; stderr: %q", r.stderr)
+	assert.Empty(t, r.stdout)
+	require.True(t, strings.HasSuffix(r.stderr, "\n"), "stderr %q", r.stderr)
+	line := strings.TrimSuffix(r.stderr, "\n")
+	require.NotContains(t, line, "\n", "more than one line on stderr")
+	require.True(t, strings.HasPrefix(line, "pgsse: "), "stderr %q", line)
+	return strings.TrimPrefix(line, "pgsse: ")
+}

@@ -1,0 +1,390 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pgsse/pgsse/engine"
+	"github.com/pgsse/pgsse/engine/auth"
+)
+
+// Limits on serve's configuration.
+const (
+	// fdReserve is kept back from RLIMIT_NOFILE for what is not an SSE connection: the
+	// LISTEN session, the replay pool, hub workers, listeners, the admin server, files.
+	fdReserve = 256
+	// minWorkerBuffer holds at least one maximum hub frame (u32 length + 65536 bytes).
+	minWorkerBuffer = 4 + 65536
+	maxWorkerBuffer = 1 << 30
+	minHeaderBytes  = 1024
+	maxHeaderBytes  = 1 << 20
+	maxDuration     = 24 * time.Hour
+	// shortSecret is the length below which an HS256 secret is logged as weak.
+	shortSecret = 32
+)
+
+// serveSetup is serve's validated configuration: everything that can be wrong with the
+// flags is found while building it, before anything starts.
+type serveSetup struct {
+	cfg         engine.Config
+	registry    *prometheus.Registry
+	adminListen string
+	pprof       bool
+	logger      *slog.Logger
+	fdLimit     uint64
+	algorithms  []string
+}
+
+// defaultMaxConnections derives --max-connections from the fd limit.
+func defaultMaxConnections(limit uint64) int {
+	if limit == 0 {
+		return 10000 // limit unknown
+	}
+	if limit > 1<<24 { // RLIM_INFINITY or close to it
+		limit = 1 << 24
+	}
+	if limit <= fdReserve {
+		return 0
+	}
+	return int(limit - fdReserve)
+}
+
+func parseServe(args []string, env func(string) (string, bool), stdout, stderr io.Writer) (*serveSetup, error) {
+	c := newCLI("serve", "[flags]", env)
+	dbURL := c.dbFlag()
+	listen := c.String("listen", ":8080", "SSE listen `ADDR`")
+	adminListen := c.String("admin-listen", "127.0.0.1:9090", "admin `ADDR` for /metrics, /healthz, /readyz (empty = off)")
+	hubSocket := c.String("hub-socket", "", "Unix socket `PATH` for worker processes (empty = no hub)")
+	hubMode := c.Mode("hub-socket-mode", 0o600, "permissions of the hub socket, octal")
+	hubBuffer := c.Size("hub-worker-buffer", 1<<20, "outbound buffer per hub worker")
+	jwtSecret := c.String("jwt-secret", "", "HS256 `SECRET` (prefer --jwt-secret-file or the variable)")
+	jwtSecretFile := c.String("jwt-secret-file", "", "`FILE` holding the HS256 secret")
+	jwtPubFile := c.String("jwt-public-key-file", "", "PEM public key `FILE` for RS256, ES256 (P-256) or EdDSA tokens")
+	jwtIssuer := c.String("jwt-issuer", "", "required `ISS` claim")
+	jwtAudience := c.String("jwt-audience", "", "required `AUD` claim")
+	jwtNoExp := c.Bool("jwt-allow-no-exp", "accept tokens without exp")
+	publicStreams := c.List("public-streams", "stream patterns readable without a token, comma-separated")
+	corsOrigins := c.List("cors-origins", "exact origins allowed cross-origin, comma-separated")
+	limit := fdLimit()
+	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: RLIMIT_NOFILE − %d = %d)", fdReserve, defaultMaxConnections(limit)))
+	maxHeader := c.Size("max-header-bytes", 8192, "request head limit")
+	heartbeat := c.Duration("heartbeat", 15*time.Second, "comment line after this long without writes")
+	retry := c.Duration("retry", 2*time.Second, "the SSE retry: value sent first")
+	retention := c.Duration("retention", 24*time.Hour, "prune durable events older than this (0 = keep)")
+	pprofOn := c.Bool("pprof", "serve /debug/pprof/ on the admin address")
+	logLevel := c.String("log-level", "info", "`LEVEL`: debug, info, warn or error")
+	logFormat := c.String("log-format", "text", "`FORMAT`: text or json")
+	demo := c.Bool("demo", "serve a demo page at /")
+	c.exclusive("jwt-secret", "jwt-secret-file")
+
+	pos, err := c.parse(args)
+	if err != nil {
+		return nil, c.helpTo(stdout, err)
+	}
+	if err := c.noArgs(pos); err != nil {
+		return nil, err
+	}
+
+	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit}
+
+	var level slog.Level
+	switch strings.ToLower(*logLevel) {
+	case "debug":
+		level = slog.LevelDebug
+	case "info":
+		level = slog.LevelInfo
+	case "warn", "warning":
+		level = slog.LevelWarn
+	case "error":
+		level = slog.LevelError
+	default:
+		return nil, configErrorf("%s: must be debug, info, warn or error", c.source("log-level"))
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch *logFormat {
+	case "text":
+		s.logger = slog.New(slog.NewTextHandler(stderr, opts))
+	case "json":
+		s.logger = slog.New(slog.NewJSONHandler(stderr, opts))
+	default:
+		return nil, configErrorf("%s: must be text or json", c.source("log-format"))
+	}
+
+	dsn, _, err := c.database(*dbURL)
+	if err != nil {
+		return nil, err
+	}
+
+	if err := checkHostPort(*listen); err != nil {
+		return nil, configErrorf("%s: %v", c.source("listen"), err)
+	}
+	if *adminListen != "" {
+		if err := checkHostPort(*adminListen); err != nil {
+			return nil, configErrorf("%s: %v", c.source("admin-listen"), err)
+		}
+	} else if *pprofOn {
+		return nil, configErrorf("%s needs an admin address (--admin-listen)", c.source("pprof"))
+	}
+	if *hubSocket != "" && len(*hubSocket) > 107 {
+		return nil, configErrorf("%s: path is %d bytes; Unix socket paths are limited to 107", c.source("hub-socket"), len(*hubSocket))
+	}
+	if *hubBuffer < minWorkerBuffer || *hubBuffer > maxWorkerBuffer {
+		return nil, configErrorf("%s: must be between %d (one maximum frame) and %s", c.source("hub-worker-buffer"), minWorkerBuffer, formatSize(maxWorkerBuffer))
+	}
+	if *maxHeader < minHeaderBytes || *maxHeader > maxHeaderBytes {
+		return nil, configErrorf("%s: must be between %d and %d", c.source("max-header-bytes"), minHeaderBytes, maxHeaderBytes)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+		zero bool
+	}{{"heartbeat", *heartbeat, false}, {"retry", *retry, false}, {"retention", *retention, true}} {
+		switch {
+		case d.v < 0 || (d.v == 0 && !d.zero):
+			return nil, configErrorf("%s: must be positive", c.source(d.name))
+		case d.name == "retry" && d.v < time.Millisecond:
+			return nil, configErrorf("%s: must be at least 1ms", c.source(d.name))
+		case d.name != "retention" && d.v > maxDuration:
+			return nil, configErrorf("%s: must be at most %s", c.source(d.name), maxDuration)
+		}
+	}
+
+	// The connection limit: what the fd limit allows after the reserve.
+	allowed := defaultMaxConnections(limit)
+	conns := *maxConns
+	if c.isSet("max-connections") {
+		switch {
+		case conns < 1:
+			return nil, configErrorf("%s: must be at least 1", c.source("max-connections"))
+		case limit > 0 && conns > allowed:
+			return nil, configErrorf("%s: %d exceeds what the file-descriptor limit allows (RLIMIT_NOFILE %d − %d reserved = %d); raise the limit (ulimit -n, LimitNOFILE=)",
+				c.source("max-connections"), conns, limit, fdReserve, allowed)
+		}
+	} else {
+		if allowed < 1 {
+			return nil, configErrorf("file-descriptor limit %d is too low: need more than %d (ulimit -n, LimitNOFILE=)", limit, fdReserve)
+		}
+		conns = allowed
+	}
+
+	// Authorization.
+	secret, err := c.secret(*jwtSecret, *jwtSecretFile)
+	if err != nil {
+		return nil, err
+	}
+	var pub []byte
+	if *jwtPubFile != "" {
+		if pub, err = c.readKeyFile("jwt-public-key-file", *jwtPubFile); err != nil {
+			return nil, err
+		}
+		if _, _, err := auth.ParsePublicKeyPEM(pub); err != nil {
+			return nil, configErrorf("%s: %v", c.source("jwt-public-key-file"), err)
+		}
+	}
+	for _, p := range *publicStreams {
+		if err := checkStreamPattern(p); err != nil {
+			return nil, configErrorf("%s: %v", c.source("public-streams"), err)
+		}
+	}
+	if secret == nil && pub == nil && len(*publicStreams) == 0 {
+		return nil, configErrorf("no JWT key: set --jwt-secret, --jwt-secret-file or --jwt-public-key-file (or --public-streams for token-free streams)")
+	}
+	ac := auth.Config{Secret: secret, PublicKeyPEM: pub, Issuer: *jwtIssuer, Audience: *jwtAudience, AllowNoExp: *jwtNoExp}
+	if secret != nil || pub != nil {
+		v, err := auth.NewVerifier(ac)
+		if err != nil {
+			return nil, configErrorf("%v", err)
+		}
+		s.algorithms = v.Algorithms()
+	}
+	if secret != nil && len(secret) < shortSecret {
+		s.logger.Warn("the HS256 secret is short; use at least 32 random bytes", "bytes", len(secret))
+	}
+	for _, o := range *corsOrigins {
+		if err := checkOrigin(o); err != nil {
+			return nil, configErrorf("%s: %v", c.source("cors-origins"), err)
+		}
+	}
+
+	s.registry = prometheus.NewRegistry()
+	s.registry.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	s.cfg = engine.Config{
+		DatabaseURL:     dsn,
+		Listen:          *listen,
+		HubSocket:       *hubSocket,
+		HubSocketMode:   *hubMode,
+		HubWorkerBuffer: int(*hubBuffer),
+		Auth:            ac,
+		PublicStreams:   *publicStreams,
+		CORSOrigins:     *corsOrigins,
+		MaxConnections:  conns,
+		MaxHeaderBytes:  int(*maxHeader),
+		Heartbeat:       *heartbeat,
+		Retry:           *retry,
+		Retention:       *retention,
+		Demo:            *demo,
+		Logger:          s.logger,
+		Registry:        s.registry,
+	}
+	return s, nil
+}
+
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("invalid address %q (want host:port, e.g. :8080)", addr)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("invalid port in %q", addr)
+	}
+	return nil
+}
+
+// probe is what the admin endpoints ask of the engine.
+type probe interface {
+	Healthy() bool
+	Ready() bool
+}
+
+// notReadyReason is optional: an engine that can say why it is not ready.
+type notReadyReason interface{ NotReadyReason() string }
+
+// adminHandler serves SPEC §4: /metrics, /healthz, /readyz and, with pprof, /debug/pprof/.
+func adminHandler(p probe, g prometheus.Gatherer, withPprof bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		if !p.Healthy() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, "event loop not responding\n")
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		if !p.Ready() {
+			reason := "not ready: LISTEN session down or schema not at the expected version"
+			if r, ok := p.(notReadyReason); ok {
+				if s := r.NotReadyReason(); s != "" {
+					reason = "not ready: " + oneLine(s)
+				}
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, reason+"\n")
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	if withPprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}
+
+// cmdServe runs `pgsse serve`: 0 after a graceful stop, 1 on a runtime error.
+func cmdServe(ctx context.Context, args []string, env func(string) (string, bool), stdout, stderr io.Writer) error {
+	s, err := parseServe(args, env, stdout, stderr)
+	if err != nil {
+		return err
+	}
+	log := s.logger
+	slog.SetDefault(log)
+
+	srv, err := engine.New(s.cfg)
+	if err != nil {
+		return configErrorf("%s", oneLine(err.Error()))
+	}
+
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	var admin *http.Server
+	adminDone := make(chan error, 1)
+	adminAddr := ""
+	if s.adminListen != "" {
+		ln, err := net.Listen("tcp", s.adminListen)
+		if err != nil {
+			log.Error("admin server cannot listen", "addr", s.adminListen, "err", err)
+			return errReported
+		}
+		adminAddr = ln.Addr().String()
+		admin = &http.Server{
+			Handler:           adminHandler(srv, s.registry, s.pprof),
+			ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout:       time.Minute,
+			MaxHeaderBytes:    16 << 10,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
+		go func() { adminDone <- admin.Serve(ln) }()
+	}
+
+	runDone := make(chan error, 1)
+	go func() { runDone <- srv.Run(ctx) }()
+
+	var runErr error
+	select {
+	case <-srv.Started():
+		addr := s.cfg.Listen
+		if a := srv.Addr(); a != nil {
+			addr = a.String()
+		}
+		log.Info("pgsse serving",
+			"listen", addr, "admin", adminAddr, "hub_socket", s.cfg.HubSocket,
+			"max_connections", s.cfg.MaxConnections, "fd_limit", s.fdLimit,
+			"max_header_bytes", s.cfg.MaxHeaderBytes, "hub_worker_buffer", s.cfg.HubWorkerBuffer,
+			"heartbeat", s.cfg.Heartbeat, "retry", s.cfg.Retry, "retention", s.cfg.Retention,
+			"jwt", strings.Join(s.algorithms, ","), "public_streams", len(s.cfg.PublicStreams))
+		// After the first signal, a second one kills the process the default way.
+		select {
+		case <-ctx.Done():
+			stop()
+			log.Info("shutting down")
+			runErr = <-runDone
+		case runErr = <-runDone:
+		}
+	case runErr = <-runDone:
+	case err := <-adminDone:
+		log.Error("admin server failed", "err", err)
+		stop()
+		<-runDone
+		return errReported
+	}
+
+	if admin != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = admin.Shutdown(sctx)
+		cancel()
+	}
+	if runErr != nil {
+		log.Error("pgsse stopped", "err", runErr)
+		return errReported
+	}
+	log.Info("pgsse stopped")
+	return nil
+}
+
+var _ probe = (*engine.Server)(nil)

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/pgsse/pgsse/engine/auth"
+)
+
+// maxTokenPatterns bounds what one minted token may carry (it travels in a header).
+const maxTokenPatterns = 256
+
+// cmdToken runs `pgsse token --stream P… [--channel C…] [--tag T…] [--ttl 1h]`: it mints
+// with the key `pgsse serve` is configured with and prints only the token.
+func cmdToken(args []string, env func(string) (string, bool), stdout io.Writer, now time.Time) error {
+	c := newCLI("token", "--stream PATTERN… [flags]", env)
+	streams := c.Multi("stream", `stream pattern to grant: a name, or a prefix ending in "*" (repeatable)`)
+	channels := c.Multi("channel", "raw channel pattern to grant (repeatable)")
+	tags := c.Multi("tag", "audience tag (repeatable)")
+	subject := c.String("subject", "", "sub claim, for logs")
+	ttl := c.Duration("ttl", time.Hour, "lifetime (0 = no exp; the server then needs --jwt-allow-no-exp)")
+	secretFlag := c.String("jwt-secret", "", "HS256 secret")
+	secretFile := c.String("jwt-secret-file", "", "file holding the HS256 secret")
+	keyFile := c.String("private-key-file", "", "PEM private key (RSA, EC P-256 or Ed25519) for RS256/ES256/EdDSA")
+	issuer := c.String("jwt-issuer", "", "iss claim")
+	audience := c.String("jwt-audience", "", "aud claim")
+	c.exclusive("jwt-secret", "jwt-secret-file", "private-key-file")
+	pos, err := c.parse(args)
+	if err != nil {
+		return c.helpTo(stdout, err)
+	}
+	if err := c.noArgs(pos); err != nil {
+		return err
+	}
+	if len(*streams) == 0 && len(*channels) == 0 {
+		return configErrorf("token: give at least one --stream or --channel")
+	}
+	if n := len(*streams) + len(*channels) + len(*tags); n > maxTokenPatterns {
+		return configErrorf("token: %d patterns and tags; at most %d", n, maxTokenPatterns)
+	}
+	for _, p := range *streams {
+		if err := checkStreamPattern(p); err != nil {
+			return configErrorf("%s: %v", c.source("stream"), err)
+		}
+	}
+	for _, p := range *channels {
+		if err := checkChannelPattern(p); err != nil {
+			return configErrorf("%s: %v", c.source("channel"), err)
+		}
+	}
+	if *ttl < 0 {
+		return configErrorf("%s: must not be negative", c.source("ttl"))
+	}
+	secret, err := c.secret(*secretFlag, *secretFile)
+	if err != nil {
+		return err
+	}
+	var key auth.MintKey
+	switch {
+	case secret != nil && *keyFile != "":
+		return configErrorf("%s and %s are mutually exclusive", c.source("private-key-file"), secretSource(c))
+	case secret != nil:
+		key.Secret = secret
+	case *keyFile != "":
+		pem, err := c.readKeyFile("private-key-file", *keyFile)
+		if err != nil {
+			return err
+		}
+		if _, _, err := auth.ParsePrivateKeyPEM(pem); err != nil {
+			return configErrorf("%s: %v", c.source("private-key-file"), err)
+		}
+		key.PrivateKeyPEM = pem
+	default:
+		return configErrorf("no JWT key: set --jwt-secret, --jwt-secret-file or --private-key-file")
+	}
+	tok, err := auth.Mint(key, auth.Claims{Streams: *streams, Channels: *channels, Tags: *tags, Subject: *subject},
+		*ttl, *issuer, *audience, now)
+	if err != nil {
+		return configErrorf("token: %v", err)
+	}
+	_, err = fmt.Fprintln(stdout, tok)
+	return err
+}
+
+func secretSource(c *cli) string {
+	if c.isSet("jwt-secret") {
+		return c.source("jwt-secret")
+	}
+	return c.source("jwt-secret-file")
+}

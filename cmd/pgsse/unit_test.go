@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseSize(t *testing.T) {
+	cases := []struct {
+		in   string
+		want int64
+		ok   bool
+	}{
+		{"1048576", 1 << 20, true},
+		{"64KiB", 64 << 10, true},
+		{"1MiB", 1 << 20, true},
+		{"1mib", 1 << 20, true},
+		{"2GiB", 2 << 30, true},
+		{"512B", 512, true},
+		{"0", 0, true},
+		{"", 0, false},
+		{"MiB", 0, false},
+		{"1MB", 0, false},
+		{"1.5MiB", 0, false},
+		{"-1", 0, false},
+		{" 1", 0, false},
+		{"1 MiB", 0, false},
+		{"9999999999999GiB", 0, false},
+	}
+	for _, tc := range cases {
+		got, err := parseSize(tc.in)
+		if tc.ok {
+			assert.NoError(t, err, tc.in)
+			assert.Equal(t, tc.want, got, tc.in)
+		} else {
+			assert.Error(t, err, tc.in)
+		}
+	}
+	assert.Equal(t, "1MiB", formatSize(1<<20))
+	assert.Equal(t, "8KiB", formatSize(8192))
+	assert.Equal(t, "65540", formatSize(65540))
+}
+
+func TestModeValue(t *testing.T) {
+	for in, want := range map[string]os.FileMode{"0600": 0o600, "600": 0o600, "0o660": 0o660, "0": 0, "0777": 0o777} {
+		var m modeValue
+		require.NoError(t, m.Set(in), in)
+		assert.Equal(t, want, os.FileMode(m), in)
+	}
+	for _, in := range []string{"", "0o", "8", "0x1ff", "01000", "rw", "-600"} {
+		var m modeValue
+		assert.Error(t, m.Set(in), in)
+	}
+	m := modeValue(0o600)
+	assert.Equal(t, "0600", m.String())
+}
+
+func TestEnvName(t *testing.T) {
+	assert.Equal(t, "PGSSE_MAX_CONNECTIONS", envName("max-connections"))
+	assert.Equal(t, "PGSSE_JWT_PUBLIC_KEY_FILE", envName("jwt-public-key-file"))
+}
+
+func TestCheckOrigin(t *testing.T) {
+	for _, ok := range []string{"https://app.example.com", "http://localhost:3000", "https://[::1]:8443"} {
+		assert.NoError(t, checkOrigin(ok), ok)
+	}
+	for _, bad := range []string{"*", "null", "app.example.com", "https://app.example.com/", "https://a/b", "ftp://a", "https://u@a", "https://a?x", "https://A.example"} {
+		assert.Error(t, checkOrigin(bad), bad)
+	}
+}
+
+func TestDefaultMaxConnections(t *testing.T) {
+	assert.Equal(t, 20000-fdReserve, defaultMaxConnections(20000))
+	assert.Equal(t, 0, defaultMaxConnections(fdReserve))
+	assert.Equal(t, 1<<24-fdReserve, defaultMaxConnections(1<<62), "RLIM_INFINITY is capped")
+	assert.Equal(t, 10000, defaultMaxConnections(0), "unknown limit")
+}
+
+func envMap(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// TestParseServeConfig checks that flags and variables land in engine.Config.
+func TestParseServeConfig(t *testing.T) {
+	secretFile := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(secretFile, []byte("file-secret-0123456789abcdef0123\r\n"), 0o600))
+	env := envMap(map[string]string{
+		"PGSSE_JWT_SECRET":       "env-secret-is-masked-by-the-file-flag",
+		"PGSSE_HEARTBEAT":        "30s",
+		"PGSSE_CORS_ORIGINS":     "https://a.example, https://b.example",
+		"PGSSE_JWT_ALLOW_NO_EXP": "1",
+		"DATABASE_URL":           "postgres://u@db.example:5433/app",
+		"PGSSE_HUB_SOCKET_MODE":  "0660",
+	})
+	var stderr bytes.Buffer
+	s, err := parseServe([]string{
+		"--listen=127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--hub-socket", "/run/pgsse.sock",
+		"--hub-worker-buffer", "256KiB", "--jwt-secret-file", secretFile, "--jwt-issuer", "app",
+		"--public-streams", "news/*,status", "--max-connections", "1000", "--max-header-bytes", "16KiB",
+		"--retry", "3s", "--retention", "0", "--pprof", "--log-format", "json", "--log-level", "debug", "--demo",
+	}, env, io.Discard, &stderr)
+	require.NoError(t, err)
+	c := s.cfg
+	assert.Equal(t, "postgres://u@db.example:5433/app", c.DatabaseURL)
+	assert.Equal(t, "127.0.0.1:0", c.Listen)
+	assert.Equal(t, "/run/pgsse.sock", c.HubSocket)
+	assert.Equal(t, os.FileMode(0o660), c.HubSocketMode)
+	assert.Equal(t, 256<<10, c.HubWorkerBuffer)
+	assert.Equal(t, []byte("file-secret-0123456789abcdef0123"), c.Auth.Secret, "file wins over the variable; trailing CRLF dropped")
+	assert.Equal(t, "app", c.Auth.Issuer)
+	assert.True(t, c.Auth.AllowNoExp)
+	assert.Equal(t, []string{"news/*", "status"}, c.PublicStreams)
+	assert.Equal(t, []string{"https://a.example", "https://b.example"}, c.CORSOrigins)
+	assert.Equal(t, 1000, c.MaxConnections)
+	assert.Equal(t, 16384, c.MaxHeaderBytes)
+	assert.Equal(t, 30*time.Second, c.Heartbeat)
+	assert.Equal(t, 3*time.Second, c.Retry)
+	assert.Equal(t, time.Duration(0), c.Retention)
+	assert.True(t, c.Demo)
+	assert.True(t, s.pprof)
+	assert.Same(t, s.registry, c.Registry.(*prometheus.Registry))
+	assert.NotNil(t, c.Logger)
+	assert.Equal(t, []string{"HS256"}, s.algorithms)
+	assert.Empty(t, stderr.String(), "a 32-byte secret is not reported as short")
+
+	// Defaults.
+	s, err = parseServe([]string{"--jwt-secret", "short"}, envMap(nil), io.Discard, &stderr)
+	require.NoError(t, err)
+	c = s.cfg
+	assert.Equal(t, ":8080", c.Listen)
+	assert.Equal(t, "127.0.0.1:9090", s.adminListen)
+	assert.Equal(t, os.FileMode(0o600), c.HubSocketMode)
+	assert.Equal(t, 1<<20, c.HubWorkerBuffer)
+	assert.Equal(t, 8192, c.MaxHeaderBytes)
+	assert.Equal(t, 15*time.Second, c.Heartbeat)
+	assert.Equal(t, 2*time.Second, c.Retry)
+	assert.Equal(t, 24*time.Hour, c.Retention)
+	assert.Equal(t, defaultMaxConnections(fdLimit()), c.MaxConnections)
+	assert.Equal(t, "", c.DatabaseURL, "libpq environment")
+	assert.Contains(t, stderr.String(), "the HS256 secret is short")
+}
+
+type fakeProbe struct {
+	healthy, ready bool
+	reason         string
+}
+
+func (p *fakeProbe) Healthy() bool          { return p.healthy }
+func (p *fakeProbe) Ready() bool            { return p.ready }
+func (p *fakeProbe) NotReadyReason() string { return p.reason }
+
+type bareProbe struct{ fakeProbe }
+
+func TestAdminHandler(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_test_total", Help: "test"})
+	reg.MustRegister(c)
+	c.Add(3)
+	get := func(h http.Handler, path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		return rec.Code, rec.Body.String()
+	}
+
+	p := &fakeProbe{}
+	h := adminHandler(p, reg, false)
+	code, body := get(h, "/healthz")
+	assert.Equal(t, 503, code)
+	assert.Equal(t, "event loop not responding\n", body)
+	code, body = get(h, "/readyz")
+	assert.Equal(t, 503, code)
+	assert.Equal(t, "not ready: LISTEN session down or schema not at the expected version\n", body)
+	p.reason = "LISTEN session down:\nconnection refused"
+	code, body = get(h, "/readyz")
+	assert.Equal(t, 503, code)
+	assert.Equal(t, "not ready: LISTEN session down: connection refused\n", body, "one line")
+
+	p.healthy, p.ready = true, true
+	code, body = get(h, "/healthz")
+	assert.Equal(t, 200, code)
+	assert.Equal(t, "ok\n", body)
+	code, body = get(h, "/readyz")
+	assert.Equal(t, 200, code)
+	assert.Equal(t, "ok\n", body)
+
+	code, body = get(h, "/metrics")
+	assert.Equal(t, 200, code)
+	assert.Contains(t, body, "pgsse_test_total 3")
+	code, _ = get(h, "/debug/pprof/")
+	assert.Equal(t, 404, code, "pprof only with --pprof")
+
+	h = adminHandler(&bareProbe{}, reg, true)
+	code, body = get(h, "/readyz")
+	assert.Equal(t, 503, code)
+	assert.True(t, strings.HasPrefix(body, "not ready: "))
+	code, body = get(h, "/debug/pprof/")
+	assert.Equal(t, 200, code)
+	assert.Contains(t, body, "goroutine")
+}
+
+// TestParseServeRegistry: the registry has the Go and process collectors.
+func TestParseServeRegistry(t *testing.T) {
+	s, err := parseServe([]string{"--public-streams", "*"}, envMap(nil), io.Discard, io.Discard)
+	require.NoError(t, err)
+	mfs, err := s.registry.Gather()
+	require.NoError(t, err)
+	var names []string
+	for _, mf := range mfs {
+		names = append(names, mf.GetName())
+	}
+	assert.Contains(t, names, "go_goroutines")
+	assert.Contains(t, names, "process_open_fds")
+	assert.Nil(t, s.algorithms, "public streams only: no key")
+}
