@@ -36,7 +36,7 @@
 // 0x7F). An empty audience is stored as NULL (everyone). pgsse.prune deletes, per
 // stream, only the oldest run of events that are all older than older_than, never
 // the newest keep_last ids, so the retained ids of a stream stay contiguous.
-// Migrations run under pg_advisory_lock(108294116062465) (0x706773736501), each in
+// Migrations run under pg_advisory_lock(123589620884737) (0x706773736501), each in
 // one transaction; MigrationSQL is the same as a psql script.
 //
 // # NOTIFY payload, format version 1
