@@ -1,0 +1,163 @@
+package engine
+
+import (
+	"github.com/pgsse/pgsse/sse"
+)
+
+// channel is one raw PostgreSQL channel with holders on this server: SSE /channels/
+// clients and hub workers share one LISTEN (one session reference) per channel.
+type channel struct {
+	name      string
+	sse       []*sseConn
+	holders   int  // SSE connections + hub workers holding the channel
+	listening bool // LISTEN completed on the current session
+	out       [][]byte
+	dirty     bool
+	hub       hubChannel // hub workers' side (hub.go)
+}
+
+// holdChannel adds a holder and returns the channel; the first holder starts the LISTEN.
+func (s *Server) holdChannel(name string) *channel {
+	ch := s.channels[name]
+	if ch == nil {
+		ch = &channel{name: name}
+		s.channels[name] = ch
+	}
+	ch.holders++
+	if ch.holders == 1 {
+		s.metrics.listenChannels.Set(float64(len(s.channels)))
+		if s.session != nil {
+			s.session.Listen(name, func(err error) {
+				s.tasks.push(func() { s.onListened(ch, err) })
+			})
+		}
+	}
+	return ch
+}
+
+// releaseChannel drops a holder; the last one UNLISTENs.
+func (s *Server) releaseChannel(ch *channel) {
+	ch.holders--
+	if ch.holders > 0 {
+		return
+	}
+	if s.channels[ch.name] == ch {
+		delete(s.channels, ch.name)
+		s.metrics.listenChannels.Set(float64(len(s.channels)))
+	}
+	if s.session != nil {
+		s.session.Unlisten(ch.name)
+	}
+}
+
+func (s *Server) onListened(ch *channel, err error) {
+	if s.channels[ch.name] != ch {
+		return // every holder left while the LISTEN was in flight
+	}
+	if err != nil {
+		s.log.Warn("LISTEN failed", "channel", ch.name, "err", err)
+		s.channelFailed(ch, err)
+		return
+	}
+	s.channelLive(ch)
+}
+
+// channelLive runs once the LISTEN is complete on the current session: waiting SSE
+// clients get their response head, waiting hub SUBs their ACK.
+func (s *Server) channelLive(ch *channel) {
+	if !s.listenUp {
+		return // Resynced will do it once the session is back
+	}
+	ch.listening = true
+	for _, sc := range ch.sse {
+		if sc.state == statePending && !sc.closed {
+			s.sendStreamHead(sc)
+			sc.state = stateLive
+		}
+	}
+	s.hubChannelLive(ch)
+}
+
+func (s *Server) channelFailed(ch *channel, err error) {
+	for _, sc := range append([]*sseConn(nil), ch.sse...) {
+		if sc.state == statePending {
+			s.shed(sc)
+		}
+	}
+	s.hubChannelFailed(ch, err)
+}
+
+func (s *Server) subscribeChannel(sc *sseConn, name string) {
+	ch := s.holdChannel(name)
+	sc.ch = ch
+	sc.subIdx = int32(len(ch.sse))
+	ch.sse = append(ch.sse, sc)
+	if ch.listening && s.listenUp {
+		s.sendStreamHead(sc)
+		sc.state = stateLive
+		return
+	}
+	sc.state = statePending
+}
+
+func (s *Server) unsubscribeChannel(sc *sseConn) {
+	ch := sc.ch
+	if ch == nil {
+		return
+	}
+	i := int(sc.subIdx)
+	last := len(ch.sse) - 1
+	if i <= last && ch.sse[i] == sc {
+		ch.sse[i] = ch.sse[last]
+		ch.sse[i].subIdx = int32(i)
+		ch.sse[last] = nil
+		ch.sse = ch.sse[:last]
+	}
+	sc.ch = nil
+	s.releaseChannel(ch)
+}
+
+// onChannelNotify queues a raw notification for the channel's SSE clients (encoded once)
+// and hands it to the hub workers.
+func (s *Server) onChannelNotify(ch *channel, pid uint32, payload []byte) {
+	if len(ch.sse) > 0 {
+		ch.out = append(ch.out, sse.AppendEvent(nil, 0, nil, payload))
+		if !ch.dirty {
+			ch.dirty = true
+			s.dirtyChannels = append(s.dirtyChannels, ch)
+		}
+	}
+	s.hubNotify(ch, pid, payload)
+}
+
+func (s *Server) flushChannels() {
+	for _, ch := range s.dirtyChannels {
+		ch.dirty = false
+		if len(ch.out) == 0 {
+			continue
+		}
+		n := 0
+		for _, sc := range ch.sse {
+			if sc.closed || sc.state != stateLive {
+				continue
+			}
+			if sc.c.OutboundBuffered() > ephemeralLimit {
+				s.metrics.dropped.WithLabelValues("slow_client").Inc()
+				s.closeWithRetry(sc)
+				continue
+			}
+			if len(ch.out) == 1 {
+				sc.write(s, ch.out[0])
+			} else {
+				sc.writev(s, ch.out)
+			}
+			n += len(ch.out)
+		}
+		s.metrics.deliveries.Add(float64(n))
+		for i := range ch.out {
+			ch.out[i] = nil
+		}
+		ch.out = ch.out[:0]
+	}
+	s.dirtyChannels = s.dirtyChannels[:0]
+}

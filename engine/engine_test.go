@@ -1,0 +1,40 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/engine/auth"
+)
+
+func TestLiveAndReplay(t *testing.T) {
+	ts := startServer(t, "", nil)
+	pub := connect(t, ts.DSN)
+	tok := token(t, auth.Claims{Streams: []string{"orders/*"}}, time.Hour)
+
+	// Two events before anyone connects.
+	require.Equal(t, int64(1), publish(t, pub, "orders/1", "one", "", nil))
+	require.Equal(t, int64(2), publish(t, pub, "orders/1", "two\nlines", "update", nil))
+
+	live := dial(t, ts.Addr().String(), "/streams/orders/1", "Authorization: Bearer "+tok)
+	require.Equal(t, 200, live.Status, live.Body)
+	assert.Equal(t, "text/event-stream; charset=utf-8", live.Header.Get("Content-Type"))
+	first := live.mustNext(5 * time.Second)
+	assert.Equal(t, "2000", first.Retry, "the body starts with retry: <--retry>")
+
+	replay := dial(t, ts.Addr().String(), "/streams/orders/1?since=0&token="+tok)
+	require.Equal(t, 200, replay.Status, replay.Body)
+	ev := replay.mustNextData(5 * time.Second)
+	assert.Equal(t, sseEvent{HasID: true, IDValue: "1", Data: "one"}, ev)
+	ev = replay.mustNextData(5 * time.Second)
+	assert.Equal(t, sseEvent{HasID: true, IDValue: "2", Event: "update", Data: "two\nlines"}, ev)
+
+	require.Equal(t, int64(3), publish(t, pub, "orders/1", "three", "", nil))
+	for _, c := range []*sseClient{live, replay} {
+		ev := c.mustNextData(5 * time.Second)
+		assert.Equal(t, sseEvent{HasID: true, IDValue: "3", Data: "three"}, ev)
+	}
+}

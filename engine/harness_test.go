@@ -1,0 +1,269 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/engine/auth"
+	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/scripts/pgtest"
+)
+
+const testSecret = "test-secret-0123456789-abcdefghij"
+
+// testServer is a running engine on a fresh, migrated database.
+type testServer struct {
+	*Server
+	DSN    string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startServer runs a Server on 127.0.0.1:0 against dsn (a fresh migrated database when
+// dsn is ""). It is stopped at the end of the test.
+func startServer(t testing.TB, dsn string, tweak func(*Config)) *testServer {
+	t.Helper()
+	if dsn == "" {
+		dsn = migratedDB(t)
+	}
+	cfg := Config{
+		DatabaseURL: dsn,
+		Listen:      "127.0.0.1:0",
+		Auth:        auth.Config{Secret: []byte(testSecret)},
+		Heartbeat:   15 * time.Second,
+		Retention:   0,
+		Logger:      slog.New(slog.NewTextHandler(testLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	srv, err := New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ts := &testServer{Server: srv, DSN: dsn, cancel: cancel, done: make(chan error, 1)}
+	go func() { ts.done <- srv.Run(ctx) }()
+	select {
+	case <-srv.Started():
+	case err := <-ts.done:
+		t.Fatalf("server did not start: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("server did not start within 15s")
+	}
+	t.Cleanup(func() { ts.Stop(t) })
+	// Wait until the LISTEN session is up so that "live" means live.
+	waitFor(t, 15*time.Second, "LISTEN session up", func() bool { return srv.listenOK.Load() })
+	return ts
+}
+
+// Stop shuts the server down gracefully (idempotent).
+func (ts *testServer) Stop(t testing.TB) {
+	if ts.cancel == nil {
+		return
+	}
+	ts.cancel()
+	ts.cancel = nil
+	select {
+	case err := <-ts.done:
+		if err != nil {
+			t.Errorf("server Run: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("server did not stop within 20s")
+	}
+}
+
+func (ts *testServer) url(path string) string { return "http://" + ts.Addr().String() + path }
+
+func migratedDB(t testing.TB) string {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t)
+	conn := connect(t, dsn)
+	_, _, err := store.Migrate(context.Background(), conn)
+	require.NoError(t, err)
+	return dsn
+}
+
+func connect(t testing.TB, dsn string) *pgconn.PgConn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pgconn.Connect(ctx, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// publish runs pgsse.publish and returns the id.
+func publish(t testing.TB, conn *pgconn.PgConn, stream, data, event string, audience []string) int64 {
+	t.Helper()
+	id, err := store.Publish(context.Background(), conn, stream, data, event, audience)
+	require.NoError(t, err)
+	return id
+}
+
+func token(t testing.TB, c auth.Claims, ttl time.Duration) string {
+	t.Helper()
+	tok, err := auth.Mint(auth.MintKey{Secret: []byte(testSecret)}, c, ttl, "", "", time.Now())
+	require.NoError(t, err)
+	return tok
+}
+
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// sseClient is a raw TCP client that reads a response head and then SSE events.
+type sseClient struct {
+	t      testing.TB
+	conn   net.Conn
+	r      *bufio.Reader
+	Status int
+	Header http.Header
+	Body   string // for non-200 responses: the whole body
+}
+
+type sseEvent struct {
+	HasID   bool
+	IDValue string
+	Event   string
+	Data    string
+	Retry   string
+}
+
+// dial sends a raw request head (lines without CRLF; Host is added) and reads the
+// response head. A non-200 response's body is read to EOF.
+func dial(t testing.TB, addr string, path string, headers ...string) *sseClient {
+	t.Helper()
+	return dialFrom(t, nil, addr, path, headers...)
+}
+
+func dialFrom(t testing.TB, local net.Addr, addr string, path string, headers ...string) *sseClient {
+	t.Helper()
+	d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: local}
+	conn, err := d.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	req := "GET " + path + " HTTP/1.1\r\nHost: pgsse.test\r\n"
+	for _, h := range headers {
+		req += h + "\r\n"
+	}
+	req += "\r\n"
+	_, err = conn.Write([]byte(req))
+	require.NoError(t, err)
+	c := &sseClient{t: t, conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}
+	c.readHead()
+	return c
+}
+
+func (c *sseClient) readHead() {
+	c.t.Helper()
+	_ = c.conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+	resp, err := http.ReadResponse(c.r, nil)
+	require.NoError(c.t, err, "reading response head")
+	c.Status = resp.StatusCode
+	c.Header = resp.Header
+	if c.Status != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		c.Body = string(b)
+	}
+	_ = c.conn.SetReadDeadline(time.Time{})
+}
+
+// next reads one dispatched event (comments skipped; a retry-only block is returned as
+// an event with Retry set and no data).
+func (c *sseClient) next(timeout time.Duration) (sseEvent, error) {
+	_ = c.conn.SetReadDeadline(time.Now().Add(timeout))
+	defer c.conn.SetReadDeadline(time.Time{})
+	var ev sseEvent
+	var data []string
+	seen := false
+	for {
+		line, err := c.r.ReadString('\n')
+		if err != nil {
+			return ev, err
+		}
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" {
+			if len(data) > 0 || ev.HasID || ev.Event != "" {
+				ev.Data = strings.Join(data, "\n")
+				return ev, nil
+			}
+			if seen && ev.Retry != "" {
+				return ev, nil
+			}
+			continue
+		}
+		if strings.HasPrefix(line, ":") {
+			continue
+		}
+		seen = true
+		field, value, _ := strings.Cut(line, ":")
+		value = strings.TrimPrefix(value, " ")
+		switch field {
+		case "id":
+			ev.HasID, ev.IDValue = true, value
+		case "event":
+			ev.Event = value
+		case "data":
+			data = append(data, value)
+		case "retry":
+			ev.Retry = value
+		}
+	}
+}
+
+func (c *sseClient) mustNext(timeout time.Duration) sseEvent {
+	c.t.Helper()
+	ev, err := c.next(timeout)
+	require.NoError(c.t, err, "waiting for an event")
+	return ev
+}
+
+// mustNextData skips retry-only blocks and returns the next real event.
+func (c *sseClient) mustNextData(timeout time.Duration) sseEvent {
+	c.t.Helper()
+	for {
+		ev := c.mustNext(timeout)
+		if ev.Data != "" || ev.HasID || ev.Event != "" {
+			return ev
+		}
+	}
+}
+
+func (e sseEvent) id() int64 {
+	n, _ := strconv.ParseInt(e.IDValue, 10, 64)
+	return n
+}
+
+func (e sseEvent) String() string {
+	return fmt.Sprintf("{id:%q event:%q data:%q}", e.IDValue, e.Event, e.Data)
+}
+
+type testLogWriter struct{ t testing.TB }
+
+func (w testLogWriter) Write(p []byte) (int, error) {
+	if os.Getenv("PGSSE_TEST_LOGS") != "" {
+		w.t.Log(strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
+}

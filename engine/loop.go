@@ -1,0 +1,147 @@
+package engine
+
+import (
+	"context"
+	"net"
+	"sync"
+
+	"github.com/panjf2000/gnet/v2"
+)
+
+// taskQueue hands work from other goroutines (the LISTEN session, replay reads, the
+// ticker, shutdown) to the loop goroutine, strictly in push order.
+//
+// gnet's Execute queue may reorder low-priority tasks under load (DESIGN invariant 1), so
+// Execute is used only as a wake-up: the loop drains this FIFO, which alone fixes order.
+type taskQueue struct {
+	mu        sync.Mutex
+	tasks     []func()
+	spare     []func()
+	scheduled bool
+	closed    bool
+	loop      gnet.EventLoop // set once the anchor connection is registered
+	drainFn   gnet.RunnableFunc
+}
+
+func newTaskQueue() *taskQueue {
+	q := &taskQueue{}
+	q.drainFn = func(context.Context) error { q.drain(); return nil }
+	return q
+}
+
+// push queues f to run on the loop. It never blocks on I/O; it returns false once the
+// queue is closed (the loop has stopped), in which case f will never run.
+func (q *taskQueue) push(f func()) bool {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return false
+	}
+	q.tasks = append(q.tasks, f)
+	wake := !q.scheduled && q.loop != nil
+	if wake {
+		q.scheduled = true
+	}
+	loop := q.loop
+	q.mu.Unlock()
+	if wake {
+		if err := loop.Execute(context.Background(), q.drainFn); err != nil {
+			// The engine is shutting down; the tasks are dropped with the loop.
+			q.mu.Lock()
+			q.scheduled = false
+			q.mu.Unlock()
+			return false
+		}
+	}
+	return true
+}
+
+// start attaches the loop and runs whatever was queued before it existed.
+func (q *taskQueue) start(loop gnet.EventLoop) {
+	q.mu.Lock()
+	q.loop = loop
+	pending := len(q.tasks) > 0 && !q.scheduled
+	if pending {
+		q.scheduled = true
+	}
+	q.mu.Unlock()
+	if pending {
+		_ = loop.Execute(context.Background(), q.drainFn)
+	}
+}
+
+// drain runs on the loop goroutine.
+func (q *taskQueue) drain() {
+	for {
+		q.mu.Lock()
+		batch := q.tasks
+		q.tasks = q.spare[:0]
+		if len(batch) == 0 {
+			q.scheduled = false
+			q.spare = batch
+			q.mu.Unlock()
+			return
+		}
+		q.mu.Unlock()
+		for i, f := range batch {
+			f()
+			batch[i] = nil
+		}
+		q.mu.Lock()
+		q.spare = batch[:0]
+		q.mu.Unlock()
+	}
+}
+
+func (q *taskQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.tasks = nil
+	q.mu.Unlock()
+}
+
+// registerAnchor enrols one end of a private loopback TCP connection in the gnet engine
+// so that we hold a gnet.EventLoop (gnet hands loops out only through connections).
+// The anchor carries no traffic; its peer stays open for the life of the server.
+func registerAnchor(eng gnet.Engine) (gnet.Conn, net.Conn, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	dialed, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		return nil, nil, err
+	}
+	peer, ok := <-accepted
+	if !ok {
+		dialed.Close()
+		return nil, nil, net.ErrClosed
+	}
+	ctx := gnet.NewNetConnContext(context.Background(), dialed)
+	ctx = context.WithValue(ctx, anchorKey{}, true)
+	res, err := eng.Register(ctx)
+	if err != nil {
+		dialed.Close()
+		peer.Close()
+		return nil, nil, err
+	}
+	r := <-res
+	// gnet dup()s the descriptor; our copy is closed by gnet's enrol worker.
+	if r.Err != nil {
+		peer.Close()
+		return nil, nil, r.Err
+	}
+	return r.Conn, peer, nil
+}
+
+type anchorKey struct{}

@@ -1,0 +1,558 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/sse"
+)
+
+// event is one event encoded once for every subscriber (DESIGN invariant 2).
+type event struct {
+	id       int64    // durable id; 0 for ephemeral events
+	enc      []byte   // SSE bytes, shared by every write
+	audience []string // nil = everyone
+	timeUS   int64    // publisher's clock (delivery-lag metric)
+}
+
+// stream is the loop's state for one durable stream that has subscribers.
+//
+// ring holds the most recent events with contiguous ids ring[0].id … last, so that a
+// connection finishing its catch-up close to the head bridges the rest from memory
+// instead of racing the publisher with more table reads. last is the highest id the
+// stream has accounted for (every id ≤ last is in the ring, was delivered to the live
+// set, or is older than the ring); -1 = not known yet.
+type stream struct {
+	name     string
+	subs     []*sseConn
+	ring     []*event
+	ringSize int
+	last     int64
+	notified int64    // highest durable id seen in a notification
+	pending  []*event // durable events that arrived beyond a gap, waiting for a fetch
+	fetching bool     // a stream-level table read is in flight
+	out      []*event // items appended during the current loop task, flushed once
+	dirty    bool
+}
+
+const (
+	ringMaxEvents  = 512
+	ringMaxBytes   = 1 << 20
+	pendingMax     = 4096
+	replayBatch    = 200       // events per catch-up read for one connection
+	fetchBatch     = 500       // events per stream-level read
+	durableHigh    = 256 << 10 // stop live writes above this many buffered bytes
+	durableLow     = 64 << 10  // resume (catch up) once drained below this
+	ephemeralLimit = 1 << 20   // an ephemeral/channel subscriber over this is closed
+)
+
+func (s *Server) streamFor(name string) *stream {
+	st := s.streams[name]
+	if st == nil {
+		st = &stream{name: name, last: -1}
+		s.streams[name] = st
+	}
+	return st
+}
+
+func (s *Server) maybeDropStream(st *stream) {
+	if len(st.subs) == 0 && !st.fetching && s.streams[st.name] == st {
+		delete(s.streams, st.name)
+	}
+}
+
+// onPayload handles one notification on the pgsse channel.
+func (s *Server) onPayload(p *store.Payload) {
+	st := s.streams[string(p.Stream)] // no allocation: map lookup by converted key
+	if st == nil {
+		return // nobody subscribed here
+	}
+	switch p.Kind {
+	case store.KindEphemeral:
+		ev := &event{enc: sse.AppendEvent(nil, 0, p.Event, p.Data), audience: payloadTags(p), timeUS: p.TimeUS}
+		st.out = append(st.out, ev)
+		s.markDirty(st)
+	case store.KindDurable, store.KindWake:
+		id := p.ID
+		if id > st.notified {
+			st.notified = id
+		}
+		if st.last < 0 {
+			if p.Kind == store.KindWake {
+				st.last = id - 1
+			} else {
+				st.last = id - 1 // first sight of the stream: start the ring here
+			}
+		}
+		if id <= st.last {
+			return // already accounted for (replayed or duplicate)
+		}
+		if p.Kind == store.KindWake {
+			s.startFetch(st) // data is only in the table
+			return
+		}
+		ev := &event{id: id, enc: sse.AppendEvent(nil, id, p.Event, p.Data), audience: payloadTags(p), timeUS: p.TimeUS}
+		if id == st.last+1 && !st.fetching {
+			s.appendLive(st, ev)
+			return
+		}
+		if len(st.pending) < pendingMax {
+			st.pending = append(st.pending, ev)
+		}
+		s.startFetch(st)
+	}
+}
+
+func payloadTags(p *store.Payload) []string {
+	if p.NTags == 0 {
+		return nil
+	}
+	tags := make([]string, 0, p.NTags)
+	p.Tags(func(t []byte) bool {
+		tags = append(tags, string(t))
+		return true
+	})
+	return tags
+}
+
+// appendLive records the next contiguous durable event and queues it for the live set.
+func (s *Server) appendLive(st *stream, ev *event) {
+	st.last = ev.id
+	st.ring = append(st.ring, ev)
+	st.ringSize += len(ev.enc)
+	if len(st.ring) > ringMaxEvents || st.ringSize > ringMaxBytes {
+		drop := len(st.ring) / 4
+		if drop == 0 {
+			drop = 1
+		}
+		for _, e := range st.ring[:drop] {
+			st.ringSize -= len(e.enc)
+		}
+		n := copy(st.ring, st.ring[drop:])
+		for i := n; i < len(st.ring); i++ {
+			st.ring[i] = nil
+		}
+		st.ring = st.ring[:n]
+	}
+	st.out = append(st.out, ev)
+	s.markDirty(st)
+}
+
+func (s *Server) markDirty(st *stream) {
+	if !st.dirty {
+		st.dirty = true
+		s.dirtyStreams = append(s.dirtyStreams, st)
+	}
+}
+
+// flushStreams writes what the current task queued: one write per connection per stream.
+func (s *Server) flushStreams() {
+	now := time.Now().UnixMicro()
+	for _, st := range s.dirtyStreams {
+		st.dirty = false
+		items := st.out
+		if len(items) == 0 {
+			continue
+		}
+		var delivered int
+		for _, sc := range st.subs {
+			delivered += s.writeItems(sc, items)
+		}
+		for _, ev := range items {
+			if ev.timeUS > 0 {
+				s.metrics.lag.Observe(float64(now-ev.timeUS) / 1e6)
+			}
+		}
+		s.metrics.deliveries.Add(float64(delivered))
+		for i := range items {
+			items[i] = nil
+		}
+		st.out = items[:0]
+	}
+	s.dirtyStreams = s.dirtyStreams[:0]
+}
+
+// writeItems writes the items a connection should get, in one syscall. Live connections
+// get durable and ephemeral events; connections still catching up or lagging get only
+// ephemeral ones (their durable events come from the table), unless they are over the
+// ephemeral limit, which closes them.
+func (s *Server) writeItems(sc *sseConn, items []*event) int {
+	if sc.closed {
+		return 0
+	}
+	switch sc.state {
+	case stateLive, stateCatchUp, stateLagging:
+	default:
+		return 0
+	}
+	buffered := sc.c.OutboundBuffered()
+	live := sc.state == stateLive
+	if live && buffered > durableHigh {
+		s.setLagging(sc)
+		live = false
+	}
+	iov := s.iov[:0]
+	for _, ev := range items {
+		if ev.id > 0 {
+			if !live || ev.id <= sc.cursor {
+				continue
+			}
+			sc.cursor = ev.id
+		}
+		if !sc.visible(ev.audience) {
+			continue
+		}
+		if ev.id == 0 && buffered > ephemeralLimit {
+			s.metrics.dropped.WithLabelValues("slow_client").Inc()
+			s.closeWithRetry(sc)
+			return 0
+		}
+		iov = append(iov, ev.enc)
+	}
+	if len(iov) == 0 {
+		return 0
+	}
+	if len(iov) == 1 {
+		sc.write(s, iov[0])
+	} else {
+		sc.writev(s, iov)
+	}
+	for i := range iov {
+		iov[i] = nil
+	}
+	s.iov = iov[:0]
+	return len(iov)
+}
+
+func (s *Server) setLagging(sc *sseConn) {
+	sc.state = stateLagging
+	s.lagging = append(s.lagging, sc)
+	s.metrics.lagging.Inc()
+}
+
+// startFetch reads the stream from the table after st.last, for the whole live set.
+func (s *Server) startFetch(st *stream) {
+	if st.fetching || s.replayer == nil {
+		return
+	}
+	st.fetching = true
+	after := st.last
+	ok := s.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: fetchBatch},
+		func(res store.ReadResult) { s.tasks.push(func() { s.onFetch(st, after, res) }) })
+	if !ok {
+		st.fetching = false
+		s.log.Warn("replay queue full; stream catch-up postponed", "stream", st.name)
+	}
+}
+
+func (s *Server) onFetch(st *stream, after int64, res store.ReadResult) {
+	st.fetching = false
+	if s.streams[st.name] != st || len(st.subs) == 0 {
+		s.maybeDropStream(st)
+		return
+	}
+	if res.Err != nil {
+		s.log.Warn("stream catch-up read failed; retrying on the next tick", "stream", st.name, "err", res.Err)
+		s.retryFetch = append(s.retryFetch, st)
+		return
+	}
+	if res.Oldest > st.last+1 && st.last >= 0 {
+		// Events were pruned while we were away: announce the gap to the live set.
+		resume := res.Oldest - 1
+		for _, sc := range st.subs {
+			if sc.state == stateLive && sc.cursor < resume {
+				sc.write(s, sse.AppendGap(s.scratch[:0], []byte(st.name), sc.cursor, resume))
+				sc.cursor = resume
+			}
+		}
+		st.last = resume
+	}
+	for i := range res.Events {
+		e := &res.Events[i]
+		if e.ID <= st.last {
+			continue
+		}
+		if e.ID != st.last+1 {
+			st.last = e.ID - 1 // ids missing inside a snapshot were pruned
+		}
+		s.appendLive(st, &event{id: e.ID, enc: sse.AppendEvent(nil, e.ID, []byte(e.Event), e.Data), audience: e.Audience, timeUS: e.TimeUS})
+	}
+	if res.Done && res.Head > st.last {
+		st.last = res.Head
+	}
+	// Live events that were waiting beyond the gap.
+	keep := st.pending[:0]
+	for _, ev := range st.pending {
+		switch {
+		case ev.id <= st.last:
+		case ev.id == st.last+1:
+			s.appendLive(st, ev)
+		default:
+			keep = append(keep, ev)
+		}
+	}
+	for i := len(keep); i < len(st.pending); i++ {
+		st.pending[i] = nil
+	}
+	st.pending = keep
+	if !res.Done || st.notified > st.last || len(st.pending) > 0 {
+		s.startFetch(st)
+	}
+}
+
+// subscribeStream registers sc on its stream and starts its catch-up; hasCursor tells
+// whether the client sent Last-Event-ID/since.
+func (s *Server) subscribeStream(sc *sseConn, name string, cursor int64, hasCursor bool) {
+	st := s.streamFor(name)
+	sc.stream = st
+	sc.subIdx = int32(len(st.subs))
+	st.subs = append(st.subs, sc)
+	if !hasCursor {
+		if st.last >= 0 && s.listenUp {
+			sc.cursor = st.last
+			sc.gapChecked = true
+			s.sendStreamHead(sc)
+			sc.state = stateLive
+			return
+		}
+		sc.state = statePending
+		sc.gapChecked = true
+		s.readHead(sc)
+		return
+	}
+	sc.cursor = cursor
+	sc.gapChecked = cursor == 0
+	s.sendStreamHead(sc)
+	sc.state = stateCatchUp
+	s.replay(sc)
+}
+
+func (s *Server) readHead(sc *sseConn) {
+	if s.replayer == nil {
+		return
+	}
+	sc.replaying = true
+	ok := s.replayer.Read(store.ReadRequest{Stream: sc.stream.name, HeadOnly: true},
+		func(res store.ReadResult) { s.tasks.push(func() { s.onHead(sc, res) }) })
+	if !ok {
+		sc.replaying = false
+		s.shed(sc)
+	}
+}
+
+func (s *Server) onHead(sc *sseConn, res store.ReadResult) {
+	sc.replaying = false
+	if sc.closed {
+		return
+	}
+	if res.Err != nil {
+		s.retryRead(sc, res.Err)
+		return
+	}
+	sc.retries = 0
+	sc.cursor = res.Head
+	s.sendStreamHead(sc)
+	sc.state = stateCatchUp
+	s.tryJoin(sc)
+}
+
+// replay reads the next batch of history for one connection.
+func (s *Server) replay(sc *sseConn) {
+	if s.replayer == nil || sc.replaying {
+		return
+	}
+	sc.replaying = true
+	s.metrics.replays.Inc()
+	ok := s.replayer.Read(store.ReadRequest{Stream: sc.stream.name, After: sc.cursor, Tags: sc.tags, Limit: replayBatch},
+		func(res store.ReadResult) { s.tasks.push(func() { s.onReplay(sc, res) }) })
+	if !ok {
+		sc.replaying = false
+		s.log.Warn("replay queue full; client told to retry", "stream", sc.stream.name)
+		s.closeWithRetry(sc)
+	}
+}
+
+func (s *Server) onReplay(sc *sseConn, res store.ReadResult) {
+	sc.replaying = false
+	if sc.closed || sc.state == stateClosing {
+		return
+	}
+	if res.Err != nil {
+		s.retryRead(sc, res.Err)
+		return
+	}
+	sc.retries = 0
+	buf := s.scratch[:0]
+	if !sc.gapChecked {
+		sc.gapChecked = true
+		switch c := sc.cursor; {
+		case c > res.Head:
+			buf = sse.AppendGap(buf, []byte(sc.stream.name), c, res.Head)
+			sc.cursor = res.Head
+		case c+1 < res.Oldest:
+			buf = sse.AppendGap(buf, []byte(sc.stream.name), c, res.Oldest-1)
+			sc.cursor = res.Oldest - 1
+		}
+	}
+	n := 0
+	for i := range res.Events {
+		e := &res.Events[i]
+		if e.ID <= sc.cursor {
+			continue
+		}
+		buf = sse.AppendEvent(buf, e.ID, []byte(e.Event), e.Data)
+		sc.cursor = e.ID
+		n++
+	}
+	if len(buf) > 0 {
+		sc.write(s, buf)
+	}
+	if cap(buf) <= 1<<20 {
+		s.scratch = buf[:0]
+	}
+	s.metrics.deliveries.Add(float64(n))
+	if res.Done {
+		if res.Head > sc.cursor {
+			sc.cursor = res.Head
+		}
+		s.tryJoin(sc)
+		return
+	}
+	if sc.c.OutboundBuffered() > durableHigh {
+		s.setLagging(sc)
+		return
+	}
+	s.replay(sc)
+}
+
+// tryJoin moves a connection that has read the table up to its cursor into the live set,
+// bridging from the ring when the live set is ahead; otherwise it reads on.
+func (s *Server) tryJoin(sc *sseConn) {
+	st := sc.stream
+	c := sc.cursor
+	switch {
+	case st.last < 0:
+		st.last = c
+		if c > st.notified {
+			st.notified = c
+		}
+	case len(st.ring) > 0 && c >= st.ring[0].id-1, len(st.ring) == 0 && c >= st.last:
+		var iov [][]byte
+		for _, ev := range st.ring {
+			if ev.id > c && sc.visible(ev.audience) {
+				iov = append(iov, ev.enc)
+			}
+		}
+		if len(iov) > 0 {
+			sc.writev(s, iov)
+		}
+		if st.last > sc.cursor {
+			sc.cursor = st.last
+		}
+	default:
+		sc.state = stateCatchUp
+		s.replay(sc)
+		return
+	}
+	sc.state = stateLive
+}
+
+// resumeLagging is called from the tick for connections whose buffers have drained.
+func (s *Server) resumeLagging() {
+	if len(s.lagging) == 0 {
+		return
+	}
+	keep := s.lagging[:0]
+	for _, sc := range s.lagging {
+		if sc.closed || sc.state != stateLagging {
+			s.metrics.lagging.Dec()
+			continue
+		}
+		if sc.c.OutboundBuffered() > durableLow {
+			keep = append(keep, sc)
+			continue
+		}
+		s.metrics.lagging.Dec()
+		sc.state = stateCatchUp
+		if sc.isChan {
+			continue
+		}
+		st := sc.stream
+		if len(st.ring) > 0 && sc.cursor >= st.ring[0].id-1 {
+			s.tryJoin(sc)
+		} else {
+			s.replay(sc)
+		}
+	}
+	for i := len(keep); i < len(s.lagging); i++ {
+		s.lagging[i] = nil
+	}
+	s.lagging = keep
+}
+
+// resyncStreams catches every active stream up from the table after the LISTEN session
+// came back: events committed during the outage were never notified.
+func (s *Server) resyncStreams() {
+	for _, st := range s.streams {
+		if st.last >= 0 {
+			s.startFetch(st)
+		}
+	}
+}
+
+func (s *Server) unsubscribeStream(sc *sseConn) {
+	st := sc.stream
+	if st == nil {
+		return
+	}
+	i := int(sc.subIdx)
+	last := len(st.subs) - 1
+	if i <= last && st.subs[i] == sc {
+		st.subs[i] = st.subs[last]
+		st.subs[i].subIdx = int32(i)
+		st.subs[last] = nil
+		st.subs = st.subs[:last]
+	}
+	sc.stream = nil
+	s.maybeDropStream(st)
+}
+
+// maxReadRetries bounds how long (× 250 ms ticks) a connection waits for the table to
+// become readable again before it is told to reconnect later.
+const maxReadRetries = 60
+
+// retryRead schedules a failed history read again on a later tick: a PostgreSQL restart
+// should not cost connected clients their connection.
+func (s *Server) retryRead(sc *sseConn, err error) {
+	sc.retries++
+	if sc.retries > maxReadRetries {
+		s.log.Warn("history read keeps failing; client told to retry later", "stream", sc.stream.name, "err", err)
+		if sc.state == statePending {
+			s.shed(sc)
+		} else {
+			s.closeWithRetry(sc)
+		}
+		return
+	}
+	if sc.retries == 1 {
+		s.log.Warn("history read failed; retrying", "stream", sc.stream.name, "err", err)
+	}
+	s.retryConns = append(s.retryConns, sc)
+}
+
+func (s *Server) runReadRetries() {
+	if len(s.retryConns) == 0 {
+		return
+	}
+	retry := s.retryConns
+	s.retryConns = nil
+	for _, sc := range retry {
+		switch {
+		case sc.closed || sc.state == stateClosing:
+		case sc.state == statePending:
+			s.readHead(sc)
+		default:
+			s.replay(sc)
+		}
+	}
+}
