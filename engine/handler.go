@@ -166,8 +166,14 @@ func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
 // OnShutdown implements gnet.EventHandler.
 func (s *Server) OnShutdown(gnet.Engine) {}
 
-// OnTick implements gnet.EventHandler (unused: gnet runs it on its own goroutine).
-func (s *Server) OnTick() (time.Duration, gnet.Action) { return time.Hour, gnet.None }
+// OnTick implements gnet.EventHandler. gnet starts its ticker only after the event loops
+// are registered, so the first tick tells Run it may enrol the anchor connection
+// (Engine.Register before that races with gnet's own setup). Periodic work does not
+// use it: gnet runs OnTick on its own goroutine, not the loop's.
+func (s *Server) OnTick() (time.Duration, gnet.Action) {
+	s.loopsOnce.Do(func() { close(s.loopsReady) })
+	return time.Hour, gnet.None
+}
 
 func (s *Server) reject(sc *sseConn, status int, reason string, cors sse.CORS) {
 	s.metrics.rejected.WithLabelValues(itoa(status)).Inc()

@@ -42,6 +42,8 @@ type Server struct {
 	replayer *store.Replayer
 
 	booted     chan struct{}
+	loopsReady chan struct{}
+	loopsOnce  sync.Once
 	started    chan struct{}
 	addr       net.Addr
 	eng        gnet.Engine
@@ -120,13 +122,14 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("--hub-worker-buffer: must hold at least two maximal frames (128KiB)")
 	}
 	s := &Server{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		tasks:    newTaskQueue(),
-		booted:   make(chan struct{}),
-		started:  make(chan struct{}),
-		streams:  make(map[string]*stream),
-		channels: make(map[string]*channel),
+		cfg:        cfg,
+		log:        cfg.Logger,
+		tasks:      newTaskQueue(),
+		booted:     make(chan struct{}),
+		loopsReady: make(chan struct{}),
+		started:    make(chan struct{}),
+		streams:    make(map[string]*stream),
+		channels:   make(map[string]*channel),
 	}
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
 		v, err := auth.NewVerifier(cfg.Auth)
@@ -181,6 +184,7 @@ func (s *Server) Run(ctx context.Context) error {
 			gnet.WithTCPKeepAlive(2*time.Minute),
 			gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 			gnet.WithLogger(gnetLogger{s.log}),
+			gnet.WithTicker(true),
 		)
 	}()
 	select {
@@ -189,6 +193,11 @@ func (s *Server) Run(ctx context.Context) error {
 	case <-s.booted:
 	}
 	s.afterHubBind()
+	select {
+	case err := <-gnetErr:
+		return fmt.Errorf("--listen %s: %w", s.cfg.Listen, err)
+	case <-s.loopsReady:
+	}
 	anchor, peer, err := registerAnchor(s.eng)
 	if err != nil {
 		_ = s.eng.Stop(context.Background())
@@ -250,11 +259,11 @@ func (s *Server) Run(ctx context.Context) error {
 // drain tells every client to come back later (jittered), flushes and closes, within a
 // bounded time.
 func (s *Server) drain() {
-	s.log.Info("shutting down: telling clients to retry", "connections", s.active)
 	done := make(chan struct{})
 	s.tasks.push(func() {
 		s.enter()
 		defer s.leave()
+		s.log.Info("shutting down: telling clients to retry", "connections", s.active, "hub_workers", s.hub.count())
 		s.draining = true
 		for _, sc := range s.conns {
 			switch sc.state {
