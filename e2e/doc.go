@@ -1,0 +1,12 @@
+// Package e2e judges pgsse with clients nobody here wrote: Debian's Chromium (its
+// EventSource, driven through playwright-core), the npm `eventsource` package, curl, and
+// nginx as a reverse proxy in front of `pgsse serve`.
+//
+// The package holds only tests. TestMain installs the clients (scripts/e2e-deps.sh: apt
+// packages and `npm ci` in e2e/js, never a browser download), builds cmd/pgsse once, and
+// every test starts its own `pgsse serve` subprocess on free ports against a fresh
+// database (pgtest), so tests share nothing but the binary. A missing client is an
+// install step that fails loudly, never a skip.
+//
+// Artifacts (the demo page screenshot) go to e2e/artifacts/, which git ignores.
+package e2e

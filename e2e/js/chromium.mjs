@@ -1,0 +1,104 @@
+// chromium.mjs: Debian's Chromium (/usr/bin/chromium), headless, driven through
+// playwright-core for the e2e Go tests. Never downloads a browser.
+//
+//   node chromium.mjs '{"userDataDir": "/tmp/…", "watch": "http://127.0.0.1:8080/"}'
+//
+// Every line on stdout is one JSON object:
+//   {"kind":"ready"}                                  the browser is up
+//   {"kind":"reply","id":N,"ok":true,"value":…}       answer to command N
+//   {"kind":"reply","id":N,"ok":false,"error":"…"}
+//   {"kind":"page", …}                                what the test page reports through
+//                                                     window.report(obj) (EventSource callbacks)
+//   {"kind":"request","url":"…","headers":{…}}        requests to URLs starting with `watch`
+//   {"kind":"response","url":"…","status":200}
+//   {"kind":"console","text":"…"}, {"kind":"pageerror","text":"…"}
+// Commands on stdin, one JSON object per line, each with an "id":
+//   {"cmd":"cookies","cookies":[{name,value,url}]}    context.addCookies
+//   {"cmd":"goto","url":"…"}                           open the page (one page per session)
+//   {"cmd":"eval","expr":"…"}                          evaluate in the page, JSON result
+//   {"cmd":"screenshot","path":"…"}                    full-page PNG
+//   {"cmd":"quit"}
+// Exits when stdin ends.
+import {chromium} from 'playwright-core'
+import {createInterface} from 'node:readline'
+
+const opts = JSON.parse(process.argv[2] || '{}')
+const out = (o) => process.stdout.write(JSON.stringify(o) + '\n')
+
+const context = await chromium.launchPersistentContext(opts.userDataDir, {
+  executablePath: opts.executablePath || '/usr/bin/chromium',
+  headless: true,
+  args: [
+    '--headless',
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-quic',
+    '--no-first-run',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+  ],
+  viewport: {width: 1000, height: 700},
+})
+await context.exposeBinding('report', (_source, obj) => out({...obj, kind: 'page', what: obj.kind}))
+const watched = (url) => opts.watch && url.startsWith(opts.watch)
+context.on('request', async (req) => {
+  if (!watched(req.url())) return
+  let headers = req.headers()
+  try {
+    headers = await req.allHeaders()
+  } catch {}
+  out({kind: 'request', url: req.url(), method: req.method(), resourceType: req.resourceType(), headers})
+})
+context.on('response', (res) => {
+  if (watched(res.url())) out({kind: 'response', url: res.url(), status: res.status()})
+})
+context.on('requestfailed', (req) => {
+  if (watched(req.url())) out({kind: 'requestfailed', url: req.url(), error: req.failure()?.errorText || ''})
+})
+let page = context.pages()[0] || (await context.newPage())
+page.on('console', (m) => out({kind: 'console', text: m.text()}))
+page.on('pageerror', (e) => out({kind: 'pageerror', text: String(e)}))
+out({kind: 'ready', version: context.browser()?.version() ?? null})
+
+async function handle(c) {
+  switch (c.cmd) {
+    case 'cookies':
+      await context.addCookies(c.cookies)
+      return null
+    case 'goto':
+      await page.goto(c.url, {waitUntil: 'load'})
+      return page.url()
+    case 'eval':
+      return await page.evaluate(c.expr)
+    case 'screenshot':
+      await page.screenshot({path: c.path, fullPage: true})
+      return c.path
+    case 'quit':
+      await context.close()
+      out({kind: 'reply', id: c.id, ok: true, value: null})
+      process.exit(0)
+    default:
+      throw new Error('unknown command ' + c.cmd)
+  }
+}
+
+// Commands run one at a time, in order.
+let chain = Promise.resolve()
+const rl = createInterface({input: process.stdin})
+rl.on('line', (line) => {
+  if (!line.trim()) return
+  const c = JSON.parse(line)
+  chain = chain.then(async () => {
+    try {
+      out({kind: 'reply', id: c.id, ok: true, value: (await handle(c)) ?? null})
+    } catch (e) {
+      out({kind: 'reply', id: c.id, ok: false, error: String(e && e.message ? e.message : e)})
+    }
+  })
+})
+rl.on('close', async () => {
+  await chain.catch(() => {})
+  await context.close().catch(() => {})
+  process.exit(0)
+})
