@@ -18,17 +18,18 @@ type Batch struct {
 	buf   []byte // the socket bytes the notes point into; the reader reads straight into it
 }
 
-const (
-	batchBufSize = 64 << 10  // one read's worth; a batch never holds more than this unless one message is bigger
-	batchKeepMax = 256 << 10 // buffers grown beyond this (for one huge message) are not pooled
-)
+// batchBufSize is one read's worth; a batch never holds more than this unless one message is
+// bigger. A variable only so the split-read fuzz target can make every message straddle reads.
+var batchBufSize = 64 << 10
 
-var batchPool = sync.Pool{New: func() any { return &Batch{buf: make([]byte, 0, batchBufSize)} }}
+const batchKeepMax = 256 << 10 // buffers grown beyond this (for one huge message) are not pooled
+
+var batchPool = sync.Pool{New: func() any { return &Batch{} }}
 
 func getBatch() *Batch {
 	b := batchPool.Get().(*Batch)
-	if b.buf == nil {
-		b.buf = make([]byte, 0, batchBufSize)
+	if b.buf == nil || cap(b.buf) < 5 {
+		b.buf = make([]byte, 0, max(batchBufSize, 5))
 	}
 	return b
 }

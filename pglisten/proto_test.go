@@ -119,7 +119,9 @@ func parseAll(t *testing.T, stream []byte) (notes []string, ctl []byte) {
 
 // sampleStream mixes notifications (one bigger than a batch buffer), control messages and
 // messages the reader must skip.
-func sampleStream() []byte {
+func sampleStream() []byte { return sampleStreamWith(100_000) }
+
+func sampleStreamWith(bigPayload int) []byte {
 	var s []byte
 	s = AppendNotificationResponse(s, 1, []byte("a"), []byte("one"))
 	s = append(s, 'C', 0, 0, 0, 11)
@@ -127,7 +129,7 @@ func sampleStream() []byte {
 	s = append(s, 'Z', 0, 0, 0, 5, 'I')
 	s = append(s, 'S', 0, 0, 0, 8, 'x', 0, 'y', 0) // ParameterStatus: skipped
 	s = AppendNotificationResponse(s, 2, []byte("b"), []byte("two"))
-	s = AppendNotificationResponse(s, 3, []byte("c"), bytes.Repeat([]byte("z"), 100_000))
+	s = AppendNotificationResponse(s, 3, []byte("c"), bytes.Repeat([]byte("z"), bigPayload))
 	s = append(s, 'E', 0, 0, 0, byte(4+len("SERROR\x00C42000\x00Mno\x00\x00")))
 	s = append(s, "SERROR\x00C42000\x00Mno\x00\x00"...)
 	s = append(s, 'Z', 0, 0, 0, 5, 'I')

@@ -1,0 +1,339 @@
+package pglisten
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/pgsse/pgsse/sse/names"
+)
+
+// FailoverConfig configures NewFailover: the hub to try first and the direct session to fall
+// back to.
+type FailoverConfig struct {
+	Hub    HubConfig
+	Direct Config       // the worker's own LISTEN session after a switch (DSN, AppName, …)
+	Logger *slog.Logger // default slog.Default(); also used for Hub and Direct when they have none
+}
+
+// Failover is the Listener of SPEC §5: hub first; on connect refused (or no socket), ACK
+// timeout, EOF, eviction, protocol error, keepalive or write timeout, or SHUTDOWN it switches
+// once and for good to a direct session, re-LISTENs every recorded channel, and then delivers
+// one KindResync with Channel "" (everything may have been missed during the switch).
+//
+// Events from the hub are all delivered before the switch's KindResync. Close stops whichever
+// side is running, including a switch in progress; nothing is left running.
+type Failover struct {
+	cfg FailoverConfig
+	log *slog.Logger
+
+	mu        sync.Mutex
+	mode      string // "hub" or "direct"
+	hub       *hubClient
+	direct    Listener
+	chans     map[string]struct{} // recorded: Listen called (and not failed or Unlistened)
+	reason    error               // why the switch happened
+	switchErr error               // the direct session could not be started
+	closed    bool
+	switched  chan struct{} // closed once the direct Listener is installed (or on Close)
+
+	events    chan Event
+	done      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+}
+
+// Failover modes (Failover.Mode).
+const (
+	ModeHub    = "hub"
+	ModeDirect = "direct"
+)
+
+// NewFailover starts a failover Listener. It fails only for a configuration that cannot work
+// (a bad DSN, a missing socket path); an unreachable hub is not an error — it switches to a
+// direct session at once.
+func NewFailover(cfg FailoverConfig) (Listener, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Hub.Logger == nil {
+		cfg.Hub.Logger = cfg.Logger
+	}
+	if cfg.Direct.Logger == nil {
+		cfg.Direct.Logger = cfg.Logger
+	}
+	if cfg.Hub.Socket == "" {
+		return nil, errors.New("pglisten: FailoverConfig.Hub.Socket is required")
+	}
+	if _, err := ParseConfig(cfg.Direct); err != nil {
+		return nil, fmt.Errorf("pglisten: failover direct session: %w", err)
+	}
+	f := &Failover{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		mode:     ModeHub,
+		chans:    make(map[string]struct{}),
+		switched: make(chan struct{}),
+		events:   make(chan Event),
+		done:     make(chan struct{}),
+	}
+	h, err := newHub(cfg.Hub)
+	if err != nil {
+		f.reason = err
+	} else {
+		f.hub = h
+	}
+	f.wg.Add(1)
+	go f.pump()
+	return f, nil
+}
+
+// Mode is "hub" while notifications come from the hub, "direct" once switched.
+func (f *Failover) Mode() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mode
+}
+
+// Reason is why the Listener switched to direct (nil while on the hub).
+func (f *Failover) Reason() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.mode == ModeHub {
+		return nil
+	}
+	return f.reason
+}
+
+// pump forwards the hub's events, then switches and forwards the direct session's.
+func (f *Failover) pump() {
+	defer f.wg.Done()
+	defer close(f.events)
+	if f.hub != nil {
+		for ev := range f.hub.Events() {
+			if !f.forward(ev) {
+				return
+			}
+		}
+		reason := f.hub.Err()
+		if errors.Is(reason, ErrClosed) {
+			return // Close
+		}
+		f.mu.Lock()
+		f.reason = reason
+		f.mu.Unlock()
+	}
+	d := f.switchToDirect()
+	if d == nil {
+		return
+	}
+	for ev := range d.Events() {
+		if !f.forward(ev) {
+			return
+		}
+	}
+}
+
+func (f *Failover) forward(ev Event) bool {
+	select {
+	case f.events <- ev:
+		return true
+	case <-f.done:
+		return false
+	}
+}
+
+// switchToDirect runs once, on the pump goroutine: it starts the direct session, re-LISTENs
+// the recorded channels, and delivers the KindResync. It returns nil if Close came first.
+func (f *Failover) switchToDirect() Listener {
+	f.mu.Lock()
+	reason, h := f.reason, f.hub
+	f.mu.Unlock()
+	f.log.Warn("pglisten: hub unusable; switching to an own LISTEN session for good", "reason", reason)
+	if h != nil {
+		_ = h.Close()
+	}
+	d, err := NewDirect(f.cfg.Direct)
+	f.mu.Lock()
+	if err != nil || f.closed {
+		if err != nil {
+			f.switchErr = fmt.Errorf("pglisten: failover: cannot start the direct session: %w", err)
+			f.hub = nil
+			close(f.switched)
+		}
+		f.mu.Unlock()
+		if d != nil {
+			_ = d.Close()
+		}
+		if err != nil {
+			f.log.Error("pglisten: cannot start the direct session", "err", err)
+		}
+		return nil
+	}
+	f.direct, f.mode = d, ModeDirect
+	f.hub = nil
+	todo := make([]string, 0, len(f.chans))
+	for c := range f.chans {
+		todo = append(todo, c)
+	}
+	close(f.switched)
+	f.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-f.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	for _, c := range todo {
+		if !f.recorded(c) {
+			continue
+		}
+		err := d.Listen(ctx, c)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			f.log.Error("pglisten: re-LISTEN on the direct session failed", "channel", c, "err", err)
+			f.forget(c)
+		case !f.recorded(c):
+			_ = d.Unlisten(ctx, c) // Unlistened while this LISTEN was in flight
+		}
+	}
+	f.log.Info("pglisten: direct session live; resyncing", "channels", len(todo))
+	if !f.forward(Event{Kind: KindResync}) {
+		return nil
+	}
+	return d
+}
+
+func (f *Failover) recorded(c string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.chans[c]
+	return ok
+}
+
+func (f *Failover) forget(c string) {
+	f.mu.Lock()
+	delete(f.chans, c)
+	f.mu.Unlock()
+}
+
+// current returns the Listener to use now; after a hub failure (or with no hub) it waits for
+// the switch to install the direct session.
+func (f *Failover) current(ctx context.Context, waitSwitch bool) (Listener, bool, error) {
+	for {
+		f.mu.Lock()
+		closed, d, h, serr := f.closed, f.direct, f.hub, f.switchErr
+		f.mu.Unlock()
+		switch {
+		case closed:
+			return nil, false, ErrClosed
+		case serr != nil:
+			return nil, false, serr
+		case d != nil:
+			return d, false, nil
+		case h != nil && !waitSwitch:
+			return h, true, nil
+		}
+		select {
+		case <-f.switched:
+			waitSwitch = false
+		case <-f.done:
+			return nil, false, ErrClosed
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+	}
+}
+
+// Listen records channel (so a switch re-LISTENs it) and listens on the current side; when the
+// hub fails meanwhile it waits for the switch and listens on the direct session.
+func (f *Failover) Listen(ctx context.Context, channel string) error {
+	if err := names.CheckChannel(channel); err != nil {
+		return fmt.Errorf("pglisten: LISTEN: %w", err)
+	}
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return ErrClosed
+	}
+	_, had := f.chans[channel]
+	f.chans[channel] = struct{}{}
+	f.mu.Unlock()
+	hubFailed := false
+	for {
+		l, onHub, err := f.current(ctx, hubFailed)
+		if err == nil {
+			err = l.Listen(ctx, channel)
+			if err != nil && onHub && isHubFailure(err) {
+				hubFailed = true
+				continue
+			}
+		}
+		if err != nil && !had {
+			f.forget(channel)
+		}
+		return err
+	}
+}
+
+// Unlisten forgets channel and unlistens it on the current side.
+func (f *Failover) Unlisten(ctx context.Context, channel string) error {
+	f.mu.Lock()
+	_, had := f.chans[channel]
+	delete(f.chans, channel)
+	f.mu.Unlock()
+	if !had {
+		return ErrNotListening
+	}
+	hubFailed := false
+	for {
+		l, onHub, err := f.current(ctx, hubFailed)
+		if err != nil {
+			return err
+		}
+		err = l.Unlisten(ctx, channel)
+		switch {
+		case err != nil && onHub && isHubFailure(err):
+			hubFailed = true
+			continue
+		case errors.Is(err, ErrNotListening):
+			return nil // the switch has not re-LISTENed it yet, and now will not
+		}
+		return err
+	}
+}
+
+// Events delivers the hub's events, then (after a switch) one KindResync and the direct
+// session's events. Closed by Close.
+func (f *Failover) Events() <-chan Event { return f.events }
+
+// Close stops the hub client or the direct session (and a switch in progress) and waits for
+// every goroutine.
+func (f *Failover) Close() error {
+	f.closeOnce.Do(func() {
+		f.mu.Lock()
+		f.closed = true
+		h := f.hub
+		f.mu.Unlock()
+		close(f.done)
+		if h != nil {
+			_ = h.Close()
+		}
+		f.wg.Wait()
+		f.mu.Lock()
+		d := f.direct
+		f.mu.Unlock()
+		if d != nil {
+			_ = d.Close()
+		}
+	})
+	return nil
+}
