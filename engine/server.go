@@ -227,7 +227,7 @@ func (s *Server) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); store.RunRetention(bg, s.cfg.DatabaseURL, s.cfg.Retention, s.log) }()
 	}
-	s.log.Info("pgsse serving", "listen", s.addr.String(), "hub", s.cfg.HubSocket,
+	s.log.Debug("engine loop running", "listen", s.addr.String(), "hub", s.cfg.HubSocket,
 		"max_connections", s.cfg.MaxConnections, "heartbeat", s.cfg.Heartbeat, "retention", s.cfg.Retention)
 	close(s.started)
 
@@ -252,7 +252,7 @@ func (s *Server) Run(ctx context.Context) error {
 		<-gnetErr
 	}
 	_ = s.anchorPeer.Close()
-	s.log.Info("pgsse stopped")
+	s.log.Debug("engine stopped")
 	return runErr
 }
 

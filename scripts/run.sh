@@ -21,7 +21,7 @@ cleanup() {
 	[ -n "$pgdir" ] && scripts/pg.sh stop "$pgdir"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT TERM HUP
 
 db=${PGSSE_DATABASE_URL:-${DATABASE_URL:-}}
 if [ -z "$db" ]; then
@@ -73,4 +73,11 @@ pgsse is running: SSE on $listen, admin on http://$admin (metrics, healthz, read
 
 Ctrl-C stops pgsse$( [ -n "$pgdir" ] && echo " and the throwaway PostgreSQL").
 EOF
+# If whoever started us goes away without signalling our process group (e.g. a
+# supervisor that kills only `make`), stop too rather than leak the cluster.
+parent=$PPID
+while kill -0 "$serve_pid" 2>/dev/null; do
+	if ! kill -0 "$parent" 2>/dev/null; then exit 0; fi
+	sleep 1
+done
 wait "$serve_pid"
