@@ -559,18 +559,6 @@ func eventIDs(all []obs, typ string) []string {
 	return ids
 }
 
-// hasEvent reports whether an event with that type and id (and data, when data != "")
-// was observed.
-func countEvents(all []obs, pred func(obs) bool) int {
-	n := 0
-	for _, o := range filter(all, "event") {
-		if pred(o) {
-			n++
-		}
-	}
-	return n
-}
-
 // artifactsDir is e2e/artifacts (git-ignored), created on demand.
 func artifactsDir(t testing.TB) string {
 	t.Helper()
