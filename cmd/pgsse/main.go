@@ -1,5 +1,3 @@
-// Command pgsse serves PostgreSQL notifications as Server-Sent Events and to local
-// worker processes over one LISTEN session (SPEC §6).
 package main
 
 import (

@@ -23,11 +23,15 @@ import (
 
 // Limits on serve's configuration.
 const (
-	// fdReserve is kept back from RLIMIT_NOFILE for what is not an SSE connection: the
-	// LISTEN session, the replay pool, hub workers, listeners, the admin server, files.
-	fdReserve = 256
-	// minWorkerBuffer holds at least one maximum hub frame (u32 length + 65536 bytes).
-	minWorkerBuffer = 4 + 65536
+	// fdReserve is kept back from RLIMIT_NOFILE for what is not an admitted SSE
+	// connection: the LISTEN session, the replay pool, hub workers, listeners, the admin
+	// server, files (512), and the connections the engine accepts only to shed them (256).
+	// The same reserve as engine.DefaultMaxConnections.
+	fdReserve = 512 + 256
+	// minWorkerBuffer holds two maximum hub frames (u32 length + 65536 bytes each), the
+	// engine's minimum.
+	minWorkerBuffer = 2 * (4 + 65536)
+	minHeartbeat    = 100 * time.Millisecond
 	maxWorkerBuffer = 1 << 30
 	minHeaderBytes  = 1024
 	maxHeaderBytes  = 1 << 20
@@ -142,7 +146,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		return nil, configErrorf("%s: path is %d bytes; Unix socket paths are limited to 107", c.source("hub-socket"), len(*hubSocket))
 	}
 	if *hubBuffer < minWorkerBuffer || *hubBuffer > maxWorkerBuffer {
-		return nil, configErrorf("%s: must be between %d (one maximum frame) and %s", c.source("hub-worker-buffer"), minWorkerBuffer, formatSize(maxWorkerBuffer))
+		return nil, configErrorf("%s: must be between %d (two maximum frames) and %s", c.source("hub-worker-buffer"), minWorkerBuffer, formatSize(maxWorkerBuffer))
 	}
 	if *maxHeader < minHeaderBytes || *maxHeader > maxHeaderBytes {
 		return nil, configErrorf("%s: must be between %d and %d", c.source("max-header-bytes"), minHeaderBytes, maxHeaderBytes)
@@ -157,6 +161,8 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 			return nil, configErrorf("%s: must be positive", c.source(d.name))
 		case d.name == "retry" && d.v < time.Millisecond:
 			return nil, configErrorf("%s: must be at least 1ms", c.source(d.name))
+		case d.name == "heartbeat" && d.v < minHeartbeat:
+			return nil, configErrorf("%s: must be at least %s", c.source(d.name), minHeartbeat)
 		case d.name != "retention" && d.v > maxDuration:
 			return nil, configErrorf("%s: must be at most %s", c.source(d.name), maxDuration)
 		}
@@ -356,13 +362,12 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			"listen", addr, "admin", adminAddr, "hub_socket", s.cfg.HubSocket,
 			"max_connections", s.cfg.MaxConnections, "fd_limit", s.fdLimit,
 			"max_header_bytes", s.cfg.MaxHeaderBytes, "hub_worker_buffer", s.cfg.HubWorkerBuffer,
-			"heartbeat", s.cfg.Heartbeat, "retry", s.cfg.Retry, "retention", s.cfg.Retention,
+			"heartbeat", s.cfg.Heartbeat.String(), "retry", s.cfg.Retry.String(), "retention", s.cfg.Retention.String(),
 			"jwt", strings.Join(s.algorithms, ","), "public_streams", len(s.cfg.PublicStreams))
 		// After the first signal, a second one kills the process the default way.
 		select {
 		case <-ctx.Done():
 			stop()
-			log.Info("shutting down")
 			runErr = <-runDone
 		case runErr = <-runDone:
 		}
@@ -383,7 +388,6 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		log.Error("pgsse stopped", "err", runErr)
 		return errReported
 	}
-	log.Info("pgsse stopped")
 	return nil
 }
 

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
+)
+
+// syncBuffer collects a child's stderr while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// waitFor polls cond until it holds or the deadline passes (there is no signal to wait on
+// in another process).
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestServeEndToEnd starts `pgsse serve`, checks the start-up log line and the admin
+// endpoints, delivers one event published with `pgsse publish` to a client holding a
+// token from `pgsse token`, then stops it with SIGTERM: the client sees retry: and EOF,
+// the process exits 0.
+func TestServeEndToEnd(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	requireOK(t, pgsse(t, nil, "migrate", "--database-url", dsn))
+	secret := "0123456789abcdef0123456789abcdef"
+
+	var stderr syncBuffer
+	cmd := exec.Command(binary, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--log-format", "json", "--heartbeat", "1s")
+	cmd.Env = append(cleanEnv(), "DATABASE_URL="+dsn, "PGSSE_JWT_SECRET="+secret)
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}()
+
+	// The one start-up line names the bound addresses and the limits.
+	var start struct {
+		Msg            string `json:"msg"`
+		Listen         string `json:"listen"`
+		Admin          string `json:"admin"`
+		MaxConnections int    `json:"max_connections"`
+		MaxHeaderBytes int    `json:"max_header_bytes"`
+		Heartbeat      string `json:"heartbeat"`
+		JWT            string `json:"jwt"`
+	}
+	waitFor(t, "the start-up log line", 20*time.Second, func() bool {
+		for _, line := range strings.Split(stderr.String(), "\n") {
+			// cmd/pgsse's line is the one that also names the admin address.
+			if strings.Contains(line, `"msg":"pgsse serving"`) && strings.Contains(line, `"admin":`) {
+				require.NoError(t, json.Unmarshal([]byte(line), &start))
+				return true
+			}
+		}
+		return false
+	})
+	assert.Equal(t, defaultMaxConnections(fdLimit()), start.MaxConnections)
+	assert.Equal(t, 8192, start.MaxHeaderBytes)
+	assert.Equal(t, "HS256", start.JWT)
+	assert.Equal(t, "1s", start.Heartbeat)
+	require.NotEmpty(t, start.Listen)
+	require.NotEmpty(t, start.Admin)
+
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + start.Admin + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	code, body := get("/healthz")
+	assert.Equal(t, 200, code)
+	assert.Equal(t, "ok\n", body)
+	waitFor(t, "/readyz 200", 20*time.Second, func() bool { c, _ := get("/readyz"); return c == 200 })
+	code, body = get("/metrics")
+	assert.Equal(t, 200, code)
+	assert.Contains(t, body, "pgsse_")
+	assert.Contains(t, body, "go_goroutines")
+	assert.Contains(t, body, "process_open_fds")
+	code, _ = get("/debug/pprof/")
+	assert.Equal(t, 404, code, "no --pprof")
+
+	// A client with a minted token.
+	r := pgsse(t, []string{"PGSSE_JWT_SECRET=" + secret}, "token", "--stream", "orders/*", "--ttl", "5m")
+	requireOK(t, r)
+	token := strings.TrimSpace(r.stdout)
+	conn, err := net.DialTimeout("tcp", start.Listen, 5*time.Second)
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.SetDeadline(time.Now().Add(30*time.Second)))
+	_, err = io.WriteString(conn, "GET /streams/orders/1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+token+"\r\n\r\n")
+	require.NoError(t, err)
+	rd := bufio.NewReader(conn)
+	status, err := rd.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "HTTP/1.1 200 OK\r\n", status)
+	readUntil := func(want string) string {
+		var seen strings.Builder
+		for !strings.Contains(seen.String(), want) {
+			line, err := rd.ReadString('\n')
+			seen.WriteString(line)
+			require.NoError(t, err, "reading until %q; got %q", want, seen.String())
+		}
+		return seen.String()
+	}
+	readUntil("retry: 2000\n")
+
+	r = pgsse(t, []string{"DATABASE_URL=" + dsn}, "publish", "orders/1", "hello from the CLI", "--event", "note")
+	requireOK(t, r)
+	assert.Equal(t, "1\n", r.stdout)
+	assert.Contains(t, readUntil("data: hello from the CLI\n"), "id: 1\nevent: note\ndata: hello from the CLI\n")
+
+	// A request without a token is refused.
+	noTok, err := net.DialTimeout("tcp", start.Listen, 5*time.Second)
+	require.NoError(t, err)
+	defer noTok.Close()
+	require.NoError(t, noTok.SetDeadline(time.Now().Add(10*time.Second)))
+	_, err = io.WriteString(noTok, "GET /streams/orders/1 HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.NoError(t, err)
+	status, err = bufio.NewReader(noTok).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "HTTP/1.1 401 Unauthorized\r\n", status)
+
+	// SIGTERM: the client gets a retry: and EOF, the process exits 0.
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	rest, err := io.ReadAll(rd)
+	require.NoError(t, err, "EOF, not a reset")
+	assert.Contains(t, string(rest), "retry: ")
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "exit status; stderr:\n%s", stderr.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("pgsse serve did not exit after SIGTERM; stderr:\n%s", stderr.String())
+	}
+	assert.NotContains(t, stderr.String(), `"level":"ERROR"`)
+	_, err = http.Get("http://" + start.Admin + "/healthz")
+	assert.Error(t, err, "admin server closed")
+}
+
+// TestServeAdminListenBusy: a taken admin address is a runtime error, logged, exit 1.
+func TestServeAdminListenBusy(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "serve", "--listen", "127.0.0.1:0", "--admin-listen", ln.Addr().String(),
+		"--jwt-secret", "0123456789abcdef0123456789abcdef", "--database-url", pgtest.NewDatabase(t))
+	cmd.Env = cleanEnv()
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, 1, ee.ExitCode())
+	assert.Contains(t, string(out), "level=ERROR")
+	assert.Contains(t, string(out), "admin server cannot listen")
+}
