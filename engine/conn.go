@@ -35,7 +35,7 @@ type sseConn struct {
 	subIdx int32 // index in stream.subs or channel.sse
 
 	cursor    int64 // last durable id written (or skipped) for this connection
-	lastWrite int64 // unix seconds of the last write (heartbeats)
+	lastWrite int64 // unix milliseconds of the last write (heartbeats)
 	deadline  int64 // unix seconds: head deadline while reading the head, else token exp (0 = none)
 
 	stream *stream

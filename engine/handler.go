@@ -47,7 +47,7 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		s.metrics.dropped.WithLabelValues("over_capacity").Inc()
 		return nil, gnet.Close
 	}
-	sc := &sseConn{c: c, state: stateHead, deadline: s.now + headTimeout, all: int32(len(s.conns))}
+	sc := &sseConn{c: c, state: stateHead, deadline: s.now/1000 + headTimeout, all: int32(len(s.conns))}
 	s.conns = append(s.conns, sc)
 	c.SetContext(sc)
 	return nil, gnet.None
@@ -214,8 +214,15 @@ func (s *Server) handleRequest(sc *sseConn, req *sse.Request) {
 		sc.write(s, sse.AppendPreflight(s.scratch[:0], cors, allow))
 		_ = sc.c.Close()
 		return
+	case sse.MethodHEAD:
+		// A response to HEAD carries no body (RFC 9110 §9.3.2).
+		s.metrics.rejected.WithLabelValues("405").Inc()
+		sc.state = stateClosing
+		sc.write(s, sse.AppendErrorHead(s.scratch[:0], 405, "method not allowed: use GET", cors))
+		_ = sc.c.Close()
+		return
 	default:
-		s.reject(sc, 405, "method not allowed", cors)
+		s.reject(sc, 405, "method not allowed: use GET", cors)
 		return
 	}
 
