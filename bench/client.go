@@ -1,0 +1,463 @@
+//go:build linux
+
+package bench
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// ClientConfig configures a Client: N SSE subscribers of one server.
+type ClientConfig struct {
+	Addr    netip.AddrPort // the server's SSE address (loopback)
+	Path    string         // request target, e.g. "/streams/bench"
+	Sources int            // loopback source addresses 127.0.0.2 … 127.0.0.(1+Sources); default 8
+	Readers int            // epoll goroutines; default 2
+	MaxSeq  int            // events tracked per sequence number (seq 1 … MaxSeq); default 1<<16
+	Dialers int            // concurrent connects; default 16
+	// SlowRcvBuf is SO_RCVBUF for connections opened with slow=true (they never read);
+	// 0 = the kernel default.
+	SlowRcvBuf int
+}
+
+func (c *ClientConfig) defaults() {
+	if c.Sources <= 0 {
+		c.Sources = 8
+	}
+	if c.Readers <= 0 {
+		c.Readers = 2
+	}
+	if c.MaxSeq <= 0 {
+		c.MaxSeq = 1 << 16
+	}
+	if c.Dialers <= 0 {
+		c.Dialers = 16
+	}
+}
+
+// Client holds SSE connections and reads them on a few epoll loops with raw syscalls (no
+// goroutine per connection, so the load generator costs as little CPU as we can make it). For
+// every event it records, per sequence number, how many subscribers have it and the first
+// and last receive time, and per delivery the send→receive latency from the data's timestamp.
+type Client struct {
+	cfg    ClientConfig
+	req    []byte
+	counts []atomic.Int32 // per seq: subscribers that have it
+	refs   []atomic.Int64 // per seq: reference time (commit) in UnixNano, set by the publisher
+	loops  []*pollLoop
+	next   atomic.Uint32 // round robin over loops and sources
+
+	mu    sync.Mutex
+	slow  []*sseConn // connected, never read
+	conns int
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+type sseConn struct {
+	fd      int
+	s       Stream
+	lastSeq int64
+	events  int64
+	gaps    int64 // sequence numbers skipped
+	dups    int64 // sequence numbers seen again or out of order
+	closed  bool
+}
+
+type pollLoop struct {
+	c      *Client
+	epfd   int
+	mu     sync.Mutex // guards conns against Add while the loop runs
+	conns  []*sseConn
+	first  []int64 // per seq: earliest receive time (UnixNano), 0 = none
+	last   []int64 // per seq: latest receive time
+	hist   Histogram
+	bytes  int64
+	reads  int64
+	events atomic.Int64
+	bad    int64
+	closed int64
+}
+
+// NewClient starts the client's epoll loops; it opens no connection yet.
+func NewClient(cfg ClientConfig) (*Client, error) {
+	cfg.defaults()
+	c := &Client{
+		cfg:    cfg,
+		req:    fmt.Appendf(nil, "GET %s HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n", cfg.Path, cfg.Addr),
+		counts: make([]atomic.Int32, cfg.MaxSeq+1),
+		refs:   make([]atomic.Int64, cfg.MaxSeq+1),
+		stop:   make(chan struct{}),
+	}
+	for range cfg.Readers {
+		epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("epoll_create1: %w", err)
+		}
+		l := &pollLoop{c: c, epfd: epfd, first: make([]int64, cfg.MaxSeq+1), last: make([]int64, cfg.MaxSeq+1)}
+		c.loops = append(c.loops, l)
+	}
+	for _, l := range c.loops {
+		c.wg.Add(1)
+		go l.run()
+	}
+	return c, nil
+}
+
+// Connect opens n subscribers (in parallel, cfg.Dialers at a time), each having read the
+// response head before Connect returns. slow subscribers are never read after the head.
+func (c *Client) Connect(n int, slow bool) error {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		left  atomic.Int64
+	)
+	left.Store(int64(n))
+	for range min(c.cfg.Dialers, n) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for left.Add(-1) >= 0 {
+				k := c.next.Add(1)
+				sc, err := c.dial(k, slow)
+				if err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return
+				}
+				if slow {
+					c.mu.Lock()
+					c.slow = append(c.slow, sc)
+					c.conns++
+					c.mu.Unlock()
+					continue
+				}
+				l := c.loops[int(k)%len(c.loops)]
+				if err := l.add(sc); err != nil {
+					syscall.Close(sc.fd)
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return
+				}
+				c.mu.Lock()
+				c.conns++
+				c.mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// dial opens one connection from source address 127.0.0.(2 + k mod Sources) and reads the
+// response head with a 30 s timeout.
+func (c *Client) dial(k uint32, slow bool) (*sseConn, error) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			syscall.Close(fd)
+		}
+	}()
+	const ipBindAddressNoPort = 24 // IP_BIND_ADDRESS_NO_PORT: the port is picked at connect, per 4-tuple
+	_ = syscall.SetsockoptInt(fd, syscall.IPPROTO_IP, ipBindAddressNoPort, 1)
+	if slow && c.cfg.SlowRcvBuf > 0 {
+		_ = syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_RCVBUF, c.cfg.SlowRcvBuf)
+	}
+	src := [4]byte{127, 0, 0, byte(2 + int(k)%c.cfg.Sources)}
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: src}); err != nil {
+		return nil, fmt.Errorf("bind %v: %w", src, err)
+	}
+	dst := &syscall.SockaddrInet4{Port: int(c.cfg.Addr.Port()), Addr: c.cfg.Addr.Addr().As4()}
+	if err := syscall.Connect(fd, dst); err != nil {
+		return nil, fmt.Errorf("connect %s from %v: %w", c.cfg.Addr, src, err)
+	}
+	tv := syscall.NsecToTimeval(int64(30 * time.Second))
+	_ = syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
+	if _, err := syscall.Write(fd, c.req); err != nil {
+		return nil, fmt.Errorf("write request: %w", err)
+	}
+	var buf [4096]byte
+	n := 0
+	end := -1
+	for end < 0 {
+		if n == len(buf) {
+			return nil, errors.New("response head over 4 KiB")
+		}
+		m, err := syscall.Read(fd, buf[n:])
+		if err != nil {
+			return nil, fmt.Errorf("read response head: %w", err)
+		}
+		if m == 0 {
+			return nil, fmt.Errorf("server closed before the response head (%q)", buf[:n])
+		}
+		n += m
+		end = bytes.Index(buf[:n], []byte("\r\n\r\n"))
+	}
+	head := buf[:end]
+	if !bytes.HasPrefix(head, []byte("HTTP/1.1 200 ")) {
+		line, _, _ := bytes.Cut(head, []byte("\r\n"))
+		return nil, fmt.Errorf("response: %q", line)
+	}
+	sc := &sseConn{fd: fd}
+	sc.s.Chunked = bytes.Contains(bytes.ToLower(head), []byte("\r\ntransfer-encoding: chunked"))
+	tv = syscall.Timeval{}
+	_ = syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		return nil, err
+	}
+	if rest := buf[end+4 : n]; len(rest) > 0 {
+		sc.s.Feed(rest, func([]byte) {}) // the preamble: retry and a comment
+	}
+	ok = true
+	return sc, nil
+}
+
+func (l *pollLoop) add(sc *sseConn) error {
+	l.mu.Lock()
+	idx := len(l.conns)
+	l.conns = append(l.conns, sc)
+	l.mu.Unlock()
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(idx)}
+	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, sc.fd, &ev); err != nil {
+		return fmt.Errorf("epoll_ctl: %w", err)
+	}
+	return nil
+}
+
+func (l *pollLoop) run() {
+	defer l.c.wg.Done()
+	events := make([]syscall.EpollEvent, 256)
+	buf := make([]byte, 256<<10)
+	for {
+		select {
+		case <-l.c.stop:
+			return
+		default:
+		}
+		n, err := syscall.EpollWait(l.epfd, events, 50)
+		if err != nil {
+			if err == syscall.EINTR {
+				continue
+			}
+			return
+		}
+		for _, ev := range events[:n] {
+			l.mu.Lock()
+			sc := l.conns[ev.Fd]
+			l.mu.Unlock()
+			l.readConn(sc, buf)
+		}
+	}
+}
+
+func (l *pollLoop) readConn(sc *sseConn, buf []byte) {
+	if sc.closed {
+		return
+	}
+	for {
+		m, err := syscall.Read(sc.fd, buf)
+		if err == syscall.EAGAIN {
+			return
+		}
+		if err == syscall.EINTR {
+			continue
+		}
+		if m <= 0 {
+			sc.closed = true
+			l.closed++
+			_ = syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, sc.fd, nil)
+			return
+		}
+		now := time.Now().UnixNano()
+		l.reads++
+		l.bytes += int64(m)
+		sc.s.Feed(buf[:m], func(v []byte) { l.event(sc, v, now) })
+		if m < len(buf) {
+			return
+		}
+	}
+}
+
+func (l *pollLoop) event(sc *sseConn, v []byte, now int64) {
+	seq, sent, ok := ParseData(v)
+	if !ok {
+		l.bad++
+		return
+	}
+	l.events.Add(1)
+	sc.events++
+	switch {
+	case seq == sc.lastSeq+1:
+	case seq > sc.lastSeq:
+		sc.gaps += seq - sc.lastSeq - 1
+	default:
+		sc.dups++
+	}
+	sc.lastSeq = max(sc.lastSeq, seq)
+	if seq > 0 && seq < int64(len(l.first)) {
+		if ref := l.c.refs[seq].Load(); ref != 0 {
+			sent = ref
+		}
+	}
+	l.hist.Add(now - sent)
+	if seq > 0 && seq < int64(len(l.first)) {
+		if l.first[seq] == 0 || now < l.first[seq] {
+			l.first[seq] = now
+		}
+		l.last[seq] = max(l.last[seq], now)
+		l.c.counts[seq].Add(1)
+	}
+}
+
+// SetRef records event seq's reference time (UnixNano): per-delivery latency is measured from
+// it (from the data's send timestamp when unset). Publisher.Mark.
+func (c *Client) SetRef(seq, ns int64) {
+	if seq > 0 && seq < int64(len(c.refs)) {
+		c.refs[seq].Store(ns)
+	}
+}
+
+// Have returns how many subscribers have received event seq so far.
+func (c *Client) Have(seq int64) int {
+	if seq <= 0 || seq >= int64(len(c.counts)) {
+		return 0
+	}
+	return int(c.counts[seq].Load())
+}
+
+// WaitHave polls until want subscribers have seq or timeout passes; it reports success.
+func (c *Client) WaitHave(seq int64, want int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for c.Have(seq) < want {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return true
+}
+
+// Conns is the number of open subscribers (reading and slow).
+func (c *Client) Conns() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conns
+}
+
+// Delivered is the number of events received so far by all reading subscribers.
+func (c *Client) Delivered() int64 {
+	var n int64
+	for _, l := range c.loops {
+		n += l.events.Load()
+	}
+	return n
+}
+
+// ClientStats is what the client saw; call Stats after Close (the loops have stopped).
+type ClientStats struct {
+	Conns          int
+	Events         int64 // deliveries (data lines) received
+	Bytes, Reads   int64
+	Comments       int64 // heartbeat and preamble comments
+	Gaps, Dups     int64 // per connection, sequence numbers skipped / repeated
+	Closed         int64 // connections the server closed
+	Bad            int64
+	Latency        Histogram // per delivery, from the reference time (SetRef)
+	First, Last    []int64   // per seq, merged over loops
+	MinLastSeq     int64     // lowest last sequence number over reading connections
+	ReadingConns   int
+	ConnsBehindMax int // reading connections whose last seq is below the highest seen
+}
+
+// Close stops the loops and closes every connection.
+func (c *Client) Close() {
+	select {
+	case <-c.stop:
+	default:
+		close(c.stop)
+	}
+	c.wg.Wait()
+	for _, l := range c.loops {
+		for _, sc := range l.conns {
+			if sc.fd > 0 {
+				closeAbort(sc.fd)
+				sc.fd = -1
+			}
+		}
+		syscall.Close(l.epfd)
+	}
+	for _, sc := range c.slow {
+		if sc.fd > 0 {
+			closeAbort(sc.fd)
+			sc.fd = -1
+		}
+	}
+}
+
+// closeAbort closes with SO_LINGER 0 (RST): no TIME_WAIT left behind on the source ports.
+func closeAbort(fd int) {
+	_ = syscall.SetsockoptLinger(fd, syscall.SOL_SOCKET, syscall.SO_LINGER, &syscall.Linger{Onoff: 1, Linger: 0})
+	syscall.Close(fd)
+}
+
+// Stats merges what the loops recorded. Call after Close.
+func (c *Client) Stats() *ClientStats {
+	st := &ClientStats{Conns: c.conns, MinLastSeq: -1}
+	if len(c.loops) > 0 {
+		st.First = make([]int64, len(c.loops[0].first))
+		st.Last = make([]int64, len(c.loops[0].last))
+	}
+	var maxSeq int64
+	for _, l := range c.loops {
+		for _, sc := range l.conns {
+			maxSeq = max(maxSeq, sc.lastSeq)
+		}
+	}
+	for _, l := range c.loops {
+		st.Events += l.events.Load()
+		st.Bytes += l.bytes
+		st.Reads += l.reads
+		st.Closed += l.closed
+		st.Bad += l.bad
+		st.Latency.Merge(&l.hist)
+		for i, v := range l.first {
+			if v != 0 && (st.First[i] == 0 || v < st.First[i]) {
+				st.First[i] = v
+			}
+			st.Last[i] = max(st.Last[i], l.last[i])
+		}
+		for _, sc := range l.conns {
+			st.ReadingConns++
+			st.Comments += sc.s.Comments
+			st.Gaps += sc.gaps
+			st.Dups += sc.dups
+			st.Bad += sc.s.Bad
+			if st.MinLastSeq < 0 || sc.lastSeq < st.MinLastSeq {
+				st.MinLastSeq = sc.lastSeq
+			}
+			if sc.lastSeq < maxSeq {
+				st.ConnsBehindMax++
+			}
+		}
+	}
+	return st
+}

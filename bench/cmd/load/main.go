@@ -1,0 +1,206 @@
+//go:build linux
+
+// Command load runs pgsse's benchmark scenarios (issue 7) against `pgsse serve` and the
+// baseline (bench/baseline) in one invocation and prints a Markdown table with the ratio
+// pgsse/baseline. Run it from the repository root:
+//
+//	go run ./bench/cmd/load                      # full scale, every scenario, both servers
+//	go run ./bench/cmd/load --scale small        # seconds
+//	go run ./bench/cmd/load --scenarios 3,4 --profile-dir /tmp/prof
+//
+// PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
+// throwaway cluster started with scripts/pg.sh and stopped at exit. Each scenario and server
+// gets a fresh database and a fresh server process, stopped before the next one starts.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pgsse/pgsse/bench"
+)
+
+func main() {
+	log.SetFlags(log.Ltime)
+	var (
+		dbURL      = flag.String("database-url", os.Getenv("PGSSE_TEST_DATABASE_URL"), "superuser DSN of a PostgreSQL cluster (default: a throwaway one via --pg-script)")
+		pgScript   = flag.String("pg-script", "scripts/pg.sh", "script that starts a throwaway cluster")
+		root       = flag.String("root", ".", "module root, for building the servers")
+		pgsseBin   = flag.String("pgsse-bin", "", "pgsse binary (default: go build ./cmd/pgsse)")
+		baseBin    = flag.String("baseline-bin", "", "baseline binary (default: go build ./bench/baseline)")
+		servers    = flag.String("servers", "pgsse,baseline", "servers to compare, in table order")
+		scenarios  = flag.String("scenarios", "1,2,3,4,6", "scenarios to run (5, the hub, is not here yet)")
+		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
+		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4 and 6 here")
+		out        = flag.String("out", "", "also write the table to this file")
+	)
+	p := bench.Full()
+	flag.IntVar(&p.Conns, "conns", p.Conns, "subscribers in 1, 3, 4, 6 (at most 15000)")
+	flag.DurationVar(&p.Heartbeat, "heartbeat", p.Heartbeat, "--heartbeat of both servers")
+	flag.DurationVar(&p.IdleWindow, "idle-window", p.IdleWindow, "1: CPU measured over this window")
+	flag.IntVar(&p.LatencyEvents, "latency-events", p.LatencyEvents, "2: events")
+	flag.Float64Var(&p.LatencyRate, "latency-rate", p.LatencyRate, "2: events per second")
+	flag.IntVar(&p.FanoutEvents, "fanout-events", p.FanoutEvents, "3, 6: events")
+	flag.DurationVar(&p.FanoutGap, "fanout-gap", p.FanoutGap, "3, 6: pause after an event reached everybody")
+	flag.IntVar(&p.FanoutData, "fanout-data", p.FanoutData, "3, 6: bytes of data per event")
+	flag.DurationVar(&p.ThroughputDuration, "throughput-duration", p.ThroughputDuration, "4: publish flat out this long")
+	flag.IntVar(&p.Data, "data", p.Data, "2, 4: bytes of data per event")
+	flag.Float64Var(&p.SlowPercent, "slow-percent", p.SlowPercent, "6: percent of subscribers that never read")
+	flag.IntVar(&p.SlowRcvBuf, "slow-rcvbuf", p.SlowRcvBuf, "6: SO_RCVBUF of the subscribers that never read")
+	flag.IntVar(&p.Sources, "sources", p.Sources, "loopback source addresses (127.0.0.2 …)")
+	flag.IntVar(&p.Readers, "readers", p.Readers, "client epoll loops")
+	flag.Parse()
+	switch *scale {
+	case "full":
+	case "small":
+		// Small scale for every parameter not given explicitly.
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		explicit := p
+		p = bench.Small()
+		for name, field := range map[string]func(*bench.Params) any{
+			"conns": func(q *bench.Params) any { return &q.Conns }, "heartbeat": func(q *bench.Params) any { return &q.Heartbeat },
+			"idle-window": func(q *bench.Params) any { return &q.IdleWindow }, "latency-events": func(q *bench.Params) any { return &q.LatencyEvents },
+			"latency-rate": func(q *bench.Params) any { return &q.LatencyRate }, "fanout-events": func(q *bench.Params) any { return &q.FanoutEvents },
+			"fanout-gap": func(q *bench.Params) any { return &q.FanoutGap }, "fanout-data": func(q *bench.Params) any { return &q.FanoutData },
+			"throughput-duration": func(q *bench.Params) any { return &q.ThroughputDuration }, "data": func(q *bench.Params) any { return &q.Data },
+			"slow-percent": func(q *bench.Params) any { return &q.SlowPercent }, "slow-rcvbuf": func(q *bench.Params) any { return &q.SlowRcvBuf },
+			"sources": func(q *bench.Params) any { return &q.Sources }, "readers": func(q *bench.Params) any { return &q.Readers },
+		} {
+			if set[name] {
+				copyField(field(&p), field(&explicit))
+			}
+		}
+	default:
+		log.Fatalf("load: --scale must be full or small, not %q", *scale)
+	}
+	if p.Conns < 1 || p.Conns > 15000 {
+		log.Fatalf("load: --conns must be 1-15000 (the 20,000-fd limit per process), not %d", p.Conns)
+	}
+	var ids []int
+	for _, s := range strings.Split(*scenarios, ",") {
+		id, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || (id < 1 || id > 6 || id == 5) {
+			log.Fatalf("load: --scenarios: %q is not one of 1, 2, 3, 4, 6", s)
+		}
+		ids = append(ids, id)
+	}
+	names := strings.Split(*servers, ",")
+	raiseFDLimit()
+
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "pgsse-load.")
+	if err != nil {
+		log.Fatal(err)
+	}
+	var cluster *bench.Cluster
+	cleanup := func() {
+		cluster.Stop()
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		log.Printf("load: interrupted; stopping (servers die with this process)")
+		cleanup()
+		os.Exit(130)
+	}()
+	defer cleanup()
+
+	if *pgsseBin == "" || *baseBin == "" {
+		log.Printf("load: building the servers")
+		pb, bb, err := bench.Build(ctx, *root, dir)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if *pgsseBin == "" {
+			*pgsseBin = pb
+		}
+		if *baseBin == "" {
+			*baseBin = bb
+		}
+	}
+	if *dbURL != "" {
+		cluster = bench.UseCluster(*dbURL)
+	} else {
+		log.Printf("load: starting a throwaway PostgreSQL")
+		if cluster, err = bench.StartCluster(ctx, *pgScript); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if *profileDir != "" {
+		if err := os.MkdirAll(*profileDir, 0o755); err != nil {
+			log.Fatal(err)
+		}
+	}
+	env := &bench.Env{Cluster: cluster, Dir: dir, ProfileDir: *profileDir, Logf: log.Printf}
+	var targets []bench.Target
+	for _, n := range names {
+		switch n {
+		case "pgsse":
+			targets = append(targets, bench.Target{Name: n, Bin: *pgsseBin})
+		case "baseline":
+			targets = append(targets, bench.Target{Name: n, Bin: *baseBin})
+		default:
+			log.Fatalf("load: --servers: unknown server %q", n)
+		}
+	}
+	started := time.Now()
+	var results []*bench.Result
+	failed := false
+	for _, id := range ids {
+		for _, t := range targets {
+			log.Printf("load: scenario %d against %s", id, t.Name)
+			r, err := bench.Scenario(ctx, env, t, p, id)
+			if err != nil {
+				log.Printf("load: scenario %d, %s: %v", id, t.Name, err)
+				failed = true
+				continue
+			}
+			for _, m := range r.Metrics {
+				log.Printf("  %-40s %12s %s", m.Name, bench.FormatValue(m.Value), m.Unit)
+			}
+			results = append(results, r)
+		}
+	}
+	var b strings.Builder
+	bench.WriteTable(&b, names, results)
+	fmt.Print(b.String())
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
+			log.Print(err)
+		}
+	}
+	log.Printf("load: done in %v; server logs in %s", time.Since(started).Round(time.Second), dir)
+	if failed {
+		cleanup()
+		os.Exit(1)
+	}
+}
+
+func copyField(dst, src any) {
+	switch d := dst.(type) {
+	case *int:
+		*d = *src.(*int)
+	case *float64:
+		*d = *src.(*float64)
+	case *time.Duration:
+		*d = *src.(*time.Duration)
+	}
+}
+
+func raiseFDLimit() {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err == nil && l.Cur < l.Max {
+		l.Cur = l.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	}
+}

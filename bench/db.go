@@ -1,0 +1,216 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/sse/names"
+)
+
+// Cluster is the PostgreSQL the benchmarks create their databases on: one named by a
+// superuser DSN, or a throwaway one started with scripts/pg.sh (stopped by Stop).
+type Cluster struct {
+	AdminURL string
+	script   string
+	dir      string
+}
+
+// UseCluster uses an existing cluster (a superuser DSN).
+func UseCluster(adminURL string) *Cluster { return &Cluster{AdminURL: adminURL} }
+
+// StartCluster starts a throwaway cluster with script (scripts/pg.sh) in a new directory.
+func StartCluster(ctx context.Context, script string) (*Cluster, error) {
+	dir, err := os.MkdirTemp("", "pgsse-bench-pg.")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Remove(dir); err != nil { // pg.sh wants to create it
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, script, "start", dir)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		_ = exec.Command(script, "stop", dir).Run()
+		return nil, fmt.Errorf("%s start: %w", script, err)
+	}
+	return &Cluster{AdminURL: strings.TrimSpace(string(out)), script: script, dir: dir}, nil
+}
+
+// Stop stops a cluster this process started; no-op otherwise.
+func (c *Cluster) Stop() {
+	if c == nil || c.dir == "" {
+		return
+	}
+	_ = exec.Command(c.script, "stop", c.dir).Run()
+	c.dir = ""
+}
+
+// Database is a fresh database with pgsse's schema, dropped by Drop.
+type Database struct {
+	URL   string
+	name  string
+	admin string
+}
+
+// NewDatabase creates a database on c and migrates it to pgsse's schema.
+func (c *Cluster) NewDatabase(ctx context.Context) (*Database, error) {
+	name := "pgsse_bench_" + randHex(6)
+	if err := execSQL(ctx, c.AdminURL, "CREATE DATABASE "+name); err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(c.AdminURL)
+	if err != nil {
+		return nil, err
+	}
+	u.Path = "/" + name
+	d := &Database{URL: u.String(), name: name, admin: c.AdminURL}
+	conn, err := pgconn.Connect(ctx, d.URL)
+	if err != nil {
+		d.Drop()
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	if _, _, err := store.Migrate(ctx, conn); err != nil {
+		d.Drop()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	return d, nil
+}
+
+// Drop drops the database, terminating its sessions.
+func (d *Database) Drop() {
+	if d == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = execSQL(ctx, d.admin, "DROP DATABASE IF EXISTS "+d.name+" WITH (FORCE)")
+}
+
+// BackendPIDs lists the PostgreSQL server processes connected to this database.
+func (d *Database) BackendPIDs(ctx context.Context) ([]int, error) {
+	conn, err := pgconn.Connect(ctx, d.admin)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	res := conn.ExecParams(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = $1",
+		[][]byte{[]byte(d.name)}, nil, nil, nil).Read()
+	if res.Err != nil {
+		return nil, res.Err
+	}
+	var pids []int
+	for _, r := range res.Rows {
+		var pid int
+		if _, err := fmt.Sscan(string(r[0]), &pid); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+func execSQL(ctx context.Context, dsn, sql string) error {
+	conn, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, sql).ReadAll()
+	return err
+}
+
+// Publisher publishes benchmark events with pgsse.publish on its own connection and records,
+// per sequence number, the wall-clock time of the event's reference point (Ref): for
+// PublishTx the moment COMMIT is sent, for Publish (autocommit) the moment the statement is
+// sent. Mark, when set, is told the reference time before the commit can complete, so a
+// receiver never sees an event before its reference time is known.
+type Publisher struct {
+	conn   *pgconn.PgConn
+	stream string
+	size   int
+	buf    []byte
+	sql    []byte
+	Seq    int64
+	Ref    []int64 // UnixNano, index seq
+	Ack    []int64 // UnixNano when the commit was acknowledged
+	Mark   func(seq, refNs int64)
+}
+
+// NewPublisher connects to dsn. Events go to stream with data of size bytes.
+func NewPublisher(ctx context.Context, dsn, stream string, size, maxSeq int) (*Publisher, error) {
+	if names.CheckStream(stream) != nil || strings.ContainsAny(stream, "'\\") {
+		return nil, fmt.Errorf("publisher: stream %q must be a plain name", stream)
+	}
+	conn, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	return &Publisher{conn: conn, stream: stream, size: size,
+		Ref: make([]int64, maxSeq+1), Ack: make([]int64, maxSeq+1)}, nil
+}
+
+func (p *Publisher) record(seq, ref int64) {
+	if seq < int64(len(p.Ref)) {
+		p.Ref[seq] = ref
+	}
+	if p.Mark != nil {
+		p.Mark(seq, ref)
+	}
+}
+
+func (p *Publisher) ack(seq int64) {
+	p.Seq = seq
+	if seq < int64(len(p.Ack)) {
+		p.Ack[seq] = time.Now().UnixNano()
+	}
+}
+
+// Publish commits the next event in one autocommit statement and returns its sequence
+// number; the reference time is when the statement is sent.
+func (p *Publisher) Publish(ctx context.Context) (int64, error) {
+	seq := p.Seq + 1
+	send := time.Now().UnixNano()
+	p.buf = AppendData(p.buf[:0], seq, send, p.size)
+	p.record(seq, send)
+	if _, err := store.Publish(ctx, p.conn, p.stream, string(p.buf), "", nil); err != nil {
+		return 0, err
+	}
+	p.ack(seq)
+	return seq, nil
+}
+
+// PublishTx publishes the next event inside an explicit transaction (BEGIN and the
+// pgsse.publish call in one round trip), then sends COMMIT: the reference time is the moment
+// COMMIT is sent, so latency is measured from the application's commit.
+func (p *Publisher) PublishTx(ctx context.Context) (int64, error) {
+	seq := p.Seq + 1
+	p.buf = AppendData(p.buf[:0], seq, time.Now().UnixNano(), p.size)
+	p.sql = append(p.sql[:0], "BEGIN; SELECT pgsse.publish('"...)
+	p.sql = append(p.sql, p.stream...)
+	p.sql = append(p.sql, "', '"...)
+	p.sql = append(p.sql, p.buf...) // digits, a space and 'x': nothing to quote
+	p.sql = append(p.sql, "')"...)
+	if _, err := p.conn.Exec(ctx, string(p.sql)).ReadAll(); err != nil {
+		return 0, err
+	}
+	p.record(seq, time.Now().UnixNano())
+	if _, err := p.conn.Exec(ctx, "COMMIT").ReadAll(); err != nil {
+		return 0, err
+	}
+	p.ack(seq)
+	return seq, nil
+}
+
+// Close closes the connection.
+func (p *Publisher) Close() { _ = p.conn.Close(context.Background()) }

@@ -1,0 +1,296 @@
+//go:build linux
+
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Target says how to start one server under test.
+type Target struct {
+	Name      string        // "pgsse" or "baseline": decides the command line
+	Bin       string        // path to the binary
+	Heartbeat time.Duration // --heartbeat of both servers
+	Pprof     bool          // serve /debug/pprof on the admin address
+	ExtraArgs []string
+}
+
+// Server is a running server process under test.
+type Server struct {
+	Name    string
+	PID     int
+	SSE     netip.AddrPort // where GET /streams/… is served
+	Admin   string         // host:port of the admin (pgsse) or pprof (baseline) listener
+	LogPath string
+
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// StartServer starts t against the database at dsn, logging to a file in dir, and waits
+// until it answers GET /streams/… with 200.
+func StartServer(ctx context.Context, t Target, dsn, dir string) (*Server, error) {
+	ssePort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	adminPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	sse := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(ssePort))
+	admin := "127.0.0.1:" + strconv.Itoa(adminPort)
+	hb := t.Heartbeat
+	if hb <= 0 {
+		hb = 15 * time.Second
+	}
+	var args []string
+	switch t.Name {
+	case "pgsse":
+		args = []string{"serve",
+			"--database-url", dsn,
+			"--listen", sse.String(),
+			"--admin-listen", admin,
+			"--heartbeat", hb.String(),
+			"--public-streams", "*",
+			"--max-connections", "16000",
+			"--retention", "0",
+			"--log-level", "warn",
+		}
+		if t.Pprof {
+			args = append(args, "--pprof")
+		}
+	case "baseline":
+		args = []string{
+			"--database-url", dsn,
+			"--listen", sse.String(),
+			"--heartbeat", hb.String(),
+		}
+		if t.Pprof {
+			args = append(args, "--pprof", admin)
+		}
+	default:
+		return nil, fmt.Errorf("unknown target %q (want pgsse or baseline)", t.Name)
+	}
+	args = append(args, t.ExtraArgs...)
+	logPath := filepath.Join(dir, t.Name+"-"+randHex(3)+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(t.Bin, args...)
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.Env = append(os.Environ(), "GODEBUG=") // nothing inherited that changes the runtime
+	// The server dies with us even if we are killed: never leave one running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s: %w", t.Bin, err)
+	}
+	logf.Close()
+	s := &Server{Name: t.Name, PID: cmd.Process.Pid, SSE: sse, Admin: admin, LogPath: logPath, cmd: cmd, done: make(chan error, 1)}
+	go func() { s.done <- cmd.Wait() }()
+	if err := s.waitReady(ctx, 30*time.Second); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("%s did not become ready: %w\n%s", t.Name, err, tail(logPath, 20))
+	}
+	return s, nil
+}
+
+func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-s.done:
+			s.done <- err
+			return fmt.Errorf("exited: %v", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		if last = probe(s.SSE.String()); last == nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return last
+}
+
+// probe opens one stream and checks for a 200 head.
+func probe(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.WriteString(c, "GET /streams/bench-probe HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(line, "HTTP/1.1 200 ") {
+		return fmt.Errorf("probe: %q", strings.TrimSpace(line))
+	}
+	return nil
+}
+
+// Stop sends SIGTERM, waits up to 5 s, then SIGKILLs. Safe to call twice.
+func (s *Server) Stop() {
+	if s == nil || s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-s.done:
+		s.done <- err
+	case <-time.After(5 * time.Second):
+		_ = s.cmd.Process.Kill()
+		err := <-s.done
+		s.done <- err
+	}
+}
+
+// Exited reports whether the process has ended (and how).
+func (s *Server) Exited() (bool, error) {
+	select {
+	case err := <-s.done:
+		s.done <- err
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
+// RSS is the server's resident set size (VmRSS) in bytes.
+func (s *Server) RSS() (int64, error) { return procRSS(s.PID) }
+
+// CPU is the server's user+system CPU time so far (10 ms resolution).
+func (s *Server) CPU() (time.Duration, error) { return procCPU(s.PID) }
+
+// Get fetches a path from the admin listener (metrics, pprof).
+func (s *Server) Get(ctx context.Context, path string, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.Admin+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
+
+func procRSS(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for ln := range bytes.Lines(b) {
+		if v, ok := bytes.CutPrefix(ln, []byte("VmRSS:")); ok {
+			f := strings.Fields(string(v)) // "12345 kB"
+			if len(f) == 2 && f[1] == "kB" {
+				kb, err := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10, err
+			}
+		}
+	}
+	return 0, errors.New("no VmRSS in /proc/pid/status")
+}
+
+// clockTick is USER_HZ, 100 on every Linux we run on.
+const clockTick = 10 * time.Millisecond
+
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may contain spaces: fields count from after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errors.New("malformed /proc/pid/stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, errors.New("short /proc/pid/stat")
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64) // field 14 utime
+	st, err2 := strconv.ParseInt(f[12], 10, 64) // field 15 stime
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(ut+st) * clockTick, nil
+}
+
+// SelfCPU is this process's user+system CPU time (microsecond resolution).
+func SelfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// Build compiles the pgsse command and the baseline into dir and returns their paths. root
+// is the module root (where go.mod is).
+func Build(ctx context.Context, root, dir string) (pgsse, baseline string, err error) {
+	pgsse = filepath.Join(dir, "pgsse")
+	baseline = filepath.Join(dir, "baseline")
+	for _, b := range [][2]string{{pgsse, "./cmd/pgsse"}, {baseline, "./bench/baseline"}} {
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", b[0], b[1])
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", "", fmt.Errorf("go build %s: %v\n%s", b[1], err, out)
+		}
+	}
+	return pgsse, baseline, nil
+}

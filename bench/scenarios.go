@@ -1,0 +1,594 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Params sizes the scenarios. Full() is issue 7's scale; Small() is the CI smoke scale.
+type Params struct {
+	Conns int // subscribers in scenarios 1, 3, 4, 6 (≤ 15,000 per server process)
+
+	Heartbeat  time.Duration // --heartbeat of both servers
+	IdleWindow time.Duration // scenario 1: CPU measured over this window
+
+	LatencyEvents int     // scenario 2
+	LatencyRate   float64 // events/s
+
+	FanoutEvents int           // scenarios 3 and 6
+	FanoutGap    time.Duration // pause after the last subscriber has an event
+	FanoutData   int           // bytes of data per event in 3 and 6
+
+	ThroughputDuration time.Duration // scenario 4: publish flat out this long
+	Data               int           // bytes of data per event in 2 and 4
+
+	SlowPercent float64 // scenario 6: share of subscribers that never read
+	SlowRcvBuf  int     // their SO_RCVBUF
+
+	Sources int // loopback source addresses
+	Readers int // client epoll loops
+}
+
+// Full is the scale of issue 7.
+func Full() Params {
+	return Params{
+		Conns: 15000, Heartbeat: 15 * time.Second, IdleWindow: 30 * time.Second,
+		LatencyEvents: 1000, LatencyRate: 50,
+		FanoutEvents: 50, FanoutGap: 50 * time.Millisecond, FanoutData: 256,
+		ThroughputDuration: 10 * time.Second, Data: 64,
+		SlowPercent: 1, SlowRcvBuf: 4096,
+		Sources: 8, Readers: 2,
+	}
+}
+
+// Small runs every scenario in seconds (CI smoke).
+func Small() Params {
+	p := Full()
+	p.Conns = 200
+	p.Heartbeat = time.Second
+	p.IdleWindow = 2 * time.Second
+	p.LatencyEvents = 50
+	p.FanoutEvents = 20
+	p.FanoutGap = 10 * time.Millisecond
+	p.ThroughputDuration = time.Second
+	p.SlowPercent = 5
+	return p
+}
+
+// Env is what every scenario runs in.
+type Env struct {
+	Cluster    *Cluster
+	Dir        string // server logs (and profiles)
+	ProfileDir string // when set, CPU profiles of the server under 3, 4 and 6 are written here
+	Logf       func(format string, args ...any)
+}
+
+func (e *Env) logf(format string, args ...any) {
+	if e.Logf != nil {
+		e.Logf(format, args...)
+	}
+}
+
+// Metric is one figure of one scenario for one server.
+type Metric struct {
+	Name  string
+	Unit  string
+	Value float64
+	Lower bool // lower is better (decides nothing but the reader's arrow)
+}
+
+// Result is one scenario against one server.
+type Result struct {
+	Scenario string
+	Target   string
+	Metrics  []Metric
+	Notes    []string
+}
+
+func (r *Result) add(name, unit string, v float64, lower bool) {
+	r.Metrics = append(r.Metrics, Metric{Name: name, Unit: unit, Value: v, Lower: lower})
+}
+
+func (r *Result) note(format string, args ...any) {
+	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
+}
+
+// Get returns the named metric's value (NaN-free: 0 if absent).
+func (r *Result) Get(name string) float64 {
+	for _, m := range r.Metrics {
+		if m.Name == name {
+			return m.Value
+		}
+	}
+	return 0
+}
+
+// run is one server process with its own database for one scenario.
+type run struct {
+	e   *Env
+	t   Target
+	db  *Database
+	srv *Server
+}
+
+func (e *Env) start(ctx context.Context, t Target, p Params) (*run, error) {
+	db, err := e.Cluster.NewDatabase(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t.Heartbeat = p.Heartbeat
+	t.Pprof = t.Pprof || e.ProfileDir != ""
+	srv, err := StartServer(ctx, t, db.URL, e.Dir)
+	if err != nil {
+		db.Drop()
+		return nil, err
+	}
+	return &run{e: e, t: t, db: db, srv: srv}, nil
+}
+
+func (r *run) stop() {
+	r.srv.Stop()
+	r.db.Drop()
+}
+
+func (r *run) client(stream string, conns int, p Params, maxSeq int) (*Client, error) {
+	c, err := NewClient(ClientConfig{
+		Addr: r.srv.SSE, Path: "/streams/" + stream, Sources: p.Sources, Readers: p.Readers,
+		MaxSeq: maxSeq, SlowRcvBuf: p.SlowRcvBuf,
+	})
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if err := c.Connect(conns, false); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: connect %d subscribers: %w", r.t.Name, conns, err)
+	}
+	r.e.logf("%s: %d subscribers connected in %v", r.t.Name, conns, time.Since(start).Round(time.Millisecond))
+	return c, nil
+}
+
+// alive fails when the server has died under the load (a crash is a result, not noise).
+func (r *run) alive() error {
+	if done, err := r.srv.Exited(); done {
+		return fmt.Errorf("%s exited during the scenario (%v); log %s:\n%s", r.t.Name, err, r.srv.LogPath, tail(r.srv.LogPath, 20))
+	}
+	return nil
+}
+
+// rssPeak samples the server's RSS every 50 ms until stopped.
+type rssPeak struct {
+	peak atomic.Int64
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+func (r *run) sampleRSS() *rssPeak {
+	s := &rssPeak{stop: make(chan struct{})}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if v, err := r.srv.RSS(); err == nil && v > s.peak.Load() {
+				s.peak.Store(v)
+			}
+			select {
+			case <-s.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+func (s *rssPeak) done() int64 {
+	close(s.stop)
+	s.wg.Wait()
+	return s.peak.Load()
+}
+
+// profile captures a CPU profile of the server for d, in the background; wait() blocks until
+// it is written.
+func (r *run) profile(ctx context.Context, scenario string, d time.Duration) (wait func()) {
+	if r.e.ProfileDir == "" {
+		return func() {}
+	}
+	secs := max(1, int(d.Round(time.Second)/time.Second))
+	path := filepath.Join(r.e.ProfileDir, r.t.Name+"-"+scenario+".pprof")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f, err := os.Create(path)
+		if err != nil {
+			r.e.logf("profile: %v", err)
+			return
+		}
+		defer f.Close()
+		if err := r.srv.Get(ctx, "/debug/pprof/profile?seconds="+strconv.Itoa(secs), f); err != nil {
+			r.e.logf("profile %s: %v", path, err)
+			return
+		}
+		r.e.logf("%s: CPU profile (%ds) in %s", r.t.Name, secs, path)
+	}()
+	return func() { <-done }
+}
+
+// pgCPU sums the CPU time of the database's backends (publisher, LISTEN and replay sessions).
+func (r *run) pgCPU(ctx context.Context) map[int]time.Duration {
+	pids, err := r.db.BackendPIDs(ctx)
+	if err != nil {
+		return nil
+	}
+	m := make(map[int]time.Duration, len(pids))
+	for _, pid := range pids {
+		if c, err := procCPU(pid); err == nil {
+			m[pid] = c
+		}
+	}
+	return m
+}
+
+func pgCPUDelta(before, after map[int]time.Duration) time.Duration {
+	var d time.Duration
+	for pid, c := range after {
+		d += c - before[pid]
+	}
+	return d
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// Idle is scenario 1: p.Conns idle subscribers → RSS per connection and CPU while idle
+// (heartbeats every p.Heartbeat included).
+func Idle(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
+	r, err := e.start(ctx, t, p)
+	if err != nil {
+		return nil, err
+	}
+	defer r.stop()
+	time.Sleep(500 * time.Millisecond)
+	rss0, err := r.srv.RSS()
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	c, err := r.client("idle", p.Conns, p, 16)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	connectTime := time.Since(t0)
+	time.Sleep(time.Second)
+	cpu0, _ := r.srv.CPU()
+	self0, w0 := SelfCPU(), time.Now()
+	time.Sleep(p.IdleWindow)
+	cpu1, _ := r.srv.CPU()
+	self1, w1 := SelfCPU(), time.Now()
+	rss1, err := r.srv.RSS()
+	if err != nil {
+		return nil, err
+	}
+	if err := r.alive(); err != nil {
+		return nil, err
+	}
+	c.Close()
+	st := c.Stats()
+	window := w1.Sub(w0)
+	res := &Result{Scenario: "1 idle", Target: t.Name}
+	res.add("connections", "", float64(st.Conns), false)
+	res.add("RSS per idle connection", "B", float64(rss1-rss0)/float64(st.Conns), true)
+	res.add("RSS total", "MiB", float64(rss1)/(1<<20), true)
+	res.add("connect rate", "conn/s", float64(st.Conns)/connectTime.Seconds(), false)
+	res.add("server CPU while idle", "ms/s", ms(cpu1-cpu0)/window.Seconds(), true)
+	res.add("heartbeats received", "per conn", float64(st.Comments-int64(st.Conns))/float64(st.Conns), false)
+	res.add("client CPU while idle", "ms/s", ms(self1-self0)/window.Seconds(), true)
+	if st.Closed > 0 {
+		res.note("%d connections closed by the server while idle", st.Closed)
+	}
+	return res, nil
+}
+
+// Latency is scenario 2: one subscriber, events committed by SQL at p.LatencyRate →
+// commit-to-received and send-to-received percentiles.
+func Latency(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
+	r, err := e.start(ctx, t, p)
+	if err != nil {
+		return nil, err
+	}
+	defer r.stop()
+	n := p.LatencyEvents
+	c, err := r.client("latency", 1, p, n+1)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	pub, err := NewPublisher(ctx, r.db.URL, "latency", p.Data, n+1)
+	if err != nil {
+		return nil, err
+	}
+	defer pub.Close()
+	pub.Mark = c.SetRef
+	time.Sleep(200 * time.Millisecond)
+	interval := time.Duration(float64(time.Second) / p.LatencyRate)
+	next := time.Now()
+	for range n {
+		if d := time.Until(next); d > 0 {
+			time.Sleep(d)
+		}
+		next = next.Add(interval)
+		if _, err := pub.PublishTx(ctx); err != nil {
+			return nil, err
+		}
+	}
+	c.WaitHave(int64(n), 1, 5*time.Second)
+	if err := r.alive(); err != nil {
+		return nil, err
+	}
+	c.Close()
+	st := c.Stats()
+	var commit []time.Duration
+	for seq := 1; seq <= n; seq++ {
+		if st.Last[seq] != 0 {
+			commit = append(commit, time.Duration(st.Last[seq]-pub.Ref[seq]))
+		}
+	}
+	res := &Result{Scenario: "2 latency", Target: t.Name}
+	cq := Quantiles(commit, 0.5, 0.95, 0.99, 1)
+	res.add("commit→received p50", "ms", ms(cq[0]), true)
+	res.add("commit→received p95", "ms", ms(cq[1]), true)
+	res.add("commit→received p99", "ms", ms(cq[2]), true)
+	res.add("commit→received max", "ms", ms(cq[3]), true)
+	res.add("events missing", "", float64(n-len(commit)), true)
+	return res, nil
+}
+
+// FanOut is scenario 3 (slowPercent 0) and 6 (p.SlowPercent of the subscribers connect but
+// never read): p.FanoutEvents events, each published once the previous one reached every
+// reading subscriber (plus p.FanoutGap) → time until the last subscriber has it.
+func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64) (*Result, error) {
+	r, err := e.start(ctx, t, p)
+	if err != nil {
+		return nil, err
+	}
+	defer r.stop()
+	scenario := "3 fan-out"
+	slow := 0
+	if slowPercent > 0 {
+		scenario = "6 isolation"
+		slow = max(1, int(float64(p.Conns)*slowPercent/100))
+	}
+	reading := p.Conns - slow
+	n := p.FanoutEvents
+	c, err := r.client("fanout", reading, p, n+1)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if slow > 0 {
+		if err := c.Connect(slow, true); err != nil {
+			return nil, fmt.Errorf("connect slow subscribers: %w", err)
+		}
+	}
+	pub, err := NewPublisher(ctx, r.db.URL, "fanout", p.FanoutData, n+1)
+	if err != nil {
+		return nil, err
+	}
+	defer pub.Close()
+	pub.Mark = c.SetRef
+	time.Sleep(500 * time.Millisecond)
+	rss0, _ := r.srv.RSS()
+	peak := r.sampleRSS()
+	waitProfile := r.profile(ctx, scenarioFile(scenario), time.Duration(n)*(p.FanoutGap+150*time.Millisecond))
+	cpu0, _ := r.srv.CPU()
+	self0, w0 := SelfCPU(), time.Now()
+	timeouts := 0
+	for range n {
+		seq, err := pub.PublishTx(ctx)
+		if err != nil {
+			peak.done()
+			return nil, err
+		}
+		if !c.WaitHave(seq, reading, 10*time.Second) {
+			timeouts++
+			if err := r.alive(); err != nil {
+				peak.done()
+				return nil, err
+			}
+		}
+		time.Sleep(p.FanoutGap)
+	}
+	cpu1, _ := r.srv.CPU()
+	self1, w1 := SelfCPU(), time.Now()
+	rssPeak := peak.done()
+	rss1, _ := r.srv.RSS()
+	waitProfile()
+	if err := r.alive(); err != nil {
+		return nil, err
+	}
+	slowClosed := c.drainSlow()
+	c.Close()
+	st := c.Stats()
+	var ttl, ttf []time.Duration
+	for seq := 1; seq <= n; seq++ {
+		if st.Last[seq] == 0 {
+			continue
+		}
+		ttl = append(ttl, time.Duration(st.Last[seq]-pub.Ref[seq]))
+		ttf = append(ttf, time.Duration(st.First[seq]-pub.Ref[seq]))
+	}
+	lq := Quantiles(ttl, 0.5, 0.99, 1)
+	fq := Quantiles(ttf, 0.5)
+	res := &Result{Scenario: scenario, Target: t.Name}
+	res.add("subscribers reading", "", float64(reading), false)
+	if slow > 0 {
+		res.add("subscribers not reading", "", float64(slow), false)
+	}
+	res.add("time to last subscriber p50", "ms", ms(lq[0]), true)
+	res.add("time to last subscriber p99", "ms", ms(lq[1]), true)
+	res.add("time to last subscriber max", "ms", ms(lq[2]), true)
+	res.add("time to first subscriber p50", "ms", ms(fq[0]), true)
+	res.add("per-delivery commit→received p50", "ms", ms(st.Latency.Quantile(0.5)), true)
+	res.add("per-delivery commit→received p99", "ms", ms(st.Latency.Quantile(0.99)), true)
+	deliveries := float64(st.Events)
+	res.add("server CPU per delivery", "µs", float64(cpu1-cpu0)/1e3/max(deliveries, 1), true)
+	res.add("client CPU share (2 cores)", "%", 100*(self1-self0).Seconds()/(2*w1.Sub(w0).Seconds()), false)
+	res.add("server RSS peak", "MiB", float64(rssPeak)/(1<<20), true)
+	res.add("server RSS growth", "MiB", float64(max(rss1, rssPeak)-rss0)/(1<<20), true)
+	res.add("deliveries missing", "", float64(int64(n)*int64(reading)-st.Events), true)
+	if slow > 0 {
+		res.add("slow subscribers closed by server", "", float64(slowClosed), false)
+	}
+	if timeouts > 0 {
+		res.note("%d of %d events had not reached every reading subscriber after 10 s", timeouts, n)
+	}
+	if st.Gaps+st.Dups > 0 {
+		res.note("sequence anomalies at reading subscribers: %d skipped, %d repeated", st.Gaps, st.Dups)
+	}
+	return res, nil
+}
+
+func scenarioFile(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c == ' ' {
+			b[i] = '-'
+		}
+	}
+	return string(b)
+}
+
+// drainSlow reads what the slow subscribers have pending (non-blocking) and returns how many
+// of them the server has closed.
+func (c *Client) drainSlow() int {
+	buf := make([]byte, 64<<10)
+	closed := 0
+	for _, sc := range c.slow {
+		for {
+			n, err := syscall.Read(sc.fd, buf)
+			if err == syscall.EAGAIN {
+				break
+			}
+			if n <= 0 {
+				closed++
+				break
+			}
+		}
+	}
+	return closed
+}
+
+// Throughput is scenario 4: p.Conns subscribers, one publisher committing flat out for
+// p.ThroughputDuration → deliveries/s and server CPU-seconds per million deliveries.
+func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
+	r, err := e.start(ctx, t, p)
+	if err != nil {
+		return nil, err
+	}
+	defer r.stop()
+	const maxSeq = 1 << 20
+	c, err := r.client("throughput", p.Conns, p, maxSeq)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	pub, err := NewPublisher(ctx, r.db.URL, "throughput", p.Data, maxSeq)
+	if err != nil {
+		return nil, err
+	}
+	defer pub.Close()
+	pub.Mark = c.SetRef
+	time.Sleep(500 * time.Millisecond)
+	rss0, _ := r.srv.RSS()
+	peak := r.sampleRSS()
+	waitProfile := r.profile(ctx, "4-throughput", p.ThroughputDuration)
+	pg0 := r.pgCPU(ctx)
+	cpu0, _ := r.srv.CPU()
+	self0, w0 := SelfCPU(), time.Now()
+	for time.Since(w0) < p.ThroughputDuration {
+		if _, err := pub.Publish(ctx); err != nil {
+			peak.done()
+			return nil, err
+		}
+	}
+	pubEnd := time.Now()
+	last := pub.Seq
+	// Drain: until every subscriber has the last event, or no progress for 2 s.
+	progress, progressAt := c.Delivered(), time.Now()
+	for c.Have(last) < p.Conns && time.Since(progressAt) < 2*time.Second && time.Since(pubEnd) < 60*time.Second {
+		time.Sleep(20 * time.Millisecond)
+		if d := c.Delivered(); d != progress {
+			progress, progressAt = d, time.Now()
+		}
+	}
+	cpu1, _ := r.srv.CPU()
+	self1, w1 := SelfCPU(), time.Now()
+	pg1 := r.pgCPU(ctx)
+	rssPeak := peak.done()
+	waitProfile()
+	if err := r.alive(); err != nil {
+		return nil, err
+	}
+	c.Close()
+	st := c.Stats()
+	lastRecv := int64(0)
+	for _, v := range st.Last {
+		lastRecv = max(lastRecv, v)
+	}
+	active := time.Duration(lastRecv - w0.UnixNano())
+	if active <= 0 {
+		active = w1.Sub(w0)
+	}
+	wall := w1.Sub(w0).Seconds()
+	deliveries := float64(st.Events)
+	serverCPU := (cpu1 - cpu0).Seconds()
+	res := &Result{Scenario: "4 throughput", Target: t.Name}
+	res.add("events published", "events/s", float64(last)/pubEnd.Sub(w0).Seconds(), false)
+	res.add("deliveries", "deliveries/s", deliveries/active.Seconds(), false)
+	res.add("server CPU per million deliveries", "CPU-s", serverCPU/max(deliveries, 1)*1e6, true)
+	res.add("server CPU share (2 cores)", "%", 100*serverCPU/(2*wall), false)
+	res.add("client CPU share (2 cores)", "%", 100*(self1-self0).Seconds()/(2*wall), false)
+	res.add("PostgreSQL CPU share (2 cores)", "%", 100*pgCPUDelta(pg0, pg1).Seconds()/(2*wall), false)
+	res.add("deliveries missing", "%", 100*(1-deliveries/float64(int64(last)*int64(p.Conns))), true)
+	res.add("drain after publishing stopped", "s", time.Duration(lastRecv-pubEnd.UnixNano()).Seconds(), true)
+	res.add("server RSS peak", "MiB", float64(rssPeak)/(1<<20), true)
+	res.add("server RSS growth", "MiB", float64(rssPeak-rss0)/(1<<20), true)
+	if st.Gaps+st.Dups > 0 {
+		res.note("sequence anomalies: %d skipped, %d repeated (per connection)", st.Gaps, st.Dups)
+	}
+	res.add("per-delivery send→received p50", "ms", ms(st.Latency.Quantile(0.5)), true)
+	res.add("per-delivery send→received p99", "ms", ms(st.Latency.Quantile(0.99)), true)
+	if st.Closed > 0 {
+		res.note("%d subscribers closed by the server", st.Closed)
+	}
+	return res, nil
+}
+
+// Scenario runs scenario id (1, 2, 3, 4 or 6) against t.
+func Scenario(ctx context.Context, e *Env, t Target, p Params, id int) (*Result, error) {
+	switch id {
+	case 1:
+		return Idle(ctx, e, t, p)
+	case 2:
+		return Latency(ctx, e, t, p)
+	case 3:
+		return FanOut(ctx, e, t, p, 0)
+	case 4:
+		return Throughput(ctx, e, t, p)
+	case 6:
+		return FanOut(ctx, e, t, p, p.SlowPercent)
+	}
+	return nil, errors.New("scenario must be 1, 2, 3, 4 or 6 (5, the hub, is run separately)")
+}
