@@ -81,7 +81,8 @@ type sub struct {
 	name      string
 	ready     chan struct{}
 	err       error
-	abandoned bool // Listen's context ended first; Unlisten once LISTEN completes
+	waiting   int  // Listen calls blocked on ready
+	abandoned bool // every waiting Listen gave up (or Unlisten came first); Unlisten once LISTEN completes
 }
 
 // NewDirect returns a Listener with its own LISTEN session (see Session), connecting in the
@@ -120,23 +121,26 @@ func (d *direct) Listen(ctx context.Context, channel string) error {
 		d.subs[channel] = sb
 		d.s.Listen(channel, func(err error) { d.listened(sb, err) })
 	}
+	sb.waiting++
 	d.mu.Unlock()
 	select {
 	case <-sb.ready:
 		return sb.err
 	case <-ctx.Done():
 		d.mu.Lock()
+		defer d.mu.Unlock()
 		select {
 		case <-sb.ready:
-			d.mu.Unlock()
 			return sb.err
 		default:
 		}
-		sb.abandoned = true
-		if d.subs[channel] == sb {
-			delete(d.subs, channel)
+		sb.waiting--
+		if sb.waiting == 0 {
+			sb.abandoned = true
+			if d.subs[channel] == sb {
+				delete(d.subs, channel)
+			}
 		}
-		d.mu.Unlock()
 		return ctx.Err()
 	}
 }

@@ -454,6 +454,9 @@ func (s *Session) handleCtl(m ctlMsg) {
 		if head.err == nil {
 			head.err = m.err
 		}
+		if m.err.Severity == "FATAL" || m.err.Severity == "PANIC" || m.err.SeverityUnlocalized == "FATAL" {
+			s.lastErr = m.err // the session ends; say why in Down
+		}
 	case MsgReady:
 		s.fifo[0] = nil
 		s.fifo = s.fifo[1:]
