@@ -1,0 +1,103 @@
+//go:build linux
+
+package bench
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"unicode"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
+)
+
+// The scenario benchmarks: each op is one complete run of the scenario against a fresh server
+// process and database, reported as custom metrics (go test -bench prints them per op; with
+// several ops they are averaged). Small scale unless PGSSE_BENCH_FULL=1:
+//
+//	go test -run '^$' -bench . ./bench/                                        # seconds
+//	PGSSE_BENCH_FULL=1 go test -run '^$' -bench . -benchtime 1x -timeout 30m ./bench/
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	pgsseBin  string
+	baseBin   string
+	buildErr  error
+)
+
+func servers(b *testing.B) []Target {
+	b.Helper()
+	buildOnce.Do(func() {
+		if buildDir, buildErr = os.MkdirTemp("", "pgsse-bench-bin."); buildErr != nil {
+			return
+		}
+		pgsseBin, baseBin, buildErr = Build(context.Background(), "..", buildDir)
+	})
+	require.NoError(b, buildErr)
+	return []Target{{Name: "pgsse", Bin: pgsseBin}, {Name: "baseline", Bin: baseBin}}
+}
+
+func params() Params {
+	if os.Getenv("PGSSE_BENCH_FULL") == "1" {
+		return Full()
+	}
+	return Small()
+}
+
+func runScenario(b *testing.B, id int) {
+	targets := servers(b)
+	env := &Env{Cluster: UseCluster(pgtest.URL(b)), Dir: b.TempDir(), Logf: b.Logf}
+	p := params()
+	for _, t := range targets {
+		b.Run(t.Name, func(b *testing.B) {
+			sums := map[string]float64{}
+			var order []string
+			for range b.N {
+				r, err := Scenario(context.Background(), env, t, p, id)
+				require.NoError(b, err)
+				for _, m := range r.Metrics {
+					u := metricUnit(m)
+					if _, ok := sums[u]; !ok {
+						order = append(order, u)
+					}
+					sums[u] += m.Value
+				}
+				for _, n := range r.Notes {
+					b.Logf("%s: %s", t.Name, n)
+				}
+			}
+			for _, u := range order {
+				b.ReportMetric(sums[u]/float64(b.N), u)
+			}
+		})
+	}
+}
+
+// metricUnit turns "time to last subscriber p99" in ms into "time-to-last-subscriber-p99-ms".
+func metricUnit(m Metric) string {
+	s := strings.ToLower(m.Name + " " + m.Unit)
+	s = strings.NewReplacer("→", "-to-", "µs", "us", "%", "pct", "(", "", ")", "").Replace(s)
+	var b strings.Builder
+	dash := false
+	for _, r := range s {
+		if unicode.IsLetter(r) || unicode.IsDigit(r) || r == '/' {
+			b.WriteRune(r)
+			dash = false
+		} else if !dash && b.Len() > 0 {
+			b.WriteByte('-')
+			dash = true
+		}
+	}
+	return strings.TrimSuffix(b.String(), "-")
+}
+
+func BenchmarkScenario1Idle(b *testing.B)       { runScenario(b, 1) }
+func BenchmarkScenario2Latency(b *testing.B)    { runScenario(b, 2) }
+func BenchmarkScenario3FanOut(b *testing.B)     { runScenario(b, 3) }
+func BenchmarkScenario4Throughput(b *testing.B) { runScenario(b, 4) }
+func BenchmarkScenario6Isolation(b *testing.B)  { runScenario(b, 6) }
