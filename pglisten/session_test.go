@@ -112,11 +112,17 @@ func TestReferenceCounting(t *testing.T) {
 
 	// Sent in one transaction, rc before sentinel: had rc been delivered it would arrive first.
 	n.exec(`BEGIN; SELECT pg_notify('rc', 'gone'); SELECT pg_notify('sentinel', 's'); COMMIT`)
-	for got := range rec.notes {
-		require.NotEqual(t, "rc", got.channel, "notification on an UNLISTENed channel")
-		if got.channel == "sentinel" {
-			break
+	for deadline := time.After(5 * time.Second); ; {
+		select {
+		case got := <-rec.notes:
+			require.NotEqual(t, "rc", got.channel, "notification on an UNLISTENed channel")
+			if got.channel != "sentinel" {
+				continue
+			}
+		case <-deadline:
+			t.Fatal("sentinel notification not received")
 		}
+		break
 	}
 	// Listening again works (a fresh LISTEN after the UNLISTEN).
 	require.NoError(t, listen(t, s, "rc"))
