@@ -50,7 +50,7 @@ func (sc *sseConn) write(s *Server, b []byte) {
 }
 
 func (sc *sseConn) writev(s *Server, bs [][]byte) {
-	_, _ = sc.c.Writev(bs)
+	s.writevConn(sc.c, bs)
 	sc.lastWrite = s.now
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/engine/auth"
 	"github.com/pgsse/pgsse/engine/store"
@@ -71,6 +72,7 @@ type Server struct {
 	reap          []*sseConn
 	depth         int
 	iov           [][]byte
+	iovecs        []unix.Iovec
 	scratch       []byte
 	payload       store.Payload
 	listenUp      bool
