@@ -44,7 +44,7 @@ func TestEventSourceNPM_ReconnectsWithLastEventIDAfterRestart(t *testing.T) {
 	}
 	s.Start()
 
-	es.waitFor(25*time.Second, "events 3..5 after the restart", messagesThrough(5))
+	es.waitFor(30*time.Second, "events 3..5 after the restart", messagesThrough(5))
 	publishSQL(t, dsn, "jobs/1", "e6")
 	all := es.waitFor(5*time.Second, "live event 6", messagesThrough(6))
 
@@ -152,7 +152,7 @@ func TestEventSourceNPM_EphemeralEventsKeepLastEventID(t *testing.T) {
 	s.Stop()
 	publishSQL(t, dsn, "feed", "d2")
 	s.Start()
-	all = es.waitFor(25*time.Second, "durable 2 after the reconnect", messagesThrough(2))
+	all = es.waitFor(30*time.Second, "durable 2 after the reconnect", messagesThrough(2))
 	publishSQL(t, dsn, "feed", "d3")
 	all = es.waitFor(5*time.Second, "durable 3", messagesThrough(3))
 	var durable []string

@@ -210,6 +210,9 @@ func (s *server) Stop() {
 		<-s.exited
 	}
 	fmt.Fprintf(s.log, "---- exited %s: %v\n", time.Now().Format(time.TimeOnly+".000"), s.cmd.ProcessState)
+	if strings.Contains(s.log.String(), "WARNING: DATA RACE") {
+		s.t.Errorf("the race detector found a data race in pgsse serve (log below)")
+	}
 	s.cmd = nil
 }
 
@@ -360,6 +363,7 @@ type obs struct {
 	ReadyState  int    `json:"readyState"`
 	Message     string `json:"message"`
 	Code        *int   `json:"code"`
+	T           int64  `json:"t"` // chromium page: Date.now() in the browser
 
 	URL          string            `json:"url"`
 	Method       string            `json:"method"`

@@ -58,7 +58,11 @@ func setup() error {
 		return err
 	}
 	pgsseBin = filepath.Join(buildRoot, "pgsse")
-	build := exec.Command("go", "build", "-o", pgsseBin, "./cmd/pgsse")
+	args := []string{"build", "-o", pgsseBin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "./cmd/pgsse")...)
 	build.Dir = repoRoot
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build ./cmd/pgsse: %v\n%s", err, out)

@@ -53,6 +53,13 @@ fi
 [ -x /usr/bin/chromium ] || { log "chromium is not at /usr/bin/chromium after installing"; exit 1; }
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { log "nginx not found after installing"; exit 1; }
 
+# eventsource v4 and playwright-core 1.65 need Node.js >= 20 (the machine's is 20;
+# Debian 12's own nodejs is 18).
+if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)'; then
+	log "Node.js $(node --version) is too old: e2e/js needs Node.js >= 20"
+	exit 1
+fi
+
 # Node packages, exactly as locked.
 stamp="$js/node_modules/.e2e-deps-stamp"
 if [ ! -f "$stamp" ] || [ "$js/package-lock.json" -nt "$stamp" ]; then
