@@ -131,6 +131,7 @@ func New(cfg Config) (*Server, error) {
 		loopsReady: make(chan struct{}),
 		started:    make(chan struct{}),
 		streams:    make(map[string]*stream),
+		scratch:    make([]byte, 0, 64<<10),
 		channels:   make(map[string]*channel),
 	}
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
