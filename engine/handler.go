@@ -76,22 +76,28 @@ func (s *Server) OnClose(c gnet.Conn, _ error) gnet.Action {
 	return gnet.None
 }
 
-// enter/leave bracket every entry into the loop's state. Connections closed while the
-// loop is iterating (gnet closes a socket synchronously when a write fails) are removed
-// from the tables only on the way out, so no slice changes under an iteration.
+// enter/leave bracket every entry into the loop's state (gnet callbacks and each drain of
+// the task queue). On the way out of the outermost entry, everything the entry queued is
+// written — one write per connection for all of it — and connections closed meanwhile
+// (gnet closes a socket synchronously when a write fails) are removed from the tables,
+// so no slice changes under an iteration.
 func (s *Server) enter() { s.depth++ }
 
 func (s *Server) leave() {
-	s.depth--
-	if s.depth > 0 {
+	if s.depth > 1 {
+		s.depth--
 		return
 	}
+	s.flushStreams()
+	s.flushChannels()
+	s.hubFlush()
 	for len(s.reap) > 0 {
 		sc := s.reap[len(s.reap)-1]
 		s.reap[len(s.reap)-1] = nil
 		s.reap = s.reap[:len(s.reap)-1]
 		s.removeConn(sc)
 	}
+	s.depth--
 }
 
 func (s *Server) removeConn(sc *sseConn) {

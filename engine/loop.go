@@ -21,6 +21,9 @@ type taskQueue struct {
 	closed    bool
 	loop      gnet.EventLoop // set once the anchor connection is registered
 	drainFn   gnet.RunnableFunc
+	// enter and leave bracket each drain (Server.enter/leave): whatever the tasks queued
+	// is written out once the batch has run.
+	enter, leave func()
 }
 
 func newTaskQueue() *taskQueue {
@@ -72,6 +75,10 @@ func (q *taskQueue) start(loop gnet.EventLoop) {
 
 // drain runs on the loop goroutine.
 func (q *taskQueue) drain() {
+	if q.enter != nil {
+		q.enter()
+		defer q.leave()
+	}
 	for {
 		q.mu.Lock()
 		batch := q.tasks

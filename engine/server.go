@@ -134,6 +134,7 @@ func New(cfg Config) (*Server, error) {
 		scratch:    make([]byte, 0, 64<<10),
 		channels:   make(map[string]*channel),
 	}
+	s.tasks.enter, s.tasks.leave = s.enter, s.leave
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
 		v, err := auth.NewVerifier(cfg.Auth)
 		if err != nil {
@@ -494,10 +495,7 @@ func (s *Server) onBatch(b *pglisten.Batch) {
 			s.onChannelNotify(ch, n.PID, n.Payload)
 		}
 	}
-	s.flushStreams()
-	s.flushChannels()
-	s.hubFlush()
-	b.Release()
+	b.Release() // everything above copied what it keeps; leave() writes it out
 }
 
 func (s *Server) onDown(err error) {
