@@ -284,3 +284,48 @@ func TestChromium_DemoPageShowsEvents(t *testing.T) {
 	assert.Greater(t, st.Size(), int64(5000), "a screenshot with content")
 	t.Logf("demo page screenshot: %s", png)
 }
+
+// A page from an origin not in --cors-origins cannot read the stream, even with a valid
+// cookie: the browser fails the EventSource and no event reaches the page.
+func TestChromium_DisallowedOriginCannotReadStream(t *testing.T) {
+	t.Parallel()
+	dsn := newDatabase(t)
+	page := pageServer(t)
+	s := startServer(t, dsn, "127.0.0.1", "--cors-origins", "https://app.example")
+	token := mintToken(t, "secret")
+	publishSQL(t, dsn, "secret", "not for that origin")
+
+	b := startChromium(t, s)
+	openCrossOrigin(t, b, s, page, token, s.URL("/streams/secret?since=0"))
+	all := b.waitFor(10*time.Second, "the error event", func(all []obs) bool { return len(filter(all, "error")) > 0 })
+	assert.Equal(t, 2, filter(all, "error")[0].ReadyState, "a CORS failure is final (CLOSED)")
+	assert.Empty(t, filter(all, "event"))
+	assert.Empty(t, filter(all, "open"))
+	assert.Equal(t, 2, pageReadyState(t, b))
+}
+
+// When the token's exp passes the server ends the stream (retry:, close); the browser
+// reconnects with the same, now expired, cookie, gets 401 and stays CLOSED.
+func TestChromium_ExpiredTokenEndsStreamAndStaysClosed(t *testing.T) {
+	t.Parallel()
+	dsn := newDatabase(t)
+	page := pageServer(t)
+	s := startServer(t, dsn, "127.0.0.1", "--cors-origins", page)
+	token := runPGSSE(t, "token", "--jwt-secret", testSecret, "--stream", "room", "--ttl", "3s")
+
+	b := startChromium(t, s)
+	openCrossOrigin(t, b, s, page, token, s.URL("/streams/room"))
+	b.waitFor(10*time.Second, "open", func(all []obs) bool { return len(filter(all, "open")) > 0 })
+	publishSQL(t, dsn, "room", "before exp")
+	b.waitFor(5*time.Second, "event 1", messagesThrough(1))
+
+	all := b.waitFor(20*time.Second, "the final error after exp", func(all []obs) bool {
+		errs := filter(all, "error")
+		return len(errs) > 0 && errs[len(errs)-1].ReadyState == 2
+	})
+	errs := filter(all, "error")
+	assert.Len(t, errs, 2, "the end of the stream at exp (reconnecting), then the 401 (closed)")
+	assert.Equal(t, 0, errs[0].ReadyState)
+	assert.Equal(t, 1.0, s.Metric(`pgsse_rejected_total{status="401"}`))
+	assert.Equal(t, []string{"1"}, eventIDs(all, "message"))
+}

@@ -168,3 +168,34 @@ func TestEventSourceNPM_EphemeralEventsKeepLastEventID(t *testing.T) {
 	}
 	assert.Equal(t, []string{"message:d1", "typing:someone is typing", "message:ephemeral message", "message:d2", "message:d3"}, datas)
 }
+
+// A refused request (401 bad token, 403 stream not granted) is final for the npm client:
+// it closes with the status and does not retry.
+func TestEventSourceNPM_RefusedRequestIsFinal(t *testing.T) {
+	t.Parallel()
+	dsn := newDatabase(t)
+	s := startServer(t, dsn, "127.0.0.1")
+	wrongKey := runPGSSE(t, "token", "--jwt-secret", "not-the-server-secret-0123456789abcdef", "--stream", "a")
+	cases := []struct {
+		name   string
+		token  string
+		status int
+	}{
+		{"bad signature", wrongKey, 401},
+		{"stream not granted", mintToken(t, "b"), 403},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			es := startES(t, s.URL("/streams/a"), c.token)
+			all := es.waitFor(10*time.Second, "the error", func(all []obs) bool { return len(filter(all, "error")) > 0 })
+			e := filter(all, "error")[0]
+			assert.Equal(t, 2, e.ReadyState, "CLOSED: %s", e.Message)
+			if assert.NotNil(t, e.Code) {
+				assert.Equal(t, c.status, *e.Code)
+			}
+			assert.Empty(t, filter(all, "open"))
+		})
+	}
+	assert.Equal(t, 1.0, s.Metric(`pgsse_rejected_total{status="401"}`))
+	assert.Equal(t, 1.0, s.Metric(`pgsse_rejected_total{status="403"}`))
+}
