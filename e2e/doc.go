@@ -8,5 +8,9 @@
 // database (pgtest), so tests share nothing but the binary. A missing client is an
 // install step that fails loudly, never a skip.
 //
-// Artifacts (the demo page screenshot) go to e2e/artifacts/, which git ignores.
+// Run alone: `scripts/pg.sh with go test -count=1 -v ./e2e/` (or with
+// PGSSE_TEST_DATABASE_URL set). Under -race, pgsse is built with -race as well and a data
+// race it reports fails the test. PGSSE_E2E_VERBOSE=1 logs every client's observations and
+// every server log even when tests pass. Artifacts (the demo page screenshot) go to
+// e2e/artifacts/, which git ignores.
 package e2e
