@@ -121,10 +121,11 @@ cmd_with() {
 	if [ -n "${PGSSE_TEST_DATABASE_URL:-}" ]; then
 		exec "$@"
 	fi
-	local dir
-	dir=$(mktemp -d /tmp/pgsse-pg.XXXXXX)
-	trap 'cmd_stop "$dir"' EXIT INT TERM
-	PGSSE_TEST_DATABASE_URL=$(cmd_start "$dir")
+	# Global, not local: the EXIT trap runs after this function has returned.
+	with_dir=$(mktemp -d /tmp/pgsse-pg.XXXXXX)
+	trap 'cmd_stop "$with_dir"' EXIT
+	trap 'exit 130' INT TERM HUP
+	PGSSE_TEST_DATABASE_URL=$(cmd_start "$with_dir")
 	export PGSSE_TEST_DATABASE_URL
 	log "started throwaway PostgreSQL: $PGSSE_TEST_DATABASE_URL"
 	"$@"
