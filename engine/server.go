@@ -73,6 +73,7 @@ type Server struct {
 	depth         int
 	iov           [][]byte
 	iovecs        []unix.Iovec
+	iovCopy       [][]byte
 	scratch       []byte
 	payload       store.Payload
 	listenUp      bool

@@ -16,14 +16,17 @@ const maxIOV = 1024
 // unsent bytes for c, order requires appending behind them, so gnet takes the data;
 // whatever the kernel does not take now is handed to gnet's outbound buffer.
 //
-// Called on the loop goroutine only (iovecs is loop-owned scratch).
+// bs is never modified: it may be shared by every subscriber of a channel, and gnet's
+// Writev rewrites its argument on a partial write, so gnet only ever gets a copy.
+//
+// Called on the loop goroutine only (iovecs and iovCopy are loop-owned scratch).
 func (s *Server) writevConn(c gnet.Conn, bs [][]byte) {
 	for len(bs) > maxIOV {
 		s.writevConn(c, bs[:maxIOV])
 		bs = bs[maxIOV:]
 	}
 	if c.OutboundBuffered() > 0 {
-		_, _ = c.Writev(bs)
+		s.gnetWritev(c, bs, 0)
 		return
 	}
 	iov := s.iovecs[:0]
@@ -48,7 +51,7 @@ func (s *Server) writevConn(c gnet.Conn, bs [][]byte) {
 		n = 0
 	case errno != 0:
 		// Let gnet see the error on its own write path: it closes the connection.
-		_, _ = c.Writev(bs)
+		s.gnetWritev(c, bs, 0)
 		return
 	}
 	sent := int(n)
@@ -57,12 +60,25 @@ func (s *Server) writevConn(c gnet.Conn, bs [][]byte) {
 	}
 	// Hand gnet the unsent tail (gnet copies it into its outbound buffer and polls for
 	// writability).
-	for i, b := range bs {
-		if sent < len(b) {
-			bs[i] = b[sent:]
-			_, _ = c.Writev(bs[i:])
-			return
+	s.gnetWritev(c, bs, sent)
+}
+
+// gnetWritev hands bs, minus its first skip bytes, to gnet's Writev as a copy.
+func (s *Server) gnetWritev(c gnet.Conn, bs [][]byte, skip int) {
+	cp := s.iovCopy[:0]
+	for _, b := range bs {
+		if skip >= len(b) {
+			skip -= len(b)
+			continue
 		}
-		sent -= len(b)
+		cp = append(cp, b[skip:])
+		skip = 0
 	}
+	if len(cp) > 0 {
+		_, _ = c.Writev(cp)
+	}
+	for i := range cp {
+		cp[i] = nil
+	}
+	s.iovCopy = cp[:0]
 }
