@@ -311,9 +311,10 @@ func TestChromium_ExpiredTokenEndsStreamAndStaysClosed(t *testing.T) {
 	dsn := newDatabase(t)
 	page := pageServer(t)
 	s := startServer(t, dsn, "127.0.0.1", "--cors-origins", page)
-	token := runPGSSE(t, "token", "--jwt-secret", testSecret, "--stream", "room", "--ttl", "3s")
 
 	b := startChromium(t, s)
+	// Minted once the browser is up: starting Chromium under load can take seconds.
+	token := runPGSSE(t, "token", "--jwt-secret", testSecret, "--stream", "room", "--ttl", "4s")
 	openCrossOrigin(t, b, s, page, token, s.URL("/streams/room"))
 	b.waitFor(10*time.Second, "open", func(all []obs) bool { return len(filter(all, "open")) > 0 })
 	publishSQL(t, dsn, "room", "before exp")
