@@ -19,20 +19,25 @@ token <input id="token" size="40" placeholder="(needed unless the stream is publ
 <p class="meta">Publish from a shell: <code>pgsse publish demo 'hello'</code> or in SQL: <code>SELECT pgsse.publish('demo', 'hello');</code></p>
 <div id="events"></div>
 <script>
-let es;
+let es, lastId = '';
 const $ = (id) => document.getElementById(id);
 const q = new URLSearchParams(location.search);
 if (q.get('stream')) $('stream').value = q.get('stream');
 if (q.get('token')) $('token').value = q.get('token');
+// EventSource keeps lastEventId across events that carry no id: line, so an event whose
+// lastEventId did not move is ephemeral (pgsse.broadcast) or a channel notification.
 function show(kind, e) {
+  const durable = e.lastEventId !== '' && e.lastEventId !== lastId;
+  if (durable) lastId = e.lastEventId;
   const d = document.createElement('div');
   d.className = 'ev';
-  d.textContent = '[' + kind + (e.lastEventId ? ' #' + e.lastEventId : '') + '] ' + e.data;
+  d.textContent = '[' + kind + (durable ? ' #' + e.lastEventId : ' (ephemeral)') + '] ' + e.data;
   $('events').prepend(d);
-  if (e.lastEventId) $('last').textContent = e.lastEventId;
+  if (durable) $('last').textContent = e.lastEventId;
 }
 function connect() {
   if (es) es.close();
+  lastId = '';
   let url = '/streams/' + encodeURIComponent($('stream').value).replace(/%2F/g, '/');
   if ($('token').value) url += '?token=' + encodeURIComponent($('token').value);
   es = new EventSource(url);
