@@ -101,3 +101,21 @@ func FormatRatio(r float64) string {
 	}
 	return FormatValue(r) + "×"
 }
+
+// CompareIsolation adds to each server's scenario 6 result its time-to-last p99 relative to
+// its scenario 3 result (issue 7: within 20 %), when both ran.
+func CompareIsolation(results []*Result) {
+	for _, r6 := range results {
+		if r6.Scenario != "6 isolation" {
+			continue
+		}
+		for _, r3 := range results {
+			if r3.Scenario == "3 fan-out" && r3.Target == r6.Target {
+				if v := r3.Get("time to last subscriber p99"); v > 0 {
+					r6.Metrics = append(r6.Metrics, Metric{Name: "time to last p99 ÷ scenario 3's", Unit: "×",
+						Value: r6.Get("time to last subscriber p99") / v, Lower: true})
+				}
+			}
+		}
+	}
+}

@@ -3,16 +3,22 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgsse/pgsse/engine/store"
 )
 
 // Params sizes the scenarios. Full() is issue 7's scale; Small() is the CI smoke scale.
@@ -32,8 +38,10 @@ type Params struct {
 	ThroughputDuration time.Duration // scenario 4: publish flat out this long
 	Data               int           // bytes of data per event in 2 and 4
 
-	SlowPercent float64 // scenario 6: share of subscribers that never read
-	SlowRcvBuf  int     // their SO_RCVBUF
+	SlowPercent   float64 // scenario 6: share of subscribers that stopped reading
+	SlowRcvBuf    int     // their SO_RCVBUF
+	PrefillEvents int     // scenario 6: events published to them alone before the others connect (600 × 7,000 B: more than the ≈3 MB loopback socket buffers hold)
+	PrefillData   int     // bytes of data per prefill event (inline in NOTIFY below 7,900)
 
 	Sources int // loopback source addresses
 	Readers int // client epoll loops
@@ -46,8 +54,8 @@ func Full() Params {
 		LatencyEvents: 1000, LatencyRate: 50,
 		FanoutEvents: 50, FanoutGap: 50 * time.Millisecond, FanoutData: 256,
 		ThroughputDuration: 10 * time.Second, Data: 64,
-		SlowPercent: 1, SlowRcvBuf: 4096,
-		Sources: 8, Readers: 2,
+		SlowPercent: 1, SlowRcvBuf: 4096, PrefillEvents: 600, PrefillData: 7000,
+		Sources: 8, Readers: 1,
 	}
 }
 
@@ -372,15 +380,32 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 	}
 	reading := p.Conns - slow
 	n := p.FanoutEvents
-	c, err := r.client("fanout", reading, p, n+1)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
+	var c *Client
+	var prefillRSS int64
 	if slow > 0 {
+		// The slow subscribers connect first and get a backlog they never read (p.PrefillEvents
+		// events of p.PrefillData bytes: more than the kernel and any sane server buffer hold),
+		// then the others connect, live from the head, and scenario 3 runs as usual.
+		if c, err = r.client("fanout", 0, p, n+1); err != nil {
+			return nil, err
+		}
+		defer c.Close()
 		if err := c.Connect(slow, true); err != nil {
 			return nil, fmt.Errorf("connect slow subscribers: %w", err)
 		}
+		if err := prefill(ctx, r.db.URL, "fanout", p.PrefillEvents, p.PrefillData); err != nil {
+			return nil, err
+		}
+		time.Sleep(time.Second)
+		prefillRSS, _ = r.srv.RSS()
+		if err := c.Connect(reading, false); err != nil {
+			return nil, fmt.Errorf("%s: connect %d subscribers: %w", r.t.Name, reading, err)
+		}
+	} else {
+		if c, err = r.client("fanout", reading, p, n+1); err != nil {
+			return nil, err
+		}
+		defer c.Close()
 	}
 	pub, err := NewPublisher(ctx, r.db.URL, "fanout", p.FanoutData, n+1)
 	if err != nil {
@@ -421,6 +446,7 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 	slowClosed := c.drainSlow()
 	c.Close()
 	st := c.Stats()
+	r.srv.Stop()
 	var ttl, ttf []time.Duration
 	for seq := 1; seq <= n; seq++ {
 		if st.Last[seq] == 0 {
@@ -445,11 +471,17 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 	deliveries := float64(st.Events)
 	res.add("server CPU per delivery", "µs", float64(cpu1-cpu0)/1e3/max(deliveries, 1), true)
 	res.add("client CPU share (2 cores)", "%", 100*(self1-self0).Seconds()/(2*w1.Sub(w0).Seconds()), false)
+	if slow > 0 {
+		res.add("server RSS after the slow backlog", "MiB", float64(prefillRSS)/(1<<20), true)
+	}
 	res.add("server RSS peak", "MiB", float64(rssPeak)/(1<<20), true)
 	res.add("server RSS growth", "MiB", float64(max(rss1, rssPeak)-rss0)/(1<<20), true)
 	res.add("deliveries missing", "", float64(int64(n)*int64(reading)-st.Events), true)
 	if slow > 0 {
 		res.add("slow subscribers closed by server", "", float64(slowClosed), false)
+	}
+	if d, ok := r.baselineDropped(); ok {
+		res.add("events dropped by server (full queues)", "", float64(d), true)
 	}
 	if timeouts > 0 {
 		res.note("%d of %d events had not reached every reading subscriber after 10 s", timeouts, n)
@@ -458,6 +490,40 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 		res.note("sequence anomalies at reading subscribers: %d skipped, %d repeated", st.Gaps, st.Dups)
 	}
 	return res, nil
+}
+
+// prefill publishes n events of size bytes to stream (data the client does not count).
+func prefill(ctx context.Context, dsn, stream string, n, size int) error {
+	conn, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	data := "prefill " + strings.Repeat("x", max(0, size-8))
+	for range n {
+		if _, err := store.Publish(ctx, conn, stream, data, "", nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// baselineDropped reads the baseline's exit line ("delivered N, dropped M") once it stopped.
+func (r *run) baselineDropped() (int64, bool) {
+	if r.t.Name != "baseline" {
+		return 0, false
+	}
+	b, err := os.ReadFile(r.srv.LogPath)
+	if err != nil {
+		return 0, false
+	}
+	_, after, ok := strings.Cut(string(b), ", dropped ")
+	if !ok {
+		return 0, false
+	}
+	after, _, _ = strings.Cut(after, "\n")
+	d, err := strconv.ParseInt(strings.TrimSpace(after), 10, 64)
+	return d, err == nil
 }
 
 func scenarioFile(s string) string {
@@ -491,7 +557,9 @@ func (c *Client) drainSlow() int {
 }
 
 // Throughput is scenario 4: p.Conns subscribers, one publisher committing flat out for
-// p.ThroughputDuration → deliveries/s and server CPU-seconds per million deliveries.
+// p.ThroughputDuration → deliveries/s and server CPU-seconds per million deliveries, both
+// measured over the publishing window (the publisher outruns any fan-out, so draining the
+// backlog afterwards would measure the backlog, not the server).
 func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
 	r, err := e.start(ctx, t, p)
 	if err != nil {
@@ -523,55 +591,54 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 			return nil, err
 		}
 	}
-	pubEnd := time.Now()
-	last := pub.Seq
-	// Drain: until every subscriber has the last event, or no progress for 2 s.
-	progress, progressAt := c.Delivered(), time.Now()
-	for c.Have(last) < p.Conns && time.Since(progressAt) < 2*time.Second && time.Since(pubEnd) < 60*time.Second {
-		time.Sleep(20 * time.Millisecond)
-		if d := c.Delivered(); d != progress {
-			progress, progressAt = d, time.Now()
-		}
-	}
 	cpu1, _ := r.srv.CPU()
 	self1, w1 := SelfCPU(), time.Now()
+	delivered := c.Delivered()
 	pg1 := r.pgCPU(ctx)
+	last := pub.Seq
 	rssPeak := peak.done()
 	waitProfile()
 	if err := r.alive(); err != nil {
 		return nil, err
 	}
+	var metrics bytes.Buffer
+	if t.Name == "pgsse" {
+		_ = r.srv.Get(ctx, "/metrics", &metrics)
+	}
 	c.Close()
 	st := c.Stats()
-	lastRecv := int64(0)
-	for _, v := range st.Last {
-		lastRecv = max(lastRecv, v)
-	}
-	active := time.Duration(lastRecv - w0.UnixNano())
-	if active <= 0 {
-		active = w1.Sub(w0)
-	}
+	r.srv.Stop()
 	wall := w1.Sub(w0).Seconds()
-	deliveries := float64(st.Events)
+	deliveries := float64(delivered)
 	serverCPU := (cpu1 - cpu0).Seconds()
 	res := &Result{Scenario: "4 throughput", Target: t.Name}
-	res.add("events published", "events/s", float64(last)/pubEnd.Sub(w0).Seconds(), false)
-	res.add("deliveries", "deliveries/s", deliveries/active.Seconds(), false)
+	res.add("events published", "events/s", float64(last)/wall, false)
+	res.add("deliveries", "deliveries/s", deliveries/wall, false)
 	res.add("server CPU per million deliveries", "CPU-s", serverCPU/max(deliveries, 1)*1e6, true)
 	res.add("server CPU share (2 cores)", "%", 100*serverCPU/(2*wall), false)
 	res.add("client CPU share (2 cores)", "%", 100*(self1-self0).Seconds()/(2*wall), false)
 	res.add("PostgreSQL CPU share (2 cores)", "%", 100*pgCPUDelta(pg0, pg1).Seconds()/(2*wall), false)
-	res.add("deliveries missing", "%", 100*(1-deliveries/float64(int64(last)*int64(p.Conns))), true)
-	res.add("drain after publishing stopped", "s", time.Duration(lastRecv-pubEnd.UnixNano()).Seconds(), true)
+	res.add("events per subscriber behind at the end", "events", float64(last)-deliveries/float64(p.Conns), true)
+	res.add("events lost (skipped in a subscriber's sequence)", "%", 100*float64(st.Gaps)/max(float64(st.Gaps)+float64(st.Events), 1), true)
 	res.add("server RSS peak", "MiB", float64(rssPeak)/(1<<20), true)
 	res.add("server RSS growth", "MiB", float64(rssPeak-rss0)/(1<<20), true)
-	if st.Gaps+st.Dups > 0 {
-		res.note("sequence anomalies: %d skipped, %d repeated (per connection)", st.Gaps, st.Dups)
+	res.add("bytes per read (client)", "B", float64(st.Bytes)/max(float64(st.Reads), 1), false)
+	if d, ok := r.baselineDropped(); ok {
+		res.add("events dropped by server (full queues)", "", float64(d), true)
 	}
-	res.add("per-delivery send→received p50", "ms", ms(st.Latency.Quantile(0.5)), true)
-	res.add("per-delivery send→received p99", "ms", ms(st.Latency.Quantile(0.99)), true)
+	if st.Dups > 0 {
+		res.note("%d events repeated or out of order at subscribers", st.Dups)
+	}
 	if st.Closed > 0 {
 		res.note("%d subscribers closed by the server", st.Closed)
+	}
+	if metrics.Len() > 0 {
+		for ln := range strings.Lines(metrics.String()) {
+			if strings.HasPrefix(ln, "pgsse_deliveries_total") || strings.HasPrefix(ln, "pgsse_dropped_total") ||
+				strings.HasPrefix(ln, "pgsse_evictions_total") || strings.HasPrefix(ln, "pgsse_notifications_total") {
+				res.note("server metric %s", strings.TrimSpace(ln))
+			}
+		}
 	}
 	return res, nil
 }

@@ -171,6 +171,7 @@ func main() {
 			results = append(results, r)
 		}
 	}
+	bench.CompareIsolation(results)
 	var b strings.Builder
 	bench.WriteTable(&b, names, results)
 	fmt.Print(b.String())
