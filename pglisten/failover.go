@@ -112,10 +112,8 @@ func (f *Failover) pump() {
 	defer f.wg.Done()
 	defer close(f.events)
 	if f.hub != nil {
-		for ev := range f.hub.Events() {
-			if !f.forward(ev) {
-				return
-			}
+		if !f.forwardAll(f.hub.Events()) {
+			return
 		}
 		reason := f.hub.Err()
 		if errors.Is(reason, ErrClosed) {
@@ -129,9 +127,22 @@ func (f *Failover) pump() {
 	if d == nil {
 		return
 	}
-	for ev := range d.Events() {
-		if !f.forward(ev) {
-			return
+	f.forwardAll(d.Events())
+}
+
+// forwardAll forwards from in until it is closed or Close is called.
+func (f *Failover) forwardAll(in <-chan Event) bool {
+	for {
+		select {
+		case ev, ok := <-in:
+			if !ok {
+				return true
+			}
+			if !f.forward(ev) {
+				return false
+			}
+		case <-f.done:
+			return false
 		}
 	}
 }
