@@ -11,10 +11,22 @@ type channel struct {
 	sse       []*sseConn
 	holders   int  // SSE connections + hub workers holding the channel
 	listening bool // LISTEN completed on the current session
+	ref       sessionRef
 	out       [][]byte
 	dirty     bool
 	hub       hubChannel // hub workers' side (hub.go)
 }
+
+// sessionRef is the channel's reference on the LISTEN session. The session can only be
+// told to drop a reference it confirmed (done(nil)): a reference whose LISTEN is still in
+// flight is dropped when its answer arrives, a failed one was never held.
+type sessionRef uint8
+
+const (
+	refNone    sessionRef = iota // no reference (never asked, failed, or released)
+	refPending                   // Listen called, done not yet
+	refHeld                      // done(nil): Unlisten when the last holder leaves
+)
 
 // holdChannel adds a holder and returns the channel; the first holder starts the LISTEN.
 func (s *Server) holdChannel(name string) *channel {
@@ -27,6 +39,7 @@ func (s *Server) holdChannel(name string) *channel {
 	if ch.holders == 1 {
 		s.metrics.listenChannels.Set(float64(len(s.channels)))
 		if s.session != nil {
+			ch.ref = refPending
 			s.session.Listen(name, func(err error) {
 				s.tasks.push(func() { s.onListened(ch, err) })
 			})
@@ -45,20 +58,31 @@ func (s *Server) releaseChannel(ch *channel) {
 		delete(s.channels, ch.name)
 		s.metrics.listenChannels.Set(float64(len(s.channels)))
 	}
-	if s.session != nil {
+	if ch.ref == refHeld && s.session != nil {
 		s.session.Unlisten(ch.name)
+		ch.ref = refNone
 	}
+	// refPending: onListened drops the reference once PostgreSQL has answered.
 }
 
 func (s *Server) onListened(ch *channel, err error) {
-	if s.channels[ch.name] != ch {
-		return // every holder left while the LISTEN was in flight
-	}
 	if err != nil {
-		s.log.Warn("LISTEN failed", "channel", ch.name, "err", err)
-		s.channelFailed(ch, err)
+		ch.ref = refNone
+		if s.channels[ch.name] == ch {
+			s.log.Warn("LISTEN failed", "channel", ch.name, "err", err)
+			s.channelFailed(ch, err)
+		}
 		return
 	}
+	if s.channels[ch.name] != ch || ch.holders == 0 {
+		// Every holder left while the LISTEN was in flight: give the reference back.
+		ch.ref = refNone
+		if s.session != nil {
+			s.session.Unlisten(ch.name)
+		}
+		return
+	}
+	ch.ref = refHeld
 	s.channelLive(ch)
 }
 
