@@ -101,3 +101,32 @@ func BenchmarkScenario2Latency(b *testing.B)    { runScenario(b, 2) }
 func BenchmarkScenario3FanOut(b *testing.B)     { runScenario(b, 3) }
 func BenchmarkScenario4Throughput(b *testing.B) { runScenario(b, 4) }
 func BenchmarkScenario6Isolation(b *testing.B)  { runScenario(b, 6) }
+
+// BenchmarkScenario5Hub reports the hub phase (pgsse) and the direct-LISTEN phase (baseline)
+// of each run.
+func BenchmarkScenario5Hub(b *testing.B) {
+	targets := servers(b)
+	env := &Env{Cluster: UseCluster(pgtest.URL(b)), Dir: b.TempDir(), Logf: b.Logf}
+	p := params()
+	sums := map[string]float64{}
+	var order []string
+	for range b.N {
+		rs, err := Hub(context.Background(), env, targets[0], p, p.Hub)
+		require.NoError(b, err)
+		for _, r := range rs {
+			for _, m := range r.Metrics {
+				u := r.Target + "-" + metricUnit(m)
+				if _, ok := sums[u]; !ok {
+					order = append(order, u)
+				}
+				sums[u] += m.Value
+			}
+			for _, n := range r.Notes {
+				b.Logf("%s: %s", r.Target, n)
+			}
+		}
+	}
+	for _, u := range order {
+		b.ReportMetric(sums[u]/float64(b.N), u)
+	}
+}

@@ -43,6 +43,8 @@ type Params struct {
 	PrefillEvents int     // scenario 6: events published to them alone before the others connect (600 × 7,000 B: more than the ≈3 MB loopback socket buffers hold)
 	PrefillData   int     // bytes of data per prefill event (inline in NOTIFY below 7,900)
 
+	Hub HubParams // scenario 5
+
 	Sources int // loopback source addresses
 	Readers int // client epoll loops
 }
@@ -55,6 +57,7 @@ func Full() Params {
 		FanoutEvents: 50, FanoutGap: 50 * time.Millisecond, FanoutData: 256,
 		ThroughputDuration: 10 * time.Second, Data: 64,
 		SlowPercent: 1, SlowRcvBuf: 4096, PrefillEvents: 600, PrefillData: 7000,
+		Hub:     HubParams{Workers: 64, Rate: 5000, Duration: 10 * time.Second},
 		Sources: 8, Readers: 1,
 	}
 }
@@ -70,6 +73,7 @@ func Small() Params {
 	p.FanoutGap = 10 * time.Millisecond
 	p.ThroughputDuration = time.Second
 	p.SlowPercent = 5
+	p.Hub = HubParams{Workers: 8, Rate: 1000, Duration: time.Second}
 	return p
 }
 
@@ -657,5 +661,5 @@ func Scenario(ctx context.Context, e *Env, t Target, p Params, id int) (*Result,
 	case 6:
 		return FanOut(ctx, e, t, p, p.SlowPercent)
 	}
-	return nil, errors.New("scenario must be 1, 2, 3, 4 or 6 (5, the hub, is run separately)")
+	return nil, errors.New("scenario must be 1, 2, 3, 4 or 6 (5, the hub, is Hub)")
 }

@@ -37,7 +37,7 @@ func main() {
 		pgsseBin   = flag.String("pgsse-bin", "", "pgsse binary (default: go build ./cmd/pgsse)")
 		baseBin    = flag.String("baseline-bin", "", "baseline binary (default: go build ./bench/baseline)")
 		servers    = flag.String("servers", "pgsse,baseline", "servers to compare, in table order")
-		scenarios  = flag.String("scenarios", "1,2,3,4,6", "scenarios to run (5, the hub, is not here yet)")
+		scenarios  = flag.String("scenarios", "1,2,3,4,5,6", "scenarios to run")
 		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
 		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4 and 6 here")
 		out        = flag.String("out", "", "also write the table to this file")
@@ -55,6 +55,9 @@ func main() {
 	flag.IntVar(&p.Data, "data", p.Data, "2, 4: bytes of data per event")
 	flag.Float64Var(&p.SlowPercent, "slow-percent", p.SlowPercent, "6: percent of subscribers that never read")
 	flag.IntVar(&p.SlowRcvBuf, "slow-rcvbuf", p.SlowRcvBuf, "6: SO_RCVBUF of the subscribers that never read")
+	flag.IntVar(&p.Hub.Workers, "hub-workers", p.Hub.Workers, "5: worker connections (one channel each)")
+	flag.Float64Var(&p.Hub.Rate, "hub-rate", p.Hub.Rate, "5: notifications per second")
+	flag.DurationVar(&p.Hub.Duration, "hub-duration", p.Hub.Duration, "5: per phase")
 	flag.IntVar(&p.Sources, "sources", p.Sources, "loopback source addresses (127.0.0.2 …)")
 	flag.IntVar(&p.Readers, "readers", p.Readers, "client epoll loops")
 	flag.Parse()
@@ -74,6 +77,8 @@ func main() {
 			"throughput-duration": func(q *bench.Params) any { return &q.ThroughputDuration }, "data": func(q *bench.Params) any { return &q.Data },
 			"slow-percent": func(q *bench.Params) any { return &q.SlowPercent }, "slow-rcvbuf": func(q *bench.Params) any { return &q.SlowRcvBuf },
 			"sources": func(q *bench.Params) any { return &q.Sources }, "readers": func(q *bench.Params) any { return &q.Readers },
+			"hub-workers": func(q *bench.Params) any { return &q.Hub.Workers }, "hub-rate": func(q *bench.Params) any { return &q.Hub.Rate },
+			"hub-duration": func(q *bench.Params) any { return &q.Hub.Duration },
 		} {
 			if set[name] {
 				copyField(field(&p), field(&explicit))
@@ -88,8 +93,8 @@ func main() {
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || (id < 1 || id > 6 || id == 5) {
-			log.Fatalf("load: --scenarios: %q is not one of 1, 2, 3, 4, 6", s)
+		if err != nil || id < 1 || id > 6 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-6", s)
 		}
 		ids = append(ids, id)
 	}
@@ -157,6 +162,24 @@ func main() {
 	var results []*bench.Result
 	failed := false
 	for _, id := range ids {
+		if id == 5 {
+			// The hub exists only in pgsse; its baseline is each worker's own LISTEN session,
+			// measured in the same run.
+			log.Printf("load: scenario 5 (hub vs direct LISTEN)")
+			rs, err := bench.Hub(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, p, p.Hub)
+			if err != nil {
+				log.Printf("load: scenario 5: %v", err)
+				failed = true
+				continue
+			}
+			for _, r := range rs {
+				for _, m := range r.Metrics {
+					log.Printf("  %-10s %-40s %12s %s", r.Target, m.Name, bench.FormatValue(m.Value), m.Unit)
+				}
+			}
+			results = append(results, rs...)
+			continue
+		}
 		for _, t := range targets {
 			log.Printf("load: scenario %d against %s", id, t.Name)
 			r, err := bench.Scenario(ctx, env, t, p, id)
