@@ -322,7 +322,16 @@ func (h *hubClient) handle(f framing.Frame) bool {
 		h.mu.Lock()
 		p := h.pending[f.Req]
 		delete(h.pending, f.Req)
-		undo := p != nil && p.abandoned && !p.unsub && f.Code == framing.AckOK && h.subs[p.channel] == ""
+		undo := false
+		if p != nil && !p.unsub && f.Code == framing.AckOK {
+			// Subscribed from this frame on: a NOTIFY right behind the ACK must not be dropped
+			// while the Listen caller is still waking up.
+			if p.abandoned {
+				undo = h.subs[p.channel] == ""
+			} else {
+				h.subs[p.channel] = p.channel
+			}
+		}
 		h.mu.Unlock()
 		if p == nil {
 			return true
@@ -516,10 +525,7 @@ func (h *hubClient) Listen(ctx context.Context, channel string) error {
 	if r.code != framing.AckOK {
 		return &AckError{Channel: channel, Code: r.code, Message: r.msg}
 	}
-	h.mu.Lock()
-	h.subs[channel] = channel
-	h.mu.Unlock()
-	return nil
+	return nil // the reader recorded the subscription when it read the ACK
 }
 
 // Unlisten sends UNSUB; notifications for channel stop at once (late ones are dropped here).
