@@ -1,0 +1,368 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/framing"
+	"github.com/pgsse/pgsse/pglisten"
+)
+
+// Payloads whose bytes must survive PostgreSQL → hub → worker exactly.
+var hubPayloads = [][]byte{
+	[]byte("plain"),
+	[]byte(""),
+	[]byte("quotes ' \" and \\ backslashes"),
+	[]byte("lines\nand\r\nreturns\r"),
+	[]byte("unicode: żółć 日本 🐘"),
+	[]byte("{\"json\": [1, 2, 3]}"),
+	bytes.Repeat([]byte("x"), 7900),
+}
+
+// TestHubCensus: 8 worker processes on different channels share one LISTEN backend, and each
+// receives exactly its own channels' notifications, byte for byte.
+func TestHubCensus(t *testing.T) {
+	bin := buildWorker(t)
+	ts := startHub(t, nil)
+	const n = 8
+	workers := make([]*workerProc, n)
+	for i := range workers {
+		workers[i] = startWorker(t, bin, fmt.Sprintf("w%d", i), ts.cfg.HubSocket, ts.DSN, "lossless", fmt.Sprintf("census_%d", i), fmt.Sprintf("census_%d_b", i))
+	}
+	for _, w := range workers {
+		l := w.expectEv(15*time.Second, "ready")
+		require.Equal(t, "hub", l.Mode, "worker %s went direct: %s", w.name, l.Err)
+	}
+	assert.Equal(t, 1, listenBackends(t, ts.DSN), "one LISTEN backend for the server and all workers")
+	waitFor(t, 5*time.Second, "8 workers counted", func() bool { return metricValue(t, ts.metrics.hubWorkers) == n })
+
+	pub := connect(t, ts.DSN)
+	for i := range workers {
+		for j, p := range hubPayloads {
+			ch := fmt.Sprintf("census_%d", i)
+			if j%2 == 1 {
+				ch += "_b"
+			}
+			pgNotify(t, pub, ch, append([]byte(fmt.Sprintf("%d/%d:", i, j)), p...))
+		}
+		pgNotify(t, pub, fmt.Sprintf("census_%d", i), []byte("end"))
+	}
+	pgPID := ""
+	for i, w := range workers {
+		for j, p := range hubPayloads {
+			l := w.expectEv(10*time.Second, "notify")
+			want := fmt.Sprintf("census_%d", i)
+			if j%2 == 1 {
+				want += "_b"
+			}
+			assert.Equal(t, want, l.Ch, "worker %d notification %d: only its own channels, in order", i, j)
+			assert.Equal(t, append([]byte(fmt.Sprintf("%d/%d:", i, j)), p...), l.Payload, "worker %d payload %d byte-identical", i, j)
+			assert.Equal(t, "hub", l.Mode)
+			assert.NotZero(t, l.PID, "the notifying backend's pid")
+			if pgPID == "" {
+				pgPID = fmt.Sprint(l.PID)
+			}
+		}
+		l := w.expectEv(10*time.Second, "notify")
+		assert.Equal(t, "end", string(l.Payload), "worker %d: nothing from other channels before its end marker", i)
+	}
+	assert.Equal(t, 1, listenBackends(t, ts.DSN))
+}
+
+// TestHubAckRace: a NOTIFY sent the moment the worker has read ACK OK is always delivered —
+// on a fresh channel (LISTEN in flight), one already LISTENed (immediate ACK) and one whose
+// LISTEN two workers wait for together.
+func TestHubAckRace(t *testing.T) {
+	ts := startHub(t, nil)
+	pub := connect(t, ts.DSN)
+	newClient := func(name string) pglisten.Listener {
+		l, err := pglisten.NewHub(pglisten.HubConfig{Socket: ts.cfg.HubSocket, Name: name, PingInterval: -1})
+		require.NoError(t, err)
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	a, b := newClient("a"), newClient("b")
+	waitNote := func(l pglisten.Listener, ch, payload string) {
+		t.Helper()
+		timeout := time.After(10 * time.Second)
+		for {
+			select {
+			case ev, ok := <-l.Events():
+				require.True(t, ok, "events closed")
+				if ev.Kind == pglisten.KindNotification && ev.Channel == ch && string(ev.Payload) == payload {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("NOTIFY %s %q sent right after ACK was never delivered", ch, payload)
+			}
+		}
+	}
+	ctx := context.Background()
+	for i := range 100 {
+		ch := fmt.Sprintf("race_%d", i)
+		payload := fmt.Sprint(i)
+		switch i % 3 {
+		case 0: // fresh channel: ACK only after this LISTEN completes
+			require.NoError(t, a.Listen(ctx, ch))
+			pgNotify(t, pub, ch, []byte(payload))
+			waitNote(a, ch, payload)
+		case 1: // b holds it already: a's ACK is immediate
+			require.NoError(t, b.Listen(ctx, ch))
+			require.NoError(t, a.Listen(ctx, ch))
+			pgNotify(t, pub, ch, []byte(payload))
+			waitNote(a, ch, payload)
+			waitNote(b, ch, payload)
+		case 2: // both SUB at once: one joins the other's LISTEN in flight
+			var wg sync.WaitGroup
+			var errB error
+			wg.Add(1)
+			go func() { defer wg.Done(); errB = b.Listen(ctx, ch) }()
+			require.NoError(t, a.Listen(ctx, ch))
+			pgNotify(t, pub, ch, []byte(payload))
+			wg.Wait()
+			require.NoError(t, errB)
+			waitNote(a, ch, payload)
+			waitNote(b, ch, payload)
+		}
+		require.NoError(t, a.Unlisten(ctx, ch))
+		if i%3 != 0 {
+			require.NoError(t, b.Unlisten(ctx, ch))
+		}
+	}
+	waitFor(t, 5*time.Second, "every raw channel released", func() bool { return len(ts.channelNames()) == 0 })
+}
+
+// channelNames returns the raw channels held right now (read on the loop).
+func (ts *testServer) channelNames() []string {
+	out := make(chan []string, 1)
+	if !ts.tasks.push(func() {
+		var names []string
+		for n := range ts.channels {
+			names = append(names, n)
+		}
+		out <- names
+	}) {
+		return nil
+	}
+	select {
+	case n := <-out:
+		return n
+	case <-time.After(5 * time.Second):
+		return []string{"loop did not answer"}
+	}
+}
+
+// TestHubSubscriptions: SUB is idempotent, UNSUB acknowledged at once (NOT_SUBSCRIBED when it
+// was not), reserved and invalid names refused, PING answered, and channel refcounts shared with
+// the SSE /channels/ bridge.
+func TestHubSubscriptions(t *testing.T) {
+	ts := startHub(t, nil)
+	pub := connect(t, ts.DSN)
+	w := dialHub(t, ts.cfg.HubSocket)
+	w.hello("subs")
+
+	assert.Equal(t, uint8(framing.AckOK), w.sub(1, framing.ModeLossless, "jobs").Code)
+	assert.Equal(t, uint8(framing.AckOK), w.sub(2, framing.ModeWake, "jobs").Code, "second SUB on the same channel just ACKs")
+	pgNotify(t, pub, "jobs", []byte("once"))
+	f := w.next(5 * time.Second)
+	assert.Equal(t, framing.TypeNotify, f.Type)
+	assert.Equal(t, "once", string(f.Text))
+
+	w.send(framing.AppendPing(nil, 0xdeadbeef))
+	f = w.next(5 * time.Second)
+	assert.Equal(t, framing.TypePong, f.Type, "PING → PONG, and the NOTIFY came only once")
+	assert.Equal(t, uint64(0xdeadbeef), f.Token)
+
+	f = w.sub(3, framing.ModeLossless, "pgsse")
+	assert.Equal(t, uint8(framing.AckBadChannel), f.Code, "the stream channel is reserved")
+	w.send(framing.AppendSub(nil, 4, framing.ModeLossless, []byte("bad\x00name")))
+	f = w.next(5 * time.Second)
+	assert.Equal(t, framing.TypeAck, f.Type)
+	assert.Equal(t, uint32(4), f.Req)
+	assert.Equal(t, uint8(framing.AckBadChannel), f.Code, "a bad channel name is refused, the worker stays")
+
+	// Shared with the SSE bridge: the worker leaving does not UNLISTEN under the SSE client.
+	tok := token(t, authClaimsChannels("jobs"), time.Hour)
+	sc := dial(t, ts.Addr().String(), "/channels/jobs", "Authorization: Bearer "+tok)
+	require.Equal(t, 200, sc.Status, sc.Body)
+	w.send(framing.AppendUnsub(nil, 5, []byte("jobs")))
+	f = w.next(5 * time.Second)
+	assert.Equal(t, framing.TypeAck, f.Type)
+	assert.Equal(t, uint8(framing.AckOK), f.Code)
+	w.send(framing.AppendUnsub(nil, 6, []byte("jobs")))
+	f = w.next(5 * time.Second)
+	assert.Equal(t, uint8(framing.AckNotSubscribed), f.Code)
+	pgNotify(t, pub, "jobs", []byte("for sse"))
+	assert.Equal(t, "for sse", sc.mustNextData(5*time.Second).Data, "SSE client still LISTENed after the worker's UNSUB")
+
+	// Resubscribe, then disconnect: the SSE client keeps the channel; when it leaves too, the
+	// channel is released.
+	assert.Equal(t, uint8(framing.AckOK), w.sub(7, framing.ModeLossless, "jobs").Code)
+	assert.Equal(t, uint8(framing.AckOK), w.sub(8, framing.ModeLossless, "other").Code)
+	w.conn.Close()
+	waitFor(t, 5*time.Second, "worker's channels released", func() bool {
+		n := ts.channelNames()
+		return len(n) == 1 && n[0] == "jobs"
+	})
+	sc.conn.Close()
+	waitFor(t, 5*time.Second, "all channels released", func() bool { return len(ts.channelNames()) == 0 })
+	waitFor(t, 5*time.Second, "session holds only the stream channel", func() bool { return ts.session.Channels() == 1 })
+}
+
+// TestHubBadInput: each kind of bad input gets PROTOCOL_ERROR (best effort) and closes that
+// worker only; a healthy worker keeps receiving throughout.
+func TestHubBadInput(t *testing.T) {
+	ts := startHub(t, nil)
+	pub := connect(t, ts.DSN)
+	healthy := dialHub(t, ts.cfg.HubSocket)
+	healthy.hello("healthy")
+	require.Equal(t, uint8(framing.AckOK), healthy.sub(1, framing.ModeLossless, "steady").Code)
+
+	hello := framing.AppendHello(nil, 1, []byte("bad"))
+	cases := []struct {
+		name      string
+		input     []byte
+		sayHello  bool
+		wantError bool // STATUS PROTOCOL_ERROR expected before EOF
+	}{
+		{"first frame not HELLO", framing.AppendSub(nil, 1, 0, []byte("x")), false, true},
+		{"PING before HELLO", framing.AppendPing(nil, 1), false, true},
+		{"length over the max", []byte{0x00, 0x01, 0x00, 0x01, 0x02}, true, true},
+		{"zero length", []byte{0, 0, 0, 0}, true, true},
+		{"unknown type", []byte{0, 0, 0, 1, 0x7f}, true, true},
+		{"truncated SUB field", []byte{0, 0, 0, 3, 0x02, 0, 0}, true, true},
+		{"truncated HELLO", []byte{0, 0, 0, 3, 0x01, 1, 0}, false, true},
+		{"bad HELLO version", framing.AppendHello(nil, 1, nil)[:4:4], false, false},
+		{"bad SUB mode", []byte{0, 0, 0, 7, 0x02, 0, 0, 0, 1, 9, 'x'}, true, true},
+		{"hub frame from a worker", framing.AppendNotify(nil, 1, []byte("x"), []byte("y")), true, true},
+		{"HELLO twice", hello, true, true},
+		{"random bytes", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), false, true},
+		{"random bytes after HELLO", []byte{0xde, 0xad, 0xbe, 0xef, 0x99, 0x01, 0x02}, true, true},
+		{"truncated frame then EOF", []byte{0, 0, 0, 9, 0x04, 1}, true, false},
+	}
+	cases[7].input = append([]byte{0, 0, 0, 6, 0x01, 2}, 0, 0, 0, 1) // version 2
+	cases[7].wantError = true
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := dialHub(t, ts.cfg.HubSocket)
+			if tc.sayHello {
+				w.hello("bad")
+			}
+			w.send(tc.input)
+			if !tc.wantError {
+				w.conn.(*net.UnixConn).CloseWrite()
+			}
+			frames, err := w.untilClosed(10 * time.Second)
+			require.NoError(t, err, "the hub closes the connection")
+			if tc.wantError {
+				require.NotEmpty(t, frames)
+				last := frames[len(frames)-1]
+				assert.Equal(t, framing.TypeStatus, last.Type)
+				assert.Equal(t, uint8(framing.StatusProtocolError), last.Code, "last frame: %s", last.Text)
+				assert.NotEmpty(t, last.Text, "the reason is named")
+			}
+			payload := fmt.Sprint("after ", i)
+			pgNotify(t, pub, "steady", []byte(payload))
+			f := healthy.next(5 * time.Second)
+			assert.Equal(t, framing.TypeNotify, f.Type)
+			assert.Equal(t, payload, string(f.Text), "the healthy worker is unaffected")
+		})
+	}
+	waitFor(t, 5*time.Second, "only the healthy worker left", func() bool { return metricValue(t, ts.metrics.hubWorkers) == 1 })
+}
+
+// TestHubWedgedWorker: with a 128 KiB ring, a lossless worker that stops reading is evicted
+// (the raw one sees EVICTED; the failover one switches to its own session), a wake-mode one is
+// not and gets RESYNC for its channel when it reads again, and a healthy worker on the same
+// channel receives everything in order.
+func TestHubWedgedWorker(t *testing.T) {
+	bin := buildWorker(t)
+	ts := startHub(t, func(c *Config) { c.HubWorkerBuffer = 2 * (4 + 65536) })
+	const ch = "wedge"
+	healthy := startWorker(t, bin, "healthy", ts.cfg.HubSocket, ts.DSN, "lossless", ch)
+	lossless := startWorker(t, bin, "lossless", ts.cfg.HubSocket, ts.DSN, "lossless", ch)
+	wake := startWorker(t, bin, "wake", ts.cfg.HubSocket, ts.DSN, "wake", ch)
+	for _, w := range []*workerProc{healthy, lossless, wake} {
+		require.Equal(t, "hub", w.expectEv(15*time.Second, "ready").Mode)
+	}
+	raw := dialHub(t, ts.cfg.HubSocket)
+	raw.hello("raw-never-reads")
+	require.Equal(t, uint8(framing.AckOK), raw.sub(1, framing.ModeLossless, ch).Code)
+
+	lossless.signal(syscall.SIGSTOP)
+	wake.signal(syscall.SIGSTOP)
+
+	// Fill: ~8 KB payloads until both lossless laggards are evicted, reading the healthy
+	// worker as we go.
+	pub := connect(t, ts.DSN)
+	big := bytes.Repeat([]byte("p"), 7900)
+	sent := 0
+	got := 0
+	check := func(l hubLine) {
+		t.Helper()
+		want := fmt.Sprintf("%06d", got)
+		require.Equal(t, "notify", l.Ev, "healthy worker: %+v", l)
+		require.True(t, len(l.Payload) > 6 && string(l.Payload[:6]) == want, "healthy worker gets every notification in order: want %s, got %.6s", want, l.Payload)
+		got++
+	}
+	for metricValue(t, ts.metrics.evictions) < 2 {
+		require.Less(t, sent, 3000, "laggards were not evicted")
+		pgNotify(t, pub, ch, append([]byte(fmt.Sprintf("%06d", sent)), big...))
+		sent++
+		for got < sent-20 {
+			check(healthy.nextLine(10 * time.Second))
+		}
+	}
+	assert.Equal(t, 2.0, metricValue(t, ts.metrics.evictions), "the wake-mode worker is not evicted")
+	assert.Greater(t, metricValue(t, ts.metrics.dropped.WithLabelValues("hub_wake_coalesced")), 0.0)
+	for range 50 { // more traffic while the wake worker is still stopped
+		pgNotify(t, pub, ch, append([]byte(fmt.Sprintf("%06d", sent)), big...))
+		sent++
+	}
+	for got < sent {
+		check(healthy.nextLine(10 * time.Second))
+	}
+
+	// The raw worker never read: its stream ends with EVICTED.
+	frames, err := raw.untilClosed(10 * time.Second)
+	require.NoError(t, err)
+	require.NotEmpty(t, frames)
+	last := frames[len(frames)-1]
+	assert.Equal(t, framing.TypeStatus, last.Type)
+	assert.Equal(t, uint8(framing.StatusEvicted), last.Code)
+
+	// The failover worker reads again: what it had, then the switch to its own session.
+	lossless.signal(syscall.SIGCONT)
+	m := lossless.expectEv(20*time.Second, "mode")
+	assert.Equal(t, "direct", m.Mode)
+	assert.Contains(t, m.Err, "evicted")
+	r := lossless.expectEv(20*time.Second, "resync")
+	assert.Equal(t, "", r.Ch, "switch reported as a resync of everything")
+	assert.Equal(t, "direct", r.Mode)
+
+	// The wake worker reads again: it gets RESYNC for the channel and stays on the hub.
+	wake.signal(syscall.SIGCONT)
+	rs := wake.expect(20*time.Second, "RESYNC wedge", func(l hubLine) bool {
+		return l.Ev == "resync" || l.Ev == "mode"
+	})
+	assert.Equal(t, hubLine{Ev: "resync", Ch: ch, Mode: "hub"}, rs)
+
+	pgNotify(t, pub, ch, []byte("after"))
+	for _, w := range []*workerProc{lossless, wake} {
+		l := w.expect(10*time.Second, "the next NOTIFY", func(l hubLine) bool { return l.Ev == "notify" && string(l.Payload) == "after" })
+		assert.Equal(t, map[*workerProc]string{lossless: "direct", wake: "hub"}[w], l.Mode)
+	}
+	l := healthy.nextLine(10 * time.Second) // nothing lost, nothing out of order, nothing extra
+	assert.Equal(t, "notify", l.Ev)
+	assert.Equal(t, "after", string(l.Payload))
+	assert.Equal(t, 2.0, metricValue(t, ts.metrics.evictions))
+}
