@@ -179,6 +179,15 @@ func (s *Server) Run(ctx context.Context) error {
 		addrs = append(addrs, hubAddr)
 	}
 
+	// The session exists (not started) before the loop can accept anyone: a hub worker or
+	// /channels/ client that subscribes at once must reach session.Listen, not a nil session.
+	s.session = pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log}, sessionEvents{s})
+	s.session.Listen(storeChannel, func(err error) {
+		if err != nil {
+			s.log.Error("LISTEN on the stream channel failed", "channel", storeChannel, "err", err)
+		}
+	})
+
 	gnetErr := make(chan error, 1)
 	go func() {
 		gnetErr <- gnet.Rotate(s, addrs,
@@ -215,12 +224,6 @@ func (s *Server) Run(ctx context.Context) error {
 	s.tasks.start(anchor.EventLoop())
 
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
-	s.session = pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log}, sessionEvents{s})
-	s.session.Listen(storeChannel, func(err error) {
-		if err != nil {
-			s.log.Error("LISTEN on the stream channel failed", "channel", storeChannel, "err", err)
-		}
-	})
 	s.session.Start()
 
 	bg, stopBG := context.WithCancel(context.Background())
