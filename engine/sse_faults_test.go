@@ -352,3 +352,33 @@ func TestSSEFaultPostgresRestart(t *testing.T) {
 		fc.finish(t, "client "+strconv.Itoa(i), froms[i], head, 20*time.Second)
 	}
 }
+
+// A /channels/ client that connects while the LISTEN session is down gets its response
+// head only once the LISTEN has completed on the new session; a NOTIFY sent right after
+// the head then arrives.
+func TestSSEFaultChannelHeadWaitsForListen(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", nil)
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	pub := connect(t, ts.DSN)
+	release := holdListenDown(t, ts)
+
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.Write([]byte(request("GET", "/channels/outage", tok)))
+	require.NoError(t, err)
+	_ = conn.SetReadDeadline(time.Now().Add(700 * time.Millisecond))
+	n, err := conn.Read(make([]byte, 1))
+	require.Zero(t, n, "no response head while the LISTEN session is down")
+	require.True(t, isTimeout(err), "%v", err)
+
+	release()
+	c := &sseClient{t: t, conn: conn, r: bufio.NewReader(conn)}
+	c.readHead()
+	require.Equal(t, 200, c.Status)
+	_, err = pub.Exec(context.Background(), "SELECT pg_notify('outage', 'after head')").ReadAll()
+	require.NoError(t, err)
+	assert.Equal(t, sseEvent{Data: "after head"}, c.mustNextData(5*time.Second))
+}

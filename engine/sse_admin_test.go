@@ -1,0 +1,92 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
+)
+
+// SPEC §4 through the engine API (cmd/pgsse serves it over HTTP): readiness follows the
+// LISTEN session and the schema version; the metrics count what clients see.
+func TestSSEReadinessAndMetrics(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	ts := startServer(t, "", func(c *Config) { c.Registry = reg })
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	waitFor(t, 10*time.Second, "ready", ts.Ready)
+	assert.True(t, ts.Healthy())
+	assert.Empty(t, ts.NotReadyReason())
+
+	a := dial(t, addr, "/streams/m", tok)
+	b := dial(t, addr, "/channels/m", tok)
+	require.Equal(t, 200, a.Status)
+	require.Equal(t, 200, b.Status)
+	gauge := func(name string) float64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				m := mf.GetMetric()[0]
+				if m.GetGauge() != nil {
+					return m.GetGauge().GetValue()
+				}
+				return m.GetCounter().GetValue()
+			}
+		}
+		t.Fatalf("metric %s not registered", name)
+		return 0
+	}
+	waitFor(t, 5*time.Second, "pgsse_sse_connections = 2", func() bool { return gauge("pgsse_sse_connections") == 2 })
+	assert.Equal(t, 1.0, gauge("pgsse_listen_channels"))
+	pub := connect(t, ts.DSN)
+	publish(t, pub, "m", "x", "", nil)
+	a.mustNextData(5 * time.Second)
+	assert.GreaterOrEqual(t, gauge("pgsse_deliveries_total"), 1.0)
+	assert.GreaterOrEqual(t, gauge("pgsse_notifications_total"), 1.0)
+	r := get(t, addr, "/nope")
+	require.Equal(t, 404, r.Status)
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	var rejected404 float64
+	for _, mf := range mfs {
+		if mf.GetName() == "pgsse_rejected_total" {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "status" && l.GetValue() == "404" {
+						rejected404 = m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+	}
+	assert.Equal(t, 1.0, rejected404)
+
+	release := holdListenDown(t, ts)
+	assert.False(t, ts.Ready())
+	assert.Contains(t, ts.NotReadyReason(), "LISTEN")
+	release()
+	waitFor(t, 20*time.Second, "ready again", ts.Ready)
+	assert.Equal(t, 1.0, gauge("pgsse_pg_reconnects_total"))
+
+	a.conn.Close()
+	b.conn.Close()
+	waitFor(t, 5*time.Second, "pgsse_sse_connections = 0", func() bool { return gauge("pgsse_sse_connections") == 0 })
+	waitFor(t, 5*time.Second, "pgsse_listen_channels = 0", func() bool { return gauge("pgsse_listen_channels") == 0 })
+}
+
+func TestSSENotReadyWithoutSchema(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, pgtest.NewDatabase(t), nil) // not migrated
+	time.Sleep(300 * time.Millisecond)
+	assert.False(t, ts.Ready())
+	waitFor(t, 5*time.Second, "a reason naming migrate", func() bool {
+		return ts.NotReadyReason() != "" && ts.NotReadyReason() != "schema not checked yet"
+	})
+	assert.Contains(t, ts.NotReadyReason(), "migrate")
+}
