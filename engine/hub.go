@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
@@ -177,7 +178,7 @@ func (s *Server) hubOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	}
 	w := &worker{
 		c:      c,
-		opened: s.now,
+		opened: time.Now().UnixMilli(), // not s.now: Run writes that after the loop can accept
 		out:    ring.New(s.cfg.HubWorkerBuffer),
 		subs:   make(map[string]*hubSub),
 		idx:    len(h.workers),
