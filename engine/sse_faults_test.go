@@ -382,3 +382,36 @@ func TestSSEFaultChannelHeadWaitsForListen(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, sseEvent{Data: "after head"}, c.mustNextData(5*time.Second))
 }
+
+// After the LISTEN session is lost and re-established, /channels/ clients keep their
+// connection and receive notifications again (their channels are LISTENed again).
+func TestSSEFaultChannelRelisten(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", nil)
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	pub := connect(t, ts.DSN)
+	names := []string{"plain", `q"uote`, "semi;colon--", "UPPER", "select"}
+	clients := make([]*sseClient, len(names))
+	notify := func(ch, payload string) {
+		t.Helper()
+		res := pub.ExecParams(context.Background(), "SELECT pg_notify($1, $2)", [][]byte{[]byte(ch), []byte(payload)}, nil, nil, nil).Read()
+		require.NoError(t, res.Err)
+	}
+	for i, n := range names {
+		clients[i] = dial(t, addr, "/channels/"+strings.NewReplacer(`"`, "%22", ";", "%3B").Replace(n), tok)
+		require.Equal(t, 200, clients[i].Status, "%s: %s", n, clients[i].Body)
+		notify(n, "before "+n)
+		assert.Equal(t, sseEvent{Data: "before " + n}, clients[i].mustNextData(5*time.Second))
+	}
+	for round := 0; round < 2; round++ {
+		require.Equal(t, 1, terminateListen(t, ts.DSN))
+		waitFor(t, 5*time.Second, "LISTEN down", func() bool { return !ts.listenOK.Load() })
+		waitFor(t, 20*time.Second, "LISTEN back", func() bool { return ts.listenOK.Load() })
+		for i, n := range names {
+			p := fmt.Sprintf("round %d %s", round, n)
+			notify(n, p)
+			assert.Equal(t, sseEvent{Data: p}, clients[i].mustNextData(5*time.Second))
+		}
+	}
+}
