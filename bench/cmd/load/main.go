@@ -19,7 +19,9 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -159,6 +161,7 @@ func main() {
 		}
 	}
 	started := time.Now()
+	loadStart := loadAvg()
 	var results []*bench.Result
 	failed := false
 	for _, id := range ids {
@@ -196,6 +199,10 @@ func main() {
 	}
 	bench.CompareIsolation(results)
 	var b strings.Builder
+	fmt.Fprintf(&b, "- run: %s, %v, commit %s, scale %s, scenarios %s\n", started.UTC().Format("2006-01-02 15:04 MST"),
+		time.Since(started).Round(time.Second), gitDescribe(*root), *scale, *scenarios)
+	fmt.Fprintf(&b, "- machine: %d CPUs (%s), %s memory, kernel %s, %s\n", runtime.NumCPU(), cpuModel(), memTotal(), kernel(), runtime.Version())
+	fmt.Fprintf(&b, "- load average (1 min) at start %s, at end %s (other work on the machine shows here)\n\n", loadStart, loadAvg())
 	bench.WriteTable(&b, names, results)
 	fmt.Print(b.String())
 	if *out != "" {
@@ -208,6 +215,51 @@ func main() {
 		cleanup()
 		os.Exit(1)
 	}
+}
+
+func gitDescribe(root string) string {
+	out, err := exec.Command("git", "-C", root, "describe", "--always", "--dirty", "--abbrev=12").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func firstField(path, prefix string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "?"
+	}
+	for _, ln := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(ln, prefix); ok {
+			return strings.TrimSpace(strings.TrimLeft(v, " \t:"))
+		}
+	}
+	return "?"
+}
+
+func cpuModel() string { return firstField("/proc/cpuinfo", "model name") }
+
+func memTotal() string {
+	kb, err := strconv.ParseInt(strings.TrimSuffix(firstField("/proc/meminfo", "MemTotal"), " kB"), 10, 64)
+	if err != nil {
+		return "?"
+	}
+	return strconv.FormatInt(kb>>20, 10) + " GiB"
+}
+
+func kernel() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b))
+}
+
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
 }
 
 func copyField(dst, src any) {
