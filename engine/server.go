@@ -181,12 +181,20 @@ func (s *Server) Run(ctx context.Context) error {
 
 	// The session exists (not started) before the loop can accept anyone: a hub worker or
 	// /channels/ client that subscribes at once must reach session.Listen, not a nil session.
+	// Everything the loop reads must be in place before gnet accepts the first connection.
+	s.now = time.Now().UnixMilli()
+	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
 	s.session = pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log}, sessionEvents{s})
 	s.session.Listen(storeChannel, func(err error) {
 		if err != nil {
 			s.log.Error("LISTEN on the stream channel failed", "channel", storeChannel, "err", err)
 		}
 	})
+	abort := func(err error) error {
+		s.session.Close()
+		s.replayer.Close()
+		return err
+	}
 
 	gnetErr := make(chan error, 1)
 	go func() {
@@ -203,27 +211,25 @@ func (s *Server) Run(ctx context.Context) error {
 	}()
 	select {
 	case err := <-gnetErr:
-		return fmt.Errorf("--listen %s: %w", s.cfg.Listen, err)
+		return abort(fmt.Errorf("--listen %s: %w", s.cfg.Listen, err))
 	case <-s.booted:
 	}
 	s.afterHubBind()
 	select {
 	case err := <-gnetErr:
-		return fmt.Errorf("--listen %s: %w", s.cfg.Listen, err)
+		return abort(fmt.Errorf("--listen %s: %w", s.cfg.Listen, err))
 	case <-s.loopsReady:
 	}
 	anchor, peer, err := registerAnchor(s.eng)
 	if err != nil {
 		_ = s.eng.Stop(context.Background())
-		return fmt.Errorf("engine: register loop anchor: %w", err)
+		return abort(fmt.Errorf("engine: register loop anchor: %w", err))
 	}
 	s.anchor, s.anchorPeer = anchor, peer
 	s.addr = s.boundAddr()
-	s.now = time.Now().UnixMilli()
 	s.healthyAt.Store(time.Now().UnixNano())
 	s.tasks.start(anchor.EventLoop())
 
-	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
 	s.session.Start()
 
 	bg, stopBG := context.WithCancel(context.Background())
@@ -525,7 +531,9 @@ func (s *Server) onResynced() {
 		s.log.Info("LISTEN session back; catching streams up from the table", "streams", len(s.streams), "channels", len(s.channels))
 	}
 	for _, ch := range s.channels {
-		s.channelLive(ch)
+		if ch.ref == refHeld { // a failed or still-pending LISTEN is not live
+			s.channelLive(ch)
+		}
 	}
 	s.resyncStreams()
 	if wasUp {

@@ -383,17 +383,19 @@ func (s *Server) onReplay(sc *sseConn, res store.ReadResult) {
 	}
 	sc.retries = 0
 	buf := s.scratch[:0]
-	if !sc.gapChecked {
-		sc.gapChecked = true
-		switch c := sc.cursor; {
-		case c > res.Head:
-			buf = sse.AppendGap(buf, []byte(sc.stream.name), c, res.Head)
-			sc.cursor = res.Head
-		case c+1 < res.Oldest:
-			buf = sse.AppendGap(buf, []byte(sc.stream.name), c, res.Oldest-1)
-			sc.cursor = res.Oldest - 1
-		}
+	c := sc.cursor
+	switch {
+	case !sc.gapChecked && c > res.Head:
+		// The client's own cursor is newer than the head.
+		buf = sse.AppendGap(buf, []byte(sc.stream.name), c, res.Head)
+		sc.cursor = res.Head
+	case c > 0 && c+1 < res.Oldest:
+		// The next events were pruned: before this client connected, or while it was
+		// too slow to take live writes. A cursor of 0 asks for whatever is retained.
+		buf = sse.AppendGap(buf, []byte(sc.stream.name), c, res.Oldest-1)
+		sc.cursor = res.Oldest - 1
 	}
+	sc.gapChecked = true
 	n := 0
 	for i := range res.Events {
 		e := &res.Events[i]
