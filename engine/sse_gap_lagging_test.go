@@ -1,0 +1,67 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
+)
+
+// A durable client that is too slow for live writes is caught up from the table; if the
+// events it has not read yet are pruned meanwhile, SPEC §3 still promises that no id is
+// skipped unless announced by pgsse:gap.
+func TestSSEGapWhileLagging(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", nil)
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	// The kernel absorbs a few MiB per socket (tcp_wmem) before the server's own buffer
+	// grows, so publish well beyond that.
+	const total, size = 1500, 8 << 10
+	slow := dialWith(t, tinyRcvBuf(4096), addr, "/streams/lag", tok)
+	require.Equal(t, 200, slow.Status)
+	pub := connect(t, ts.DSN)
+	for i := 0; i < total; i += 10 {
+		_, err := pub.Exec(context.Background(), fmt.Sprintf(
+			"SELECT pgsse.publish('lag', lpad(g::text, %d, 'x')) FROM generate_series(%d, %d) g", size, i+1, i+10)).ReadAll()
+		require.NoError(t, err)
+	}
+	// Let the server fill the slow client's buffers and mark it lagging.
+	var lagging bool
+	waitFor(t, 10*time.Second, "slow client lagging", func() bool {
+		ts.onLoop(t, func() {
+			for _, sc := range ts.conns {
+				if sc.state == stateLagging {
+					lagging = true
+				}
+			}
+		})
+		return lagging
+	})
+	pgtest.Exec(t, ts.DSN, "SELECT pgsse.prune('0 seconds', 3)")
+
+	var last int64
+	gaps := 0
+	for last < total {
+		ev, err := slow.next(15 * time.Second)
+		require.NoError(t, err, "after id %d", last)
+		if ev.Event == "pgsse:gap" {
+			gaps++
+			assert.Equal(t, fmt.Sprintf(`{"stream":"lag","after":%d,"resume":%d}`, last, total-3), ev.Data)
+			last = total - 3
+			continue
+		}
+		if !ev.HasID {
+			continue
+		}
+		require.Equal(t, strconv.FormatInt(last+1, 10), ev.IDValue, "ids skip only where a pgsse:gap says so")
+		last++
+	}
+	assert.Equal(t, 1, gaps, "one gap announced")
+}
