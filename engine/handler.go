@@ -269,8 +269,8 @@ func (s *Server) handleRequest(sc *sseConn, req *sse.Request) {
 	if status == 401 {
 		s.metrics.rejected.WithLabelValues("401").Inc()
 		sc.state = stateClosing
-		presented := len(bearer(req.Authorization)) > 0 || len(req.Token) > 0 || len(sse.CookieValue(req.Cookie, "pgsse_token")) > 0
-		sc.write(s, sse.AppendUnauthorized(s.scratch[:0], reason, presented, cors))
+		// SPEC §3 names the challenge exactly as "Bearer"; the body says what was wrong.
+		sc.write(s, sse.AppendUnauthorized(s.scratch[:0], reason, false, cors))
 		_ = sc.c.Close()
 		return
 	}
