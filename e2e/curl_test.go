@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
 // The README's curl examples, exactly as a user copies them (port 8080, $TOKEN set).
@@ -29,7 +31,7 @@ func runReadmeCurl(t *testing.T, s *server, command, token string) <-chan sseIte
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, "bash", "-c", "exec "+command)
 	cmd.Env = append(os.Environ(), "TOKEN="+token)
-	stderr := &syncBuffer{}
+	stderr := &pgtest.SyncBuffer{}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)

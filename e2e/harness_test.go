@@ -36,24 +36,6 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// syncBuffer is a bytes.Buffer safe for a subprocess writer and a test reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // tail returns at most the last n bytes of s, for failure messages.
 func tail(s string, n int) string {
 	if len(s) > n {
@@ -120,7 +102,7 @@ type server struct {
 	port      int
 	adminPort int
 	args      []string
-	log       *syncBuffer
+	log       *pgtest.SyncBuffer
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -131,7 +113,7 @@ type server struct {
 // listenHost is "127.0.0.1" or "" (all addresses, like the default :8080).
 func startServer(t *testing.T, dsn, listenHost string, extra ...string) *server {
 	t.Helper()
-	s := &server{t: t, dsn: dsn, port: freePort(t), adminPort: freePort(t), log: &syncBuffer{}}
+	s := &server{t: t, dsn: dsn, port: freePort(t), adminPort: freePort(t), log: &pgtest.SyncBuffer{}}
 	s.listen = listenHost + ":" + strconv.Itoa(s.port)
 	s.args = append([]string{"serve",
 		"--database-url", dsn,
@@ -402,7 +384,7 @@ type nodeProc struct {
 	name   string
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	stderr *syncBuffer
+	stderr *pgtest.SyncBuffer
 	exited chan struct{}
 
 	mu      sync.Mutex
@@ -418,7 +400,7 @@ func startNode(t *testing.T, script string, arg any) *nodeProc {
 	require.NoError(t, err)
 	cmd := exec.Command("node", script, string(js))
 	cmd.Dir = jsDir
-	p := &nodeProc{t: t, name: script, cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{}), changed: make(chan struct{})}
+	p := &nodeProc{t: t, name: script, cmd: cmd, stderr: &pgtest.SyncBuffer{}, exited: make(chan struct{}), changed: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	p.stdin, err = cmd.StdinPipe()
 	require.NoError(t, err)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
 // nginxProxy is nginx in the foreground, proxying to a pgsse server.
@@ -44,7 +46,7 @@ func startNginx(t *testing.T, s *server) *nginxProxy {
 	if err != nil {
 		bin = "/usr/sbin/nginx"
 	}
-	out := &syncBuffer{}
+	out := &pgtest.SyncBuffer{}
 	cmd := exec.Command(bin, "-p", prefix, "-e", filepath.Join(prefix, "error.log"), "-c", conf)
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -188,17 +187,6 @@ type workerProc struct {
 	lines chan hubLine
 }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
 // startWorker runs the worker binary; it is killed at the end of the test.
 func startWorker(t testing.TB, bin, name, sock, dsn, mode string, channels ...string) *workerProc {
 	t.Helper()
@@ -214,7 +202,7 @@ func startWorker(t testing.TB, bin, name, sock, dsn, mode string, channels ...st
 	require.NoError(t, err)
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
-	stderr := &lockedBuffer{}
+	stderr := &pgtest.SyncBuffer{}
 	cmd.Stderr = stderr
 	require.NoError(t, cmd.Start())
 	p := &workerProc{t: t, name: name, cmd: cmd, stdin: stdin, lines: make(chan hubLine, 100000)}
@@ -237,9 +225,7 @@ func startWorker(t testing.TB, bin, name, sock, dsn, mode string, channels ...st
 		_ = cmd.Wait()
 		<-done
 		if t.Failed() {
-			stderr.mu.Lock()
-			t.Logf("worker %s stderr:\n%s", name, stderr.b.String())
-			stderr.mu.Unlock()
+			t.Logf("worker %s stderr:\n%s", name, stderr.String())
 		}
 	})
 	return p

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"net/http"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,24 +18,6 @@ import (
 
 	"github.com/pgsse/pgsse/scripts/pgtest"
 )
-
-// syncBuffer collects a child's stderr while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // waitFor polls cond until it holds or the deadline passes (there is no signal to wait on
 // in another process).
@@ -61,7 +41,7 @@ func TestServeEndToEnd(t *testing.T) {
 	requireOK(t, pgsse(t, nil, "migrate", "--database-url", dsn))
 	secret := "0123456789abcdef0123456789abcdef"
 
-	var stderr syncBuffer
+	var stderr pgtest.SyncBuffer
 	cmd := exec.Command(binary, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
 		"--log-format", "json", "--heartbeat", "1s")
 	cmd.Env = append(cleanEnv(), "DATABASE_URL="+dsn, "PGSSE_JWT_SECRET="+secret)
