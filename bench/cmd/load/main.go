@@ -109,8 +109,12 @@ func main() {
 		log.Fatal(err)
 	}
 	var cluster *bench.Cluster
+	var built []string
 	cleanup := func() {
 		cluster.Stop()
+		for _, b := range built {
+			os.Remove(b) // the logs stay in dir
+		}
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
@@ -128,6 +132,7 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
+		built = []string{pb, bb}
 		if *pgsseBin == "" {
 			*pgsseBin = pb
 		}
