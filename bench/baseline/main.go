@@ -19,7 +19,8 @@
 //   - memory per connection: net/http keeps a bufio reader and writer, a chunked-encoding writer
 //     and a goroutine stack per connection (≈ 20–30 KiB); a ticker per connection for the
 //     heartbeat instead of one wheel;
-//   - fan-out takes the RWMutex and does one channel send per subscriber per event; the
+//   - fan-out takes the RWMutex and does one channel send per subscriber per event, iterating a
+//     map (a slice would be faster); the
 //     per-connection goroutine wakes and does one write+flush syscall per batch;
 //   - no connection limit, no load shedding, no metrics, no audience filtering, no CORS.
 package main
