@@ -20,8 +20,8 @@
 //     and a goroutine stack per connection (≈ 20–30 KiB); a ticker per connection for the
 //     heartbeat instead of one wheel;
 //   - fan-out takes the RWMutex and does one channel send per subscriber per event, iterating a
-//     map (a slice would be faster); the
-//     per-connection goroutine wakes and does one write+flush syscall per batch;
+//     map (a slice would be faster); the per-connection goroutine wakes and does one
+//     write+flush syscall per batch;
 //   - no connection limit, no load shedding, no metrics, no audience filtering, no CORS.
 package main
 
