@@ -97,6 +97,15 @@ func (s *Server) leave() {
 		s.reap = s.reap[:len(s.reap)-1]
 		s.removeConn(sc)
 	}
+	if poll := len(s.lagging) > 0 || s.hub.needsPoll(); poll != s.needPoll.Load() {
+		s.needPoll.Store(poll)
+		if poll {
+			select {
+			case s.pollNow <- struct{}{}:
+			default:
+			}
+		}
+	}
 	s.depth--
 }
 

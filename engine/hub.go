@@ -87,6 +87,9 @@ type hubState struct {
 }
 
 // count is the number of workers still connected.
+// needsPoll reports whether a worker waits for its socket to drain (see Server.ticker).
+func (h *hubState) needsPoll() bool { return len(h.pending) > 0 }
+
 func (h *hubState) count() int { return h.open }
 
 // hubChannel is a channel's hub side: its worker subscriptions, in a compact slice for fan-out.
