@@ -7,7 +7,7 @@ FUZZTIME ?= 3s
 # Packages holding Fuzz targets.
 FUZZ_PKGS ?= $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all build run test lint unit fuzz bench clean
+.PHONY: all build run test lint unit fuzz bench e2e clean
 
 all: build
 
@@ -38,8 +38,12 @@ fuzz:
 	  done; \
 	done; echo "fuzz: all targets passed"
 
+# Only the real-client suite (Chromium, npm eventsource, curl, nginx); part of `make test`.
+e2e:
+	scripts/pg.sh with $(GO) test -race -count=1 -v -timeout 10m ./e2e/
+
 bench:
-	scripts/pg.sh with $(GO) test -run '^$$' -bench . -benchmem ./framing/... ./sse/... ./ring/... ./pglisten/... ./engine/...
+	scripts/pg.sh with $(GO) test -run '^$$' -bench . -benchmem ./framing/... ./sse/... ./ring/... ./pglisten/... ./engine/... ./bench/...
 
 clean:
 	rm -rf bin
