@@ -83,10 +83,9 @@ func TestSSEReadinessAndMetrics(t *testing.T) {
 func TestSSENotReadyWithoutSchema(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, pgtest.NewDatabase(t), nil) // not migrated
-	time.Sleep(300 * time.Millisecond)
-	assert.False(t, ts.Ready())
 	waitFor(t, 5*time.Second, "a reason naming migrate", func() bool {
 		return ts.NotReadyReason() != "" && ts.NotReadyReason() != "schema not checked yet"
 	})
+	assert.False(t, ts.Ready(), "the schema was checked and found missing")
 	assert.Contains(t, ts.NotReadyReason(), "migrate")
 }

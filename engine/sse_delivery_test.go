@@ -370,7 +370,16 @@ func TestSSEChannelBridge(t *testing.T) {
 		assert.Equal(t, "both", a.mustNextData(5*time.Second).Data)
 		assert.Equal(t, "both", b.mustNextData(5*time.Second).Data)
 		a.conn.Close()
-		time.Sleep(100 * time.Millisecond) // let the server see the close; b must keep its LISTEN
+		// The server has dropped a; b must keep the channel's LISTEN.
+		waitFor(t, 5*time.Second, "the server to drop the closed holder", func() bool {
+			holders := -1
+			ts.onLoop(t, func() {
+				if ch := ts.channels["x"]; ch != nil {
+					holders = ch.holders
+				}
+			})
+			return holders == 1
+		})
 		notify("x", "b only")
 		assert.Equal(t, "b only", b.mustNextData(5*time.Second).Data)
 	})
@@ -603,7 +612,7 @@ func TestSSECatchUpUnderLoad(t *testing.T) {
 		clients[since] = startFaultClient(t, addr, "/streams/load?since="+strconv.FormatInt(since, 10), tok)
 	}
 	lid := startFaultClient(t, addr, "/streams/load", tok, "Last-Event-ID: 250")
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // the workload: clients catch up while the publisher runs
 	p.Stop()
 	head := streamHead(t, ts.DSN, "load")
 	t.Logf("head %d", head)
