@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -559,5 +558,3 @@ func (s *Server) onResynced() {
 	}
 }
 
-// prepareHubSocket and afterHubBind live in hub.go.
-var _ = os.ModePerm

@@ -78,11 +78,7 @@ func (s *Server) onPayload(p *store.Payload) {
 			st.notified = id
 		}
 		if st.last < 0 {
-			if p.Kind == store.KindWake {
-				st.last = id - 1
-			} else {
-				st.last = id - 1 // first sight of the stream: start the ring here
-			}
+			st.last = id - 1 // first sight of the stream: the ring starts here
 		}
 		if id <= st.last {
 			return // already accounted for (replayed or duplicate)
@@ -476,10 +472,7 @@ func (s *Server) resumeLagging() {
 		}
 		s.metrics.lagging.Dec()
 		sc.state = stateCatchUp
-		if sc.isChan {
-			continue
-		}
-		st := sc.stream
+		st := sc.stream // only durable subscribers lag; channel ones are closed instead
 		if len(st.ring) > 0 && sc.cursor >= st.ring[0].id-1 {
 			s.tryJoin(sc)
 		} else {
