@@ -557,4 +557,3 @@ func (s *Server) onResynced() {
 		s.hubResync()
 	}
 }
-
