@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -37,4 +39,18 @@ func TestLiveAndReplay(t *testing.T) {
 		ev := c.mustNextData(5 * time.Second)
 		assert.Equal(t, sseEvent{HasID: true, IDValue: "3", Data: "three"}, ev)
 	}
+}
+
+// TestListenAddressInUse: a busy --listen address is reported as such (gnet would mask it
+// as EBADF if TCP keepalive were set on the listener), and nothing is left running.
+func TestListenAddressInUse(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	srv, err := New(Config{DatabaseURL: migratedDB(t), Listen: busy.Addr().String(), Auth: auth.Config{Secret: []byte(testSecret)}})
+	require.NoError(t, err)
+	err = srv.Run(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--listen "+busy.Addr().String())
+	assert.Contains(t, err.Error(), "address already in use")
 }

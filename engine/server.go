@@ -205,7 +205,9 @@ func (s *Server) Run(ctx context.Context) error {
 			gnet.WithNumEventLoop(1),
 			gnet.WithLoadBalancing(gnet.LeastConnections),
 			gnet.WithReuseAddr(true),
-			gnet.WithTCPKeepAlive(2*time.Minute),
+			// No gnet.WithTCPKeepAlive: gnet v2.9.7 applies it to the listener even when
+			// the bind failed, replacing "address already in use" with EBADF. Heartbeat
+			// writes find dead SSE peers anyway.
 			gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 			gnet.WithLogger(gnetLogger{s.log}),
 			gnet.WithTicker(true),
