@@ -113,24 +113,33 @@ type server struct {
 // listenHost is "127.0.0.1" or "" (all addresses, like the default :8080).
 func startServer(t *testing.T, dsn, listenHost string, extra ...string) *server {
 	t.Helper()
-	s := &server{t: t, dsn: dsn, port: freePort(t), adminPort: freePort(t), log: &pgtest.SyncBuffer{}}
-	s.listen = listenHost + ":" + strconv.Itoa(s.port)
-	s.args = append([]string{"serve",
-		"--database-url", dsn,
-		"--listen", s.listen,
-		"--admin-listen", "127.0.0.1:" + strconv.Itoa(s.adminPort),
-		"--jwt-secret", testSecret,
-		"--retention", "0",
-		"--log-level", "debug",
-	}, extra...)
+	s := &server{t: t, dsn: dsn, log: &pgtest.SyncBuffer{}}
 	t.Cleanup(func() {
 		s.Stop()
 		if t.Failed() || os.Getenv("PGSSE_E2E_VERBOSE") != "" {
 			t.Logf("pgsse serve log (%s):\n%s", strings.Join(s.args[1:], " "), tail(s.log.String(), 6000))
 		}
 	})
-	s.Start()
-	return s
+	// freePort's port can be taken by another process before pgsse binds it: then pick
+	// new ports (only here; a restart must keep its port).
+	for attempt := 1; ; attempt++ {
+		s.port, s.adminPort = freePort(t), freePort(t)
+		s.listen = listenHost + ":" + strconv.Itoa(s.port)
+		s.args = append([]string{"serve",
+			"--database-url", dsn,
+			"--listen", s.listen,
+			"--admin-listen", "127.0.0.1:" + strconv.Itoa(s.adminPort),
+			"--jwt-secret", testSecret,
+			"--retention", "0",
+			"--log-level", "debug",
+		}, extra...)
+		if err := s.start(); err == nil {
+			return s
+		} else if !strings.Contains(err.Error(), "address already in use") || attempt == 3 {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(s.log, "---- port taken meanwhile; retrying on new ports\n")
+	}
 }
 
 // URL is the server's base URL on 127.0.0.1 plus path.
@@ -143,6 +152,13 @@ func (s *server) Origin() string { return s.URL("") }
 
 // Start starts the process and waits for /readyz.
 func (s *server) Start() {
+	s.t.Helper()
+	if err := s.start(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *server) start() error {
 	t := s.t
 	t.Helper()
 	require.Nil(t, s.cmd, "server already running")
@@ -161,18 +177,19 @@ func (s *server) Start() {
 	for {
 		select {
 		case <-s.exited:
-			t.Fatalf("pgsse serve exited during start (%v):\n%s", cmd.ProcessState, tail(s.log.String(), 4000))
+			s.cmd = nil
+			return fmt.Errorf("pgsse serve exited during start (%v):\n%s", cmd.ProcessState, tail(s.log.String(), 4000))
 		default:
 		}
 		resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(s.adminPort) + "/readyz")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return nil
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pgsse serve not ready after 20 s (last: %v):\n%s", err, tail(s.log.String(), 4000))
+			return fmt.Errorf("pgsse serve not ready after 20 s (last: %v):\n%s", err, tail(s.log.String(), 4000))
 		}
 		time.Sleep(50 * time.Millisecond) // polling: no signal for readiness but /readyz
 	}
