@@ -129,14 +129,7 @@ func (s *Server) unsubscribeChannel(sc *sseConn) {
 	if ch == nil {
 		return
 	}
-	i := int(sc.subIdx)
-	last := len(ch.sse) - 1
-	if i <= last && ch.sse[i] == sc {
-		ch.sse[i] = ch.sse[last]
-		ch.sse[i].subIdx = int32(i)
-		ch.sse[last] = nil
-		ch.sse = ch.sse[:last]
-	}
+	ch.sse = swapRemove(ch.sse, sc, subIndex)
 	sc.ch = nil
 	s.releaseChannel(ch)
 }

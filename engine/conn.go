@@ -68,3 +68,19 @@ func (sc *sseConn) visible(audience []string) bool {
 	}
 	return false
 }
+
+// swapRemove removes sc from list, where pos(sc) records its index, by moving the last
+// element into its place (subscriber lists are compact slices, order does not matter).
+func swapRemove(list []*sseConn, sc *sseConn, pos func(*sseConn) *int32) []*sseConn {
+	i, last := int(*pos(sc)), len(list)-1
+	if i > last || list[i] != sc {
+		return list
+	}
+	list[i] = list[last]
+	*pos(list[i]) = int32(i)
+	list[last] = nil
+	return list[:last]
+}
+
+// subIndex is sc's position in its stream's or channel's subscriber list.
+func subIndex(sc *sseConn) *int32 { return &sc.subIdx }

@@ -120,14 +120,7 @@ func (s *Server) removeConn(sc *sseConn) {
 	} else {
 		s.unsubscribeStream(sc)
 	}
-	i := int(sc.all)
-	last := len(s.conns) - 1
-	if i <= last && s.conns[i] == sc {
-		s.conns[i] = s.conns[last]
-		s.conns[i].all = int32(i)
-		s.conns[last] = nil
-		s.conns = s.conns[:last]
-	}
+	s.conns = swapRemove(s.conns, sc, func(c *sseConn) *int32 { return &c.all })
 	sc.c = nil
 	sc.tags = nil
 }
@@ -190,11 +183,17 @@ func (s *Server) OnTick() (time.Duration, gnet.Action) {
 	return time.Hour, gnet.None
 }
 
+// finish writes a connection's last bytes and closes it (gnet flushes what the socket
+// takes before closing).
+func (s *Server) finish(sc *sseConn, b []byte) {
+	sc.state = stateClosing
+	sc.write(s, b)
+	_ = sc.c.Close()
+}
+
 func (s *Server) reject(sc *sseConn, status int, reason string, cors sse.CORS) {
 	s.metrics.rejected.WithLabelValues(itoa(status)).Inc()
-	sc.state = stateClosing
-	sc.write(s, sse.AppendError(s.scratch[:0], status, reason, cors))
-	_ = sc.c.Close()
+	s.finish(sc, sse.AppendError(s.scratch[:0], status, reason, cors))
 }
 
 func (s *Server) handleRequest(sc *sseConn, req *sse.Request) {
@@ -203,9 +202,7 @@ func (s *Server) handleRequest(sc *sseConn, req *sse.Request) {
 	case sse.RouteStream, sse.RouteChannel:
 	case sse.RouteRoot:
 		if s.cfg.Demo && req.Method == sse.MethodGET {
-			sc.state = stateClosing
-			sc.write(s, demoResponse)
-			_ = sc.c.Close()
+			s.finish(sc, demoResponse)
 			return
 		}
 		s.reject(sc, 404, "not found", cors)
@@ -221,20 +218,16 @@ func (s *Server) handleRequest(sc *sseConn, req *sse.Request) {
 			s.reject(sc, 403, "origin not allowed", cors)
 			return
 		}
-		sc.state = stateClosing
 		allow := req.ACRHeaders
 		if len(allow) == 0 || !sse.ValidHeaderList(allow) {
 			allow = []byte(sse.DefaultAllowHeaders)
 		}
-		sc.write(s, sse.AppendPreflight(s.scratch[:0], cors, allow))
-		_ = sc.c.Close()
+		s.finish(sc, sse.AppendPreflight(s.scratch[:0], cors, allow))
 		return
 	case sse.MethodHEAD:
 		// A response to HEAD carries no body (RFC 9110 §9.3.2).
 		s.metrics.rejected.WithLabelValues("405").Inc()
-		sc.state = stateClosing
-		sc.write(s, sse.AppendErrorHead(s.scratch[:0], 405, "method not allowed: use GET", cors))
-		_ = sc.c.Close()
+		s.finish(sc, sse.AppendErrorHead(s.scratch[:0], 405, "method not allowed: use GET", cors))
 		return
 	default:
 		s.reject(sc, 405, "method not allowed: use GET", cors)
@@ -277,10 +270,8 @@ func (s *Server) handleRequest(sc *sseConn, req *sse.Request) {
 	claims, status, reason := s.authorize(req, isChan)
 	if status == 401 {
 		s.metrics.rejected.WithLabelValues("401").Inc()
-		sc.state = stateClosing
 		// SPEC §3 names the challenge exactly as "Bearer"; the body says what was wrong.
-		sc.write(s, sse.AppendUnauthorized(s.scratch[:0], reason, false, cors))
-		_ = sc.c.Close()
+		s.finish(sc, sse.AppendUnauthorized(s.scratch[:0], reason, false, cors))
 		return
 	}
 	if status != 0 {
@@ -428,9 +419,7 @@ func (s *Server) shed(sc *sseConn) {
 	b = sse.AppendRetry(b, jitteredRetry())
 	b = sse.AppendComment(b, []byte("over capacity, retry later"))
 	b = append(b, '\n')
-	sc.state = stateClosing
-	sc.write(s, b)
-	_ = sc.c.Close()
+	s.finish(sc, b)
 }
 
 // closeWithRetry ends a streaming connection with a jittered retry field (shutdown,
@@ -440,10 +429,7 @@ func (s *Server) closeWithRetry(sc *sseConn) {
 		return
 	}
 	b := sse.AppendRetry(s.scratch[:0], jitteredRetry())
-	b = append(b, '\n')
-	sc.state = stateClosing
-	sc.write(s, b)
-	_ = sc.c.Close()
+	s.finish(sc, append(b, '\n'))
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

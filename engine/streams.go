@@ -500,14 +500,7 @@ func (s *Server) unsubscribeStream(sc *sseConn) {
 	if st == nil {
 		return
 	}
-	i := int(sc.subIdx)
-	last := len(st.subs) - 1
-	if i <= last && st.subs[i] == sc {
-		st.subs[i] = st.subs[last]
-		st.subs[i].subIdx = int32(i)
-		st.subs[last] = nil
-		st.subs = st.subs[:last]
-	}
+	st.subs = swapRemove(st.subs, sc, subIndex)
 	sc.stream = nil
 	s.maybeDropStream(st)
 }
