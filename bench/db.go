@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgsse/pgsse/engine/store"
-	"github.com/pgsse/pgsse/sse/names"
+	"github.com/pgsse/pgsse/names"
+	"github.com/pgsse/pgsse/store"
 )
 
 // Cluster is the PostgreSQL the benchmarks create their databases on: one named by a

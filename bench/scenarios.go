@@ -18,7 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/store"
 )
 
 // Params sizes the scenarios. Full() is issue 7's scale; Small() is the CI smoke scale.

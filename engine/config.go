@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/pgsse/pgsse/engine/auth"
+	"github.com/pgsse/pgsse/auth"
 )
 
 // Config is everything `pgsse serve` configures (SPEC §6). cmd/pgsse fills it from flags

@@ -1,6 +1,6 @@
 // Package engine is pgsse's server: one gnet event loop that serves SSE clients
 // (SPEC §3) and hub workers (SPEC §5), fed by one LISTEN session (pglisten) and a small
-// pool of replay connections (engine/store).
+// pool of replay connections (store).
 //
 // Invariants (DESIGN.md):
 //   - One owner: every connection, stream, channel and worker is touched only on the loop

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/engine/auth"
-	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/store"
 )
 
 // BenchmarkFanoutDelivery measures the live fan-out path on the loop: one durable event,

@@ -10,9 +10,9 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
-	"github.com/pgsse/pgsse/engine/auth"
+	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/names"
 	"github.com/pgsse/pgsse/sse"
-	"github.com/pgsse/pgsse/sse/names"
 )
 
 const headTimeout = 10 // seconds to send a complete request head

@@ -17,9 +17,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/engine/auth"
-	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/store"
 )
 
 const testSecret = "test-secret-0123456789-abcdefghij"

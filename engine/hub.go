@@ -12,8 +12,8 @@ import (
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/pgsse/pgsse/framing"
+	"github.com/pgsse/pgsse/names"
 	"github.com/pgsse/pgsse/ring"
-	"github.com/pgsse/pgsse/sse/names"
 )
 
 // The hub (SPEC §5): worker processes on the host connect to a Unix socket served by the same

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/engine/auth"
+	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/framing"
 	"github.com/pgsse/pgsse/pglisten"
 	"github.com/pgsse/pgsse/scripts/pgtest"

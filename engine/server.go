@@ -17,10 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
-	"github.com/pgsse/pgsse/engine/auth"
-	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/pglisten"
 	"github.com/pgsse/pgsse/sse"
+	"github.com/pgsse/pgsse/store"
 )
 
 // storeChannel is the one PostgreSQL channel all stream traffic travels on.

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/engine/auth"
+	"github.com/pgsse/pgsse/auth"
 )
 
 // SPEC §3 Authorization: header, else ?token=, else cookie pgsse_token.

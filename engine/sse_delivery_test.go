@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/engine/auth"
-	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/store"
 )
 
 // SPEC §3 body and cursor rules, live and replayed, over raw TCP.

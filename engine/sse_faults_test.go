@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/engine/store"
 	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/store"
 )
 
 // SPEC §3 durable delivery guarantee: every committed event with id > cursor reaches every

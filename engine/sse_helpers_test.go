@@ -21,9 +21,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/engine/auth"
-	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/store"
 )
 
 // This file holds the helpers of the sse_*_test.go end-to-end tests: raw HTTP exchanges,

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/engine/auth"
+	"github.com/pgsse/pgsse/auth"
 )
 
 // One test per row of SPEC §3's response table, against a real server and raw TCP.

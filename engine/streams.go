@@ -3,8 +3,8 @@ package engine
 import (
 	"time"
 
-	"github.com/pgsse/pgsse/engine/store"
 	"github.com/pgsse/pgsse/sse"
+	"github.com/pgsse/pgsse/store"
 )
 
 // event is one event encoded once for every subscriber (DESIGN invariant 2).

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"strconv"
 
-	"github.com/pgsse/pgsse/sse/names"
+	"github.com/pgsse/pgsse/names"
 )
 
 // Wire constants.

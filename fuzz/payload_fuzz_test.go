@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/names"
 	"github.com/pgsse/pgsse/scripts/pgtest"
-	"github.com/pgsse/pgsse/sse/names"
+	"github.com/pgsse/pgsse/store"
 )
 
 // refPayload is the NOTIFY payload as an independent reference parser sees it.
@@ -40,7 +40,7 @@ func refCanonical(s string, maxDigits int) (int64, bool) {
 	return v, true
 }
 
-// refParsePayload is the format of engine/store's package doc written the obvious
+// refParsePayload is the format of store's package doc written the obvious
 // way, with strings.Cut and friends.
 func refParsePayload(s string) (refPayload, bool) {
 	var p refPayload

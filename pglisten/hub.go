@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/pgsse/pgsse/framing"
-	"github.com/pgsse/pgsse/sse/names"
+	"github.com/pgsse/pgsse/names"
 )
 
 // HubMode is how the hub delivers a channel's notifications to this worker (SPEC §5 SUB mode).

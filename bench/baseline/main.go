@@ -44,9 +44,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/names"
 	"github.com/pgsse/pgsse/sse"
-	"github.com/pgsse/pgsse/sse/names"
+	"github.com/pgsse/pgsse/store"
 )
 
 func main() {

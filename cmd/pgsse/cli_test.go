@@ -25,10 +25,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/engine/auth"
-	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/names"
 	"github.com/pgsse/pgsse/scripts/pgtest"
-	"github.com/pgsse/pgsse/sse/names"
+	"github.com/pgsse/pgsse/store"
 )
 
 func TestMigrate(t *testing.T) {

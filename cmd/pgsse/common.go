@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgsse/pgsse/sse/names"
+	"github.com/pgsse/pgsse/names"
 )
 
 // maxKeyFileBytes bounds what is read from --jwt-secret-file and the key files.

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgsse/pgsse/engine/store"
-	"github.com/pgsse/pgsse/sse/names"
+	"github.com/pgsse/pgsse/names"
+	"github.com/pgsse/pgsse/store"
 )
 
 // cmdMigrate runs `pgsse migrate [--print]`.

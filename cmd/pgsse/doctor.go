@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgsse/pgsse/engine/store"
+	"github.com/pgsse/pgsse/store"
 )
 
 // replayPoolSize is the engine's default replay pool (engine.Config.ReplayPoolSize).

@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/engine"
-	"github.com/pgsse/pgsse/engine/auth"
 )
 
 // Limits on serve's configuration.

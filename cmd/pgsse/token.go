@@ -5,7 +5,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/pgsse/pgsse/engine/auth"
+	"github.com/pgsse/pgsse/auth"
 )
 
 // maxTokenPatterns bounds what one minted token may carry (it travels in a header).

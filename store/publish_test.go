@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgsse/pgsse/names"
 	"github.com/pgsse/pgsse/scripts/pgtest"
-	"github.com/pgsse/pgsse/sse/names"
 )
 
 // listener is a plain pgconn session LISTENing on channel pgsse, recording payloads
@@ -309,7 +309,7 @@ func TestPublishPayloadShapes(t *testing.T) {
 }
 
 // Bad arguments raise SQLSTATE 22023 in SQL with the rule in the message (the same
-// wording as sse/names), and the Go wrappers reject them before the round trip.
+// wording as names), and the Go wrappers reject them before the round trip.
 func TestPublishRejectsBadArguments(t *testing.T) {
 	dsn := migrated(t)
 	c := connect(t, dsn)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgsse/pgsse/sse/names"
+	"github.com/pgsse/pgsse/names"
 )
 
 // Audience limits, enforced identically by pgsse.publish/pgsse.broadcast in SQL and by

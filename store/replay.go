@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgsse/pgsse/sse/names"
+	"github.com/pgsse/pgsse/names"
 )
 
 // Replay limits.
