@@ -11,8 +11,12 @@ FUZZ_PKGS ?= $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n
 
 all: build
 
+# Where `make build` puts the binary, stamped with the version (scripts/ldflags.sh: git
+# describe, commit, commit date) so `pgsse version` names its commit even with -buildvcs=false.
+BIN ?= bin/pgsse
+
 build:
-	$(GO) build -o bin/pgsse ./cmd/pgsse
+	$(GO) build -ldflags "$$(scripts/ldflags.sh)" -o $(BIN) ./cmd/pgsse
 
 # Runs pgsse for real on this machine: a throwaway PostgreSQL unless DATABASE_URL is set.
 run: build

@@ -284,6 +284,29 @@ func TestVersion(t *testing.T) {
 	assert.Equal(t, r.stdout, r2.stdout)
 }
 
+// TestVersionStampedByMake: `make build` stamps the commit with -ldflags, so a binary built
+// with -buildvcs=false (no VCS information from the toolchain) still names it.
+func TestVersionStampedByMake(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Fatalf("make is needed to test `make build`: %v", err)
+	}
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	require.NoError(t, err, "the repository is a git checkout")
+	bin := filepath.Join(t.TempDir(), "pgsse")
+	cmd := exec.Command("make", "-s", "-C", "../..", "build", "BIN="+bin)
+	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "make build: %s", out)
+	got, err := exec.Command(bin, "version").Output()
+	require.NoError(t, err)
+	assert.Regexp(t, `^pgsse [0-9a-z.-]+ commit `+strings.TrimSpace(string(head))+`(\+dirty)? \(\d{4}-\d\d-\d\dT[^)]+\) `, string(got))
+	assert.NotContains(t, string(got), "unknown")
+	// The toolchain stamped nothing: the commit came from -ldflags.
+	info, err := exec.Command("go", "version", "-m", bin).Output()
+	require.NoError(t, err)
+	assert.NotContains(t, string(info), "vcs.revision")
+}
+
 func TestDoctor(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	env := []string{"DATABASE_URL=" + dsn}
