@@ -16,11 +16,11 @@ all: build
 BIN ?= bin/pgsse
 
 build:
-	$(GO) build -ldflags "$$(scripts/ldflags.sh)" -o $(BIN) ./cmd/pgsse
+	@$(GO) build -ldflags "$$(scripts/ldflags.sh)" -o $(BIN) ./cmd/pgsse
 
 # Runs pgsse for real on this machine: a throwaway PostgreSQL unless DATABASE_URL is set.
 run: build
-	scripts/run.sh
+	@scripts/run.sh
 
 # The whole suite: formatting, vet, every test with -race against a throwaway PostgreSQL
 # (or the one PGSSE_TEST_DATABASE_URL names), then each fuzz target briefly.
