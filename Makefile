@@ -7,7 +7,7 @@ FUZZTIME ?= 3s
 # Packages holding Fuzz targets.
 FUZZ_PKGS ?= $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all build run test lint unit fuzz bench e2e clean
+.PHONY: all build run test lint unit fuzz bench e2e docs-check image release clean
 
 all: build
 
@@ -51,6 +51,12 @@ fuzz:
 # Only the real-client suite (Chromium, npm eventsource, curl, nginx); part of `make test`.
 e2e:
 	scripts/pg.sh with $(GO) test -race -count=1 -v -timeout 10m ./e2e/
+
+# Runs every shell command in README.md and docs/ against `make run` in a fresh copy of the
+# repository, the browser example in Chromium, and checks that no link leaves the repository
+# (e2e/docs_test.go, which says how blocks are marked). Part of `make test`.
+docs-check:
+	scripts/pg.sh with $(GO) test -count=1 -v -timeout 15m -run '^TestDocs_|^TestCurl_README' ./e2e/
 
 bench:
 	scripts/pg.sh with $(GO) test -run '^$$' -bench . -benchmem ./framing/... ./sse/... ./ring/... ./pglisten/... ./engine/... ./bench/...

@@ -45,7 +45,7 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	maxConns := c.Int("max-connections", 0, "the value pgsse serve will use (default: from the fd limit)")
 	hubSocket := c.String("hub-socket", "", "hub socket `PATH` to inspect")
 	hubMode := c.Mode("hub-socket-mode", 0o600, "expected permissions of the hub socket, octal")
-	workers := c.Int("workers", 8, "worker processes on this host that LISTEN, for the connection budget")
+	workers := c.Int("workers", 0, "worker processes on this host that LISTEN, for the connection budget")
 	pos, err := c.parse(args)
 	if err != nil {
 		return c.helpTo(stdout, err)
@@ -217,8 +217,10 @@ func (d *doctor) budget(workers int, workersSet, hub bool, server *serverBudget)
 	ours := 1 + replayPoolSize
 	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay)", ours, replayPoolSize)
 	switch {
-	case hub:
+	case hub && workersSet:
 		msg += fmt.Sprintf(" for all %d workers (--workers); without the hub they would hold %d LISTEN sessions", workers, workers)
+	case hub:
+		msg += " however many worker processes share the hub; without it each would hold a LISTEN session of its own"
 	case workersSet:
 		msg += fmt.Sprintf("; no hub configured, so %d workers (--workers) hold %d LISTEN sessions of their own (--hub-socket shares one)", workers, workers)
 	default:
