@@ -7,7 +7,7 @@ FUZZTIME ?= 3s
 # Packages holding Fuzz targets.
 FUZZ_PKGS ?= $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all build run test lint unit fuzz bench e2e docs-check image release clean
+.PHONY: all build run test lint unit fuzz bench e2e docs-check image release go-install-check clean
 
 all: build
 
@@ -61,5 +61,20 @@ docs-check:
 bench:
 	scripts/pg.sh with $(GO) test -run '^$$' -bench . -benchmem ./framing/... ./sse/... ./ring/... ./pglisten/... ./engine/... ./bench/...
 
+# The container image localhost/pgsse:latest (Dockerfile: FROM scratch, a static binary, user
+# 65532), with podman or buildah (installed with apt-get if missing).
+image:
+	scripts/image.sh
+
+# Static binaries for the platforms below in dist/, with SHA256SUMS; then checks that
+# `go install github.com/pgsse/pgsse/cmd/pgsse@latest` works from the committed tree.
+RELEASE_PLATFORMS ?= linux/amd64 linux/arm64 darwin/arm64 darwin/amd64
+release:
+	scripts/release.sh $(RELEASE_PLATFORMS)
+	scripts/go-install-check.sh
+
+go-install-check:
+	scripts/go-install-check.sh
+
 clean:
-	rm -rf bin
+	rm -rf bin dist

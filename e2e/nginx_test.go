@@ -30,16 +30,24 @@ func (n *nginxProxy) URL(path string) string {
 // runs nginx there until the test ends.
 func startNginx(t *testing.T, s *server) *nginxProxy {
 	t.Helper()
-	prefix := t.TempDir()
 	n := &nginxProxy{port: freePort(t)}
-	tmpl, err := template.ParseFiles(filepath.Join(repoRoot, "e2e", "nginx", "nginx.conf.tmpl"))
+	runNginx(t, "nginx.conf.tmpl", map[string]any{"Port": n.port, "Upstream": "127.0.0.1:" + strconv.Itoa(s.port)}, n.port)
+	return n
+}
+
+// runNginx renders e2e/nginx/TMPL with data (plus .Prefix, a temporary directory) and runs
+// nginx in the foreground with it until the test ends; it returns once nginx accepts
+// connections on port.
+func runNginx(t *testing.T, tmplName string, data map[string]any, port int) {
+	t.Helper()
+	prefix := t.TempDir()
+	data["Prefix"] = prefix
+	tmpl, err := template.ParseFiles(filepath.Join(repoRoot, "e2e", "nginx", tmplName))
 	require.NoError(t, err)
 	conf := filepath.Join(prefix, "nginx.conf")
 	f, err := os.Create(conf)
 	require.NoError(t, err)
-	require.NoError(t, tmpl.Execute(f, map[string]any{
-		"Prefix": prefix, "Port": n.port, "Upstream": "127.0.0.1:" + strconv.Itoa(s.port),
-	}))
+	require.NoError(t, tmpl.Execute(f, data))
 	require.NoError(t, f.Close())
 
 	bin, err := exec.LookPath("nginx")
@@ -65,12 +73,12 @@ func startNginx(t *testing.T, s *server) *nginxProxy {
 		}
 		if t.Failed() {
 			log, _ := os.ReadFile(filepath.Join(prefix, "error.log"))
-			t.Logf("nginx output:\n%s\nerror.log:\n%s", out.String(), tail(string(log), 4000))
+			access, _ := os.ReadFile(filepath.Join(prefix, "access.log"))
+			t.Logf("nginx output:\n%s\nerror.log:\n%s\naccess.log:\n%s", out.String(), tail(string(log), 4000), tail(string(access), 4000))
 		}
 	})
 
-	// Ready when it answers (any status) on its port.
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	// Ready when it accepts connections on its port.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		select {
@@ -79,13 +87,13 @@ func startNginx(t *testing.T, s *server) *nginxProxy {
 			t.Fatalf("nginx exited at start: %s\n%s", out.String(), log)
 		default:
 		}
-		resp, err := client.Get(n.URL("/nginx-ready"))
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
 		if err == nil {
-			resp.Body.Close()
-			return n
+			c.Close()
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("nginx not answering after 10 s: %v", err)
+			t.Fatalf("nginx not accepting after 10 s: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond) // polling: nginx has no readiness signal
 	}
