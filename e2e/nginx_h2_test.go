@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,6 +22,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
 // manyStreamsPage opens ?n= EventSources, one per stream room/0 … room/N-1 of ?src, and reports
@@ -94,10 +97,75 @@ func docsNginxServer(t *testing.T, listen, upstream, cert, key string, http2 boo
 	return snippet
 }
 
+// startDocsCaddy runs Caddy with docs/operations.md's Caddy snippet (its only ```caddy block)
+// for upstream on 127.0.0.1:port. Test-only additions: the site address is
+// https://127.0.0.1:port with `tls internal` (a certificate from Caddy's own CA instead of
+// one from the web), and global options keep Caddy's admin API, trust store and data out of
+// the machine's.
+func startDocsCaddy(t *testing.T, port int, upstream string) {
+	t.Helper()
+	var snippet string
+	for _, b := range mdBlocks(t, "docs/operations.md") {
+		if b.lang() == "caddy" {
+			require.Empty(t, snippet, "docs/operations.md has one caddy block")
+			snippet = b.body
+		}
+	}
+	require.NotEmpty(t, snippet, "docs/operations.md has a caddy block")
+	site := "https://127.0.0.1:" + strconv.Itoa(port)
+	for _, r := range [][2]string{
+		{"events.example.com {", site + " {\n    tls internal"},
+		{"reverse_proxy 127.0.0.1:8080 {", "reverse_proxy " + upstream + " {"},
+	} {
+		require.Contains(t, snippet, r[0], "the docs' Caddy snippet changed: update this test's substitutions")
+		snippet = strings.Replace(snippet, r[0], r[1], 1)
+	}
+	dir := t.TempDir()
+	conf := "{\n    admin off\n    skip_install_trust\n    auto_https disable_redirects\n    storage file_system " + filepath.Join(dir, "data") + "\n}\n" + snippet
+	path := filepath.Join(dir, "Caddyfile")
+	require.NoError(t, os.WriteFile(path, []byte(conf), 0o600))
+	caddy, err := exec.LookPath("caddy")
+	require.NoError(t, err, "caddy (scripts/e2e-deps.sh installs it)")
+	out := &pgtest.SyncBuffer{}
+	cmd := exec.Command(caddy, "run", "--config", path, "--adapter", "caddyfile")
+	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	cmd.Stdout, cmd.Stderr = out, out
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("Caddyfile:\n%s\ncaddy output:\n%s", conf, tail(out.String(), 4000))
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		select {
+		case <-exited:
+			t.Fatalf("caddy exited at start:\n%s", out.String())
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second); err == nil {
+			c.Close()
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "caddy not accepting after 20 s:\n%s", out.String())
+		time.Sleep(50 * time.Millisecond) // polling: caddy has no readiness signal
+	}
+}
+
 // Chromium opens 12 EventSources to one origin through nginx configured as
-// docs/operations.md says (TLS, HTTP/2): all 12 open and receive events. The control, the
-// same server block without http2, shows why it matters: over HTTP/1.1 the browser holds at
-// most 6 connections per origin, and the other 6 EventSources never open.
+// docs/operations.md says (TLS, HTTP/2), and through its Caddy snippet: all 12 open and
+// receive events. The control, nginx's server block without http2, shows why it matters: over
+// HTTP/1.1 the browser holds at most 6 connections per origin, and the other 6 EventSources
+// never open.
 func TestNginx_HTTP2CarriesMoreThanSixEventSourcesPerOrigin(t *testing.T) {
 	t.Parallel()
 	const n = 12
@@ -111,18 +179,19 @@ func TestNginx_HTTP2CarriesMoreThanSixEventSourcesPerOrigin(t *testing.T) {
 
 	dsn := newDatabase(t)
 	s := startServer(t, dsn, "127.0.0.1", "--cors-origins", page.URL)
-	h2Port, h1Port := freePort(t), freePort(t)
+	h2Port, h1Port, caddyPort := freePort(t), freePort(t), freePort(t)
 	upstream := "127.0.0.1:" + strconv.Itoa(s.port)
 	servers := docsNginxServer(t, "127.0.0.1:"+strconv.Itoa(h2Port), upstream, cert, key, true) + "\n" +
 		docsNginxServer(t, "127.0.0.1:"+strconv.Itoa(h1Port), upstream, cert, key, false)
 	runNginx(t, "h2.conf.tmpl", map[string]any{"Servers": servers}, h1Port)
+	startDocsCaddy(t, caddyPort, upstream)
 	token := mintToken(t, "room/*")
 
 	for _, tc := range []struct {
 		name  string
 		port  int
 		opens int
-	}{{"HTTP/2", h2Port, n}, {"HTTP/1.1 control", h1Port, 6}} {
+	}{{"nginx HTTP/2", h2Port, n}, {"Caddy", caddyPort, n}, {"nginx HTTP/1.1 control", h1Port, 6}} {
 		t.Run(tc.name, func(t *testing.T) {
 			origin := "https://127.0.0.1:" + strconv.Itoa(tc.port)
 			b := startNode(t, "chromium.mjs", map[string]any{
