@@ -99,6 +99,20 @@ func mdBlocks(t *testing.T, rel string) []mdBlock {
 	return blocks
 }
 
+// docsBlock is the body of the one block of file whose info string is info (or whose language
+// is info, when info is one word).
+func docsBlock(t *testing.T, file, info string) string {
+	t.Helper()
+	var found []string
+	for _, b := range mdBlocks(t, file) {
+		if b.info == info || (!strings.Contains(info, " ") && b.lang() == info) {
+			found = append(found, b.body)
+		}
+	}
+	require.Len(t, found, 1, "%s must have exactly one ```%s block", file, info)
+	return found[0]
+}
+
 // docFiles are the pages whose shell blocks are run: README.md and docs/*.md.
 func docFiles(t *testing.T) []string {
 	t.Helper()
@@ -213,14 +227,7 @@ func TestDocs_ReadmeIsShort(t *testing.T) {
 func TestDocs_HubWorkerFileIsTheDocumentedClient(t *testing.T) {
 	file, err := os.ReadFile(filepath.Join(repoRoot, "docs", "hub_worker.py"))
 	require.NoError(t, err)
-	var shown []string
-	for _, b := range mdBlocks(t, "docs/hub-protocol.md") {
-		if b.lang() == "python" {
-			shown = append(shown, b.body)
-		}
-	}
-	require.Len(t, shown, 1, "docs/hub-protocol.md shows one Python client")
-	assert.Equal(t, string(file), shown[0], "docs/hub-protocol.md and docs/hub_worker.py differ")
+	assert.Equal(t, string(file), docsBlock(t, "docs/hub-protocol.md", "python"), "docs/hub-protocol.md and docs/hub_worker.py differ")
 }
 
 // docs/pgsse.service is a unit systemd accepts.
@@ -436,13 +443,7 @@ func TestDocs_MakeRunTwiceAndTheCommandsWork(t *testing.T) {
 // Last-Event-ID, and reports the gap when the events it missed were pruned meanwhile.
 func TestDocs_BrowserExampleHandlesReconnectsAndGaps(t *testing.T) {
 	t.Parallel()
-	var page string
-	for _, b := range mdBlocks(t, "docs/http.md") {
-		if b.info == "html browser-example" {
-			page = b.body
-		}
-	}
-	require.NotEmpty(t, page, "docs/http.md has a ```html browser-example block")
+	page := docsBlock(t, "docs/http.md", "html browser-example")
 	ps := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		_, _ = io.WriteString(w, page)

@@ -22,8 +22,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
 // manyStreamsPage opens ?n= EventSources, one per stream room/0 … room/N-1 of ?src, and reports
@@ -73,24 +71,11 @@ func selfSignedCert(t *testing.T, dir string) (certFile, keyFile string) {
 // test's addresses and certificate put in.
 func docsNginxServer(t *testing.T, listen, upstream, cert, key string, http2 bool) string {
 	t.Helper()
-	var snippet string
-	for _, b := range mdBlocks(t, "docs/operations.md") {
-		if b.lang() == "nginx" {
-			require.Empty(t, snippet, "docs/operations.md has one nginx block")
-			snippet = b.body
-		}
-	}
-	require.NotEmpty(t, snippet, "docs/operations.md has an nginx block")
-	repl := []string{
-		"listen 443 ssl http2;", "listen " + listen + " ssl http2;",
-		"ssl_certificate     /etc/ssl/certs/events.example.com.pem;", "ssl_certificate     " + cert + ";",
-		"ssl_certificate_key /etc/ssl/private/events.example.com.key;", "ssl_certificate_key " + key + ";",
-		"proxy_pass http://127.0.0.1:8080;", "proxy_pass http://" + upstream + ";",
-	}
-	for i := 0; i < len(repl); i += 2 {
-		require.Contains(t, snippet, repl[i], "the docs' nginx snippet changed: update this test's substitutions")
-		snippet = strings.Replace(snippet, repl[i], repl[i+1], 1)
-	}
+	snippet := substitute(t, docsBlock(t, "docs/operations.md", "nginx"), "docs/operations.md's nginx snippet",
+		[2]string{"listen 443 ssl http2;", "listen " + listen + " ssl http2;"},
+		[2]string{"ssl_certificate     /etc/ssl/certs/events.example.com.pem;", "ssl_certificate     " + cert + ";"},
+		[2]string{"ssl_certificate_key /etc/ssl/private/events.example.com.key;", "ssl_certificate_key " + key + ";"},
+		[2]string{"proxy_pass http://127.0.0.1:8080;", "proxy_pass http://" + upstream + ";"})
 	if !http2 {
 		snippet = strings.Replace(snippet, " ssl http2;", " ssl;", 1)
 	}
@@ -104,61 +89,28 @@ func docsNginxServer(t *testing.T, listen, upstream, cert, key string, http2 boo
 // the machine's.
 func startDocsCaddy(t *testing.T, port int, upstream string) {
 	t.Helper()
-	var snippet string
-	for _, b := range mdBlocks(t, "docs/operations.md") {
-		if b.lang() == "caddy" {
-			require.Empty(t, snippet, "docs/operations.md has one caddy block")
-			snippet = b.body
-		}
-	}
-	require.NotEmpty(t, snippet, "docs/operations.md has a caddy block")
-	site := "https://127.0.0.1:" + strconv.Itoa(port)
-	for _, r := range [][2]string{
-		{"events.example.com {", site + " {\n    tls internal"},
-		{"reverse_proxy 127.0.0.1:8080 {", "reverse_proxy " + upstream + " {"},
-	} {
-		require.Contains(t, snippet, r[0], "the docs' Caddy snippet changed: update this test's substitutions")
-		snippet = strings.Replace(snippet, r[0], r[1], 1)
-	}
+	snippet := substitute(t, docsBlock(t, "docs/operations.md", "caddy"), "docs/operations.md's Caddy snippet",
+		[2]string{"events.example.com {", "https://127.0.0.1:" + strconv.Itoa(port) + " {\n    tls internal"},
+		[2]string{"reverse_proxy 127.0.0.1:8080 {", "reverse_proxy " + upstream + " {"})
 	dir := t.TempDir()
 	conf := "{\n    admin off\n    skip_install_trust\n    auto_https disable_redirects\n    storage file_system " + filepath.Join(dir, "data") + "\n}\n" + snippet
 	path := filepath.Join(dir, "Caddyfile")
 	require.NoError(t, os.WriteFile(path, []byte(conf), 0o600))
 	caddy, err := exec.LookPath("caddy")
 	require.NoError(t, err, "caddy (scripts/e2e-deps.sh installs it)")
-	out := &pgtest.SyncBuffer{}
 	cmd := exec.Command(caddy, "run", "--config", path, "--adapter", "caddyfile")
 	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	cmd.Stdout, cmd.Stderr = out, out
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("Caddyfile:\n%s\ncaddy output:\n%s", conf, tail(out.String(), 4000))
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		select {
-		case <-exited:
-			t.Fatalf("caddy exited at start:\n%s", out.String())
-		default:
-		}
-		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second); err == nil {
-			c.Close()
-			return
-		}
-		require.True(t, time.Now().Before(deadline), "caddy not accepting after 20 s:\n%s", out.String())
-		time.Sleep(50 * time.Millisecond) // polling: caddy has no readiness signal
+	runProxy(t, cmd, port, func() string { return "Caddyfile:\n" + conf })
+}
+
+// substitute replaces each pair's first string, which must be there, in a snippet from the docs.
+func substitute(t *testing.T, snippet, what string, pairs ...[2]string) string {
+	t.Helper()
+	for _, p := range pairs {
+		require.Contains(t, snippet, p[0], "%s changed: update this test's substitutions", what)
+		snippet = strings.Replace(snippet, p[0], p[1], 1)
 	}
+	return snippet
 }
 
 // Chromium opens 12 EventSources to one origin through nginx configured as

@@ -54,8 +54,20 @@ func runNginx(t *testing.T, tmplName string, data map[string]any, port int) {
 	if err != nil {
 		bin = "/usr/sbin/nginx"
 	}
+	runProxy(t, exec.Command(bin, "-p", prefix, "-e", filepath.Join(prefix, "error.log"), "-c", conf), port, func() string {
+		log, _ := os.ReadFile(filepath.Join(prefix, "error.log"))
+		access, _ := os.ReadFile(filepath.Join(prefix, "access.log"))
+		return "error.log:\n" + tail(string(log), 4000) + "\naccess.log:\n" + tail(string(access), 4000)
+	})
+}
+
+// runProxy runs a reverse proxy (nginx, Caddy) in the foreground until the test ends (SIGINT,
+// then SIGKILL after 10 s) and returns once it accepts connections on 127.0.0.1:port. When the
+// test fails it logs the proxy's output and what logs() returns.
+func runProxy(t *testing.T, cmd *exec.Cmd, port int, logs func() string) {
+	t.Helper()
+	name := filepath.Base(cmd.Path)
 	out := &pgtest.SyncBuffer{}
-	cmd := exec.Command(bin, "-p", prefix, "-e", filepath.Join(prefix, "error.log"), "-c", conf)
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	exited := make(chan struct{})
@@ -72,19 +84,14 @@ func runNginx(t *testing.T, tmplName string, data map[string]any, port int) {
 			<-exited
 		}
 		if t.Failed() {
-			log, _ := os.ReadFile(filepath.Join(prefix, "error.log"))
-			access, _ := os.ReadFile(filepath.Join(prefix, "access.log"))
-			t.Logf("nginx output:\n%s\nerror.log:\n%s\naccess.log:\n%s", out.String(), tail(string(log), 4000), tail(string(access), 4000))
+			t.Logf("%s output:\n%s\n%s", name, tail(out.String(), 4000), logs())
 		}
 	})
-
-	// Ready when it accepts connections on its port.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		select {
 		case <-exited:
-			log, _ := os.ReadFile(filepath.Join(prefix, "error.log"))
-			t.Fatalf("nginx exited at start: %s\n%s", out.String(), log)
+			t.Fatalf("%s exited at start:\n%s\n%s", name, out.String(), logs())
 		default:
 		}
 		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
@@ -93,9 +100,9 @@ func runNginx(t *testing.T, tmplName string, data map[string]any, port int) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("nginx not accepting after 10 s: %v", err)
+			t.Fatalf("%s not accepting after 20 s: %v", name, err)
 		}
-		time.Sleep(50 * time.Millisecond) // polling: nginx has no readiness signal
+		time.Sleep(50 * time.Millisecond) // polling: the proxy has no readiness signal
 	}
 }
 

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mod=$(go list -m)
 [ "$mod" = github.com/pgsse/pgsse ] || { echo "go-install-check: module path is $mod" >&2; exit 1; }
-if go mod edit -json | grep -q '"Replace"'; then
+if go mod edit -json | grep -q '"Replace": \[';  then
 	echo "go-install-check: go.mod has replace directives: go install …@latest ignores them and fails" >&2
 	exit 1
 fi
