@@ -455,7 +455,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"help"}, {"-h"}} {
+	for _, args := range [][]string{{"--help"}, {"help"}, {"-h"}, {"help", "help"}} {
 		r := pgsse(t, nil, args...)
 		requireOK(t, r)
 		assert.True(t, strings.HasPrefix(r.stdout, "Usage: pgsse [command] [flags]\n"), "%v: %s", args, r.stdout)

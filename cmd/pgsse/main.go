@@ -70,10 +70,10 @@ func run(ctx context.Context, args []string, env func(string) (string, bool), st
 		err = cmdVersion(args, env, stdout)
 	case "help":
 		// `pgsse help CMD` is `pgsse CMD --help`.
-		if len(args) > 0 && args[0] != "help" && knownCommand(args[0]) {
+		if len(args) > 0 && knownCommand(args[0]) {
 			return run(ctx, []string{args[0], "--help"}, env, stdout, stderr)
 		}
-		if len(args) > 0 {
+		if len(args) > 0 && args[0] != "help" {
 			err = configErrorf("help: unknown command %q (commands: %s)", args[0], commandList)
 			break
 		}
