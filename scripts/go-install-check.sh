@@ -13,6 +13,7 @@ if go mod edit -json | grep -q '"Replace": \[';  then
 	echo "go-install-check: go.mod has replace directives: go install …@latest ignores them and fails" >&2
 	exit 1
 fi
+deps=$(go env GOMODCACHE)/cache/download
 work=$(mktemp -d /tmp/pgsse-goinstall.XXXXXX)
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 version=v0.0.0-local
@@ -25,7 +26,7 @@ echo "$version" >"$dir/list"
 # GOSUMDB=off: the local version is in no checksum database; the dependencies are still
 # checked against the module's own go.sum.
 GOTOOLCHAIN=local GOFLAGS=-modcacherw GOMODCACHE="$work/modcache" GOSUMDB=off CGO_ENABLED=0 \
-	GOPROXY="file://$work/proxy,file://$(go env GOMODCACHE)/cache/download" GOBIN="$work/bin" \
+	GOPROXY="file://$work/proxy,file://$deps" GOBIN="$work/bin" \
 	go install "$mod/cmd/pgsse@latest"
 "$work/bin/pgsse" version
 echo "go-install-check: go install $mod/cmd/pgsse@latest works (served as $version from git archive HEAD)"
