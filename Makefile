@@ -7,16 +7,20 @@ FUZZTIME ?= 3s
 # Packages holding Fuzz targets.
 FUZZ_PKGS ?= $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all build run test lint unit fuzz bench e2e clean
+.PHONY: all build run test lint unit fuzz bench e2e docs-check image release go-install-check clean
 
 all: build
 
+# Where `make build` puts the binary, stamped with the version (scripts/ldflags.sh: git
+# describe, commit, commit date) so `pgsse version` names its commit even with -buildvcs=false.
+BIN ?= bin/pgsse
+
 build:
-	$(GO) build -o bin/pgsse ./cmd/pgsse
+	@$(GO) build -ldflags "$$(scripts/ldflags.sh)" -o $(BIN) ./cmd/pgsse
 
 # Runs pgsse for real on this machine: a throwaway PostgreSQL unless DATABASE_URL is set.
 run: build
-	scripts/run.sh
+	@scripts/run.sh
 
 # The whole suite: formatting, vet, every test with -race against a throwaway PostgreSQL
 # (or the one PGSSE_TEST_DATABASE_URL names), then each fuzz target briefly.
@@ -48,8 +52,29 @@ fuzz:
 e2e:
 	scripts/pg.sh with $(GO) test -race -count=1 -v -timeout 10m ./e2e/
 
+# Runs every shell command in README.md and docs/ against `make run` in a fresh copy of the
+# repository, the browser example in Chromium, and checks that no link leaves the repository
+# (e2e/docs_test.go, which says how blocks are marked). Part of `make test`.
+docs-check:
+	scripts/pg.sh with $(GO) test -count=1 -v -timeout 15m -run '^TestDocs_|^TestCurl_README' ./e2e/
+
 bench:
 	scripts/pg.sh with $(GO) test -run '^$$' -bench . -benchmem ./framing/... ./sse/... ./ring/... ./pglisten/... ./engine/... ./bench/...
 
+# The container image localhost/pgsse:latest (Dockerfile: FROM scratch, a static binary, user
+# 65532), with podman or buildah (installed with apt-get if missing).
+image:
+	scripts/image.sh
+
+# Static binaries for the platforms below in dist/, with SHA256SUMS; then checks that
+# `go install github.com/pgsse/pgsse/cmd/pgsse@latest` works from the committed tree.
+RELEASE_PLATFORMS ?= linux/amd64 linux/arm64 darwin/arm64 darwin/amd64
+release:
+	scripts/release.sh $(RELEASE_PLATFORMS)
+	scripts/go-install-check.sh
+
+go-install-check:
+	scripts/go-install-check.sh
+
 clean:
-	rm -rf bin
+	rm -rf bin dist

@@ -9,11 +9,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
 // crossOriginPage opens `new EventSource(src, {withCredentials: true})` and reports every
@@ -241,41 +244,65 @@ func TestChromium_ShedConnectionReconnectsAfterRetryDelay(t *testing.T) {
 	assert.Equal(t, 1, pageReadyState(t, b))
 }
 
-// The demo page (--demo) shows events as they arrive; the screenshot is kept as
-// e2e/artifacts/demo.png.
+// The demo page (--demo) is the first thing a person looks at: opened with ?since=0 it shows
+// the history, then live events — unnamed, named (listed in ?events=) and ephemeral — and
+// across a pgsse restart the reconnect (with its Last-Event-ID) and the pgsse:gap for events
+// pruned meanwhile. The screenshot is kept as e2e/artifacts/demo.png.
 func TestChromium_DemoPageShowsEvents(t *testing.T) {
 	t.Parallel()
 	dsn := newDatabase(t)
 	s := startServer(t, dsn, "127.0.0.1", "--demo")
 	token := mintToken(t, "demo")
+	publishSQL(t, dsn, "demo", "hello from SELECT pgsse.publish('demo', …)")
+	publishCLI(t, dsn, "demo", "second, from pgsse publish")
 
 	b := startChromium(t, s)
-	b.call(map[string]any{"cmd": "goto", "url": s.URL("/?stream=demo&token=" + url.QueryEscape(token) + "&events=order.created")})
+	b.call(map[string]any{"cmd": "goto", "url": s.URL("/?stream=demo&since=0&events=status,order.created&token=" + url.QueryEscape(token))})
 	evalString := func(expr string) string {
 		var v string
 		require.NoError(t, json.Unmarshal(b.call(map[string]any{"cmd": "eval", "expr": expr}), &v))
 		return v
 	}
-	waitText := func(what, expr, want string) {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			got := evalString(expr)
-			if got == want {
-				return
-			}
+	rows := func() string { return evalString("document.getElementById('events-list').innerText") }
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !cond() {
 			if time.Now().After(deadline) {
-				t.Fatalf("demo page: %s is %q, want %q", what, got, want)
+				t.Fatalf("demo page: %s; state %q, rows:\n%s", what, evalString("document.getElementById('state').textContent"), rows())
 			}
 			time.Sleep(100 * time.Millisecond) // polling the page: its DOM is the observable
 		}
 	}
-	waitText("#state", "document.getElementById('state').textContent", "open")
-	publishSQL(t, dsn, "demo", "hello from SELECT pgsse.publish('demo', …)")
-	publishCLI(t, dsn, "demo", "second, from pgsse publish")
+	text := func(id string) string { return evalString("document.getElementById('" + id + "').textContent") }
+	waitFor("the history from ?since=0", func() bool { return text("state") == "open" && text("last") == "2" })
+	assert.Equal(t, "0", evalString("document.getElementById('since').value"), "the cursor field shows ?since=")
+
+	publishSQL(t, dsn, "demo", "plain")
+	pgtest.Exec(t, dsn, "SELECT pgsse.publish('demo', 'out for delivery', event => 'status')")
 	publishCLI(t, dsn, "demo", `{"order":42,"status":"created"}`, "--event", "order.created")
-	publishCLI(t, dsn, "demo", "an ephemeral one (no id)", "--ephemeral")
-	waitText("the number of events", "String(document.querySelectorAll('#events .ev').length)", "4")
-	waitText("#last", "document.getElementById('last').textContent", "3")
+	publishCLI(t, dsn, "demo", "typing… (ephemeral, no id)", "--ephemeral")
+	waitFor("the named and ephemeral events", func() bool {
+		r := rows()
+		return text("last") == "5" && strings.Contains(r, "status\tout for delivery") && strings.Contains(r, "typing…")
+	})
+	assert.Contains(t, rows(), "order.created")
+	assert.Contains(t, rows(), "message (no id)")
+
+	// pgsse restarts; meanwhile events 6..8 are published and 6..7 pruned.
+	s.Stop()
+	waitFor("the reconnecting state", func() bool { return text("state") == "reconnecting" })
+	for _, d := range []string{"six", "seven", "eight"} {
+		publishSQL(t, dsn, "demo", d)
+	}
+	pgtest.Exec(t, dsn, "SELECT pgsse.prune(interval '0', keep_last => 1)")
+	s.Start()
+	waitFor("the reconnect, the gap and event 8", func() bool { return text("state") == "open" && text("last") == "8" })
+	r := rows()
+	assert.Equal(t, "1", text("reconnects"))
+	assert.Contains(t, r, "the browser resumed with Last-Event-ID: 5")
+	assert.Contains(t, r, "pgsse:gap\tevents after 5 up to 7 are gone (pruned)")
+	assert.NotContains(t, r, "six")
 
 	png := filepath.Join(artifactsDir(t), "demo.png")
 	b.call(map[string]any{"cmd": "screenshot", "path": png})

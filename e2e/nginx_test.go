@@ -30,24 +30,44 @@ func (n *nginxProxy) URL(path string) string {
 // runs nginx there until the test ends.
 func startNginx(t *testing.T, s *server) *nginxProxy {
 	t.Helper()
-	prefix := t.TempDir()
 	n := &nginxProxy{port: freePort(t)}
-	tmpl, err := template.ParseFiles(filepath.Join(repoRoot, "e2e", "nginx", "nginx.conf.tmpl"))
+	runNginx(t, "nginx.conf.tmpl", map[string]any{"Port": n.port, "Upstream": "127.0.0.1:" + strconv.Itoa(s.port)}, n.port)
+	return n
+}
+
+// runNginx renders e2e/nginx/TMPL with data (plus .Prefix, a temporary directory) and runs
+// nginx in the foreground with it until the test ends; it returns once nginx accepts
+// connections on port.
+func runNginx(t *testing.T, tmplName string, data map[string]any, port int) {
+	t.Helper()
+	prefix := t.TempDir()
+	data["Prefix"] = prefix
+	tmpl, err := template.ParseFiles(filepath.Join(repoRoot, "e2e", "nginx", tmplName))
 	require.NoError(t, err)
 	conf := filepath.Join(prefix, "nginx.conf")
 	f, err := os.Create(conf)
 	require.NoError(t, err)
-	require.NoError(t, tmpl.Execute(f, map[string]any{
-		"Prefix": prefix, "Port": n.port, "Upstream": "127.0.0.1:" + strconv.Itoa(s.port),
-	}))
+	require.NoError(t, tmpl.Execute(f, data))
 	require.NoError(t, f.Close())
 
 	bin, err := exec.LookPath("nginx")
 	if err != nil {
 		bin = "/usr/sbin/nginx"
 	}
+	runProxy(t, exec.Command(bin, "-p", prefix, "-e", filepath.Join(prefix, "error.log"), "-c", conf), port, func() string {
+		log, _ := os.ReadFile(filepath.Join(prefix, "error.log"))
+		access, _ := os.ReadFile(filepath.Join(prefix, "access.log"))
+		return "error.log:\n" + tail(string(log), 4000) + "\naccess.log:\n" + tail(string(access), 4000)
+	})
+}
+
+// runProxy runs a reverse proxy (nginx, Caddy) in the foreground until the test ends (SIGINT,
+// then SIGKILL after 10 s) and returns once it accepts connections on 127.0.0.1:port. When the
+// test fails it logs the proxy's output and what logs() returns.
+func runProxy(t *testing.T, cmd *exec.Cmd, port int, logs func() string) {
+	t.Helper()
+	name := filepath.Base(cmd.Path)
 	out := &pgtest.SyncBuffer{}
-	cmd := exec.Command(bin, "-p", prefix, "-e", filepath.Join(prefix, "error.log"), "-c", conf)
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	exited := make(chan struct{})
@@ -64,30 +84,25 @@ func startNginx(t *testing.T, s *server) *nginxProxy {
 			<-exited
 		}
 		if t.Failed() {
-			log, _ := os.ReadFile(filepath.Join(prefix, "error.log"))
-			t.Logf("nginx output:\n%s\nerror.log:\n%s", out.String(), tail(string(log), 4000))
+			t.Logf("%s output:\n%s\n%s", name, tail(out.String(), 4000), logs())
 		}
 	})
-
-	// Ready when it answers (any status) on its port.
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		select {
 		case <-exited:
-			log, _ := os.ReadFile(filepath.Join(prefix, "error.log"))
-			t.Fatalf("nginx exited at start: %s\n%s", out.String(), log)
+			t.Fatalf("%s exited at start:\n%s\n%s", name, out.String(), logs())
 		default:
 		}
-		resp, err := client.Get(n.URL("/nginx-ready"))
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
 		if err == nil {
-			resp.Body.Close()
-			return n
+			c.Close()
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("nginx not answering after 10 s: %v", err)
+			t.Fatalf("%s not accepting after 20 s: %v", name, err)
 		}
-		time.Sleep(50 * time.Millisecond) // polling: nginx has no readiness signal
+		time.Sleep(50 * time.Millisecond) // polling: the proxy has no readiness signal
 	}
 }
 

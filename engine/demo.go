@@ -3,53 +3,141 @@ package engine
 import "strconv"
 
 // demoPage is served at / with --demo: a page that opens an EventSource on a stream and
-// shows events as they arrive.
+// shows what a browser sees — durable events with their ids, named events, ephemeral ones,
+// pgsse:gap, and the connection's state changes and reconnects (with the Last-Event-ID the
+// browser resumes from).
+//
+// Query parameters fill its form: stream, token, since (the cursor of the first connection;
+// empty = live only), events (comma-separated event names to listen for: EventSource fires
+// only `message` for events without a name, and a listener per name otherwise, so names the
+// page is not told about cannot be shown).
 const demoPage = `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>pgsse demo</title>
+<meta name="viewport" content="width=device-width,initial-scale=1">
 <style>
-body{font:15px/1.4 system-ui,sans-serif;margin:2rem;max-width:60rem}
-input{font:inherit;padding:.2rem .4rem}#events{font-family:ui-monospace,monospace;white-space:pre-wrap}
-.ev{border-bottom:1px solid #ddd;padding:.3rem 0}.meta{color:#666}#state{font-weight:bold}
-</style></head><body>
-<h1>pgsse demo</h1>
-<form id="f">stream <input id="stream" value="demo" size="20">
-token <input id="token" size="40" placeholder="(needed unless the stream is public)">
-<button>connect</button></form>
-<p>state: <span id="state">idle</span> · last id: <span id="last">-</span></p>
-<p class="meta">Publish from a shell: <code>pgsse publish demo 'hello'</code> or in SQL: <code>SELECT pgsse.publish('demo', 'hello');</code></p>
-<div id="events"></div>
+:root{--fg:#1d2430;--muted:#6b7485;--line:#e3e7ee;--bg:#f6f8fb;--accent:#2563eb}
+*{box-sizing:border-box}
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:var(--fg);background:var(--bg);margin:0}
+main{max-width:68rem;margin:0 auto;padding:1.5rem}
+h1{font-size:1.35rem;margin:0 0 1rem}h1 small{color:var(--muted);font-weight:normal;font-size:.9rem;margin-left:.5rem}
+.card{background:#fff;border:1px solid var(--line);border-radius:10px;padding:1rem 1.2rem;margin-bottom:1rem}
+form{display:grid;grid-template-columns:repeat(4,minmax(0,1fr)) auto;gap:.6rem 1rem;align-items:end}
+label{display:flex;flex-direction:column;font-size:.78rem;color:var(--muted);gap:.2rem}
+input{font:inherit;font-size:.9rem;padding:.35rem .5rem;border:1px solid #cfd6e0;border-radius:6px;min-width:0}
+button{font:inherit;padding:.4rem 1rem;border:0;border-radius:6px;background:var(--accent);color:#fff;cursor:pointer}
+.status{display:flex;flex-wrap:wrap;gap:.5rem 1.5rem;align-items:center;font-size:.9rem}
+.pill{display:inline-block;padding:.1rem .65rem;border-radius:999px;font-weight:600;font-size:.82rem;background:#e5e7eb}
+.pill.open{background:#dcfce7;color:#166534}.pill.connecting,.pill.reconnecting{background:#fef3c7;color:#92400e}.pill.closed{background:#fee2e2;color:#991b1b}
+.k{color:var(--muted)}code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.85rem}
+table{width:100%;border-collapse:collapse}th{text-align:left;font-size:.75rem;color:var(--muted);font-weight:600;border-bottom:1px solid var(--line);padding:.3rem .5rem}
+td{padding:.35rem .5rem;border-bottom:1px solid var(--line);vertical-align:top}td:first-child{color:var(--muted);font-size:.8rem;white-space:nowrap;padding-top:.45rem}td.data{white-space:pre-wrap;word-break:break-word}
+tr.ephemeral td{color:#475569;font-style:italic}tr.gap td{background:#fff7ed}tr.conn td{background:#f1f5f9;color:#334155;font-size:.85rem}
+.tag{display:inline-block;padding:0 .45rem;border-radius:4px;font-size:.78rem;background:#eef2ff;color:#3730a3}
+.tag.gap{background:#ffedd5;color:#9a3412}.tag.eph{background:#f1f5f9;color:#475569}.tag.conn{background:#e2e8f0;color:#334155}
+.hint{color:var(--muted);font-size:.82rem;margin:.6rem 0 0}
+</style></head><body><main>
+<h1>pgsse demo <small>what an EventSource in this browser receives</small></h1>
+<div class="card">
+<form id="f">
+<label>stream <input id="stream" value="demo"></label>
+<label>token <input id="token" placeholder="needed unless the stream is public"></label>
+<label>since (cursor) <input id="since" placeholder="empty = live only, 0 = all kept" inputmode="numeric"></label>
+<label>named events to show <input id="events" placeholder="e.g. status,created"></label>
+<button>connect</button>
+</form>
+<p class="hint">Events published with <code>event =&gt; 'name'</code> appear only if their name is listed: EventSource fires <code>message</code> for unnamed events and one listener per name. Try <code>pgsse publish demo 'hello'</code>, <code>SELECT pgsse.publish('demo', 'out for delivery', event =&gt; 'status')</code>, or <code>pgsse publish demo 'typing' --ephemeral</code>.</p>
+</div>
+<div class="card status">
+<span><span class="k">connection</span> <span id="state" class="pill">idle</span></span>
+<span><span class="k">last event id</span> <b id="last" class="mono">-</b></span>
+<span><span class="k">reconnects</span> <b id="reconnects">0</b></span>
+<span><span class="k">events</span> <b id="count">0</b></span>
+<span class="k mono" id="url"></span>
+</div>
+<div class="card"><table><thead><tr><th style="width:6.5rem">time</th><th style="width:4rem">id</th><th style="width:9rem">event</th><th>data</th></tr></thead>
+<tbody id="events-list"></tbody></table></div>
+</main>
 <script>
-let es, lastId = '';
 const $ = (id) => document.getElementById(id);
 const q = new URLSearchParams(location.search);
-if (q.get('stream')) $('stream').value = q.get('stream');
-if (q.get('token')) $('token').value = q.get('token');
-// EventSource keeps lastEventId across events that carry no id: line, so an event whose
-// lastEventId did not move is ephemeral (pgsse.broadcast) or a channel notification.
-function show(kind, e) {
+for (const k of ['stream', 'token', 'since', 'events']) if (q.has(k)) $(k).value = q.get(k);
+if (!q.has('events')) $('events').value = 'status';
+let es = null, lastId = '', wasOpen = false, down = false, reconnects = 0, count = 0;
+
+function row(cls, id, tag, tagCls, data) {
+  const tr = document.createElement('tr');
+  tr.className = cls;
+  const cells = [new Date().toLocaleTimeString(), id, '', data];
+  cells.forEach((text, i) => {
+    const td = document.createElement('td');
+    if (i === 2) {
+      const s = document.createElement('span');
+      s.className = 'tag ' + tagCls;
+      s.textContent = tag;
+      td.append(s);
+    } else td.textContent = text;
+    if (i === 3) td.className = 'data';
+    if (i === 1) td.className = 'mono';
+    tr.append(td);
+  });
+  $('events-list').prepend(tr);
+}
+function setState(s) { $('state').textContent = s; $('state').className = 'pill ' + s.split(' ')[0]; }
+// An event without an id: line (ephemeral, or a channel notification) leaves lastEventId as
+// it was, so an unchanged lastEventId means "no id".
+function onEvent(e) {
   const durable = e.lastEventId !== '' && e.lastEventId !== lastId;
-  if (durable) lastId = e.lastEventId;
-  const d = document.createElement('div');
-  d.className = 'ev';
-  d.textContent = '[' + kind + (durable ? ' #' + e.lastEventId : ' (ephemeral)') + '] ' + e.data;
-  $('events').prepend(d);
-  if (durable) $('last').textContent = e.lastEventId;
+  if (durable) { lastId = e.lastEventId; $('last').textContent = lastId; }
+  $('count').textContent = ++count;
+  if (durable) row('ev', e.lastEventId, e.type, '', e.data);
+  else row('ephemeral', '', e.type + ' (no id)', 'eph', e.data);
+}
+function onGap(e) {
+  let g = {};
+  try { g = JSON.parse(e.data); } catch (_) {}
+  row('gap', '', 'pgsse:gap', 'gap', 'events after ' + g.after + ' up to ' + g.resume + ' are gone (pruned): reload your state; delivery continues after ' + g.resume);
 }
 function connect() {
   if (es) es.close();
-  lastId = '';
-  let url = '/streams/' + encodeURIComponent($('stream').value).replace(/%2F/g, '/');
-  if ($('token').value) url += '?token=' + encodeURIComponent($('token').value);
+  lastId = ''; wasOpen = false; down = false; reconnects = 0;
+  $('last').textContent = '-'; $('reconnects').textContent = '0';
+  const stream = $('stream').value.trim();
+  const params = new URLSearchParams();
+  if ($('since').value.trim() !== '') params.set('since', $('since').value.trim());
+  if ($('token').value.trim() !== '') params.set('token', $('token').value.trim());
+  const url = '/streams/' + encodeURIComponent(stream).replace(/%2F/g, '/') + (params.toString() ? '?' + params : '');
+  $('url').textContent = 'GET ' + url.replace(/token=[^&]*/, 'token=…');
+  const page = new URLSearchParams({stream: stream, since: $('since').value.trim(), events: $('events').value.trim()});
+  if ($('token').value.trim() !== '') page.set('token', $('token').value.trim());
+  history.replaceState(null, '', '?' + page);
   es = new EventSource(url);
-  $('state').textContent = 'connecting';
-  es.onopen = () => $('state').textContent = 'open';
-  es.onerror = () => $('state').textContent = es.readyState === 2 ? 'closed' : 'reconnecting';
-  es.onmessage = (e) => show('message', e);
-  es.addEventListener('pgsse:gap', (e) => show('gap', e));
-  for (const name of (q.get('events') || '').split(',').filter(Boolean)) es.addEventListener(name, (e) => show(name, e));
+  setState('connecting');
+  es.onopen = () => {
+    if (wasOpen) {
+      $('reconnects').textContent = ++reconnects;
+      row('conn', '', 'reconnected', 'conn', 'the browser resumed with Last-Event-ID: ' + (lastId || '(none)'));
+    } else row('conn', '', 'open', 'conn', 'subscribed to ' + stream + ({'': ', live only', '0': ', everything kept first'}[$('since').value.trim()] ?? ' after id ' + $('since').value.trim()));
+    wasOpen = true; down = false;
+    setState('open');
+  };
+  es.onerror = () => {
+    if (es.readyState === EventSource.CLOSED) {
+      setState('closed');
+      row('conn', '', 'closed', 'conn', wasOpen ? 'the connection ended for good' : 'refused (bad token, stream not granted, or bad cursor): EventSource does not retry');
+    } else {
+      setState('reconnecting');
+      if (wasOpen && !down) row('conn', '', 'lost', 'conn', 'connection lost; the browser retries after the server\'s retry: delay');
+      down = true;
+    }
+  };
+  es.onmessage = onEvent;
+  es.addEventListener('pgsse:gap', onGap);
+  for (const name of $('events').value.split(',').map((s) => s.trim()).filter(Boolean)) {
+    if (name !== 'message' && name !== 'pgsse:gap') es.addEventListener(name, onEvent);
+  }
 }
 $('f').onsubmit = (ev) => { ev.preventDefault(); connect(); };
-if (q.get('stream')) connect();
+if (q.has('stream')) connect();
 </script></body></html>
 `
 

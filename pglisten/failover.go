@@ -127,7 +127,36 @@ func (f *Failover) pump() {
 	if d == nil {
 		return
 	}
-	f.forwardAll(d.Events())
+	f.forwardDirect(d.Events())
+}
+
+// forwardDirect forwards the direct session's events after the switch's own KindResync. The
+// session reports a KindResync after its first connect too; the switch's one already told the
+// application to re-read everything, after every recorded channel was LISTENed, so that first
+// one is dropped (a worker would otherwise re-read its whole state twice for one switch). A
+// KindResync after a KindDown, or for one channel, is a new loss and is forwarded.
+func (f *Failover) forwardDirect(in <-chan Event) {
+	firstConnect := true
+	for {
+		select {
+		case ev, ok := <-in:
+			if !ok {
+				return
+			}
+			switch {
+			case ev.Kind == KindDown:
+				firstConnect = false
+			case ev.Kind == KindResync && ev.Channel == "" && firstConnect:
+				firstConnect = false
+				continue
+			}
+			if !f.forward(ev) {
+				return
+			}
+		case <-f.done:
+			return
+		}
+	}
 }
 
 // forwardAll forwards from in until it is closed or Close is called.

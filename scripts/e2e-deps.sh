@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the end-to-end suite (e2e/) needs, idempotently:
-#   - Debian's chromium (+ chromium-driver) and nginx-light, only if missing; installing
-#     nginx must not start the system nginx, so a policy-rc.d denies service starts while
+#   - Debian's chromium (+ chromium-driver), nginx-light and caddy, only if missing;
+#     installing nginx or caddy must not start their system services, so a policy-rc.d denies service starts while
 #     apt runs;
 #   - the npm packages pinned by e2e/js/package-lock.json (`npm ci`), only when
 #     node_modules is missing or older than the lock file. Never a browser download:
@@ -17,6 +17,7 @@ missing=()
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+command -v caddy >/dev/null 2>&1 || missing+=(caddy)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 
@@ -52,6 +53,7 @@ fi
 
 [ -x /usr/bin/chromium ] || { log "chromium is not at /usr/bin/chromium after installing"; exit 1; }
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { log "nginx not found after installing"; exit 1; }
+command -v caddy >/dev/null 2>&1 || { log "caddy not found after installing"; exit 1; }
 
 # eventsource v4 and playwright-core 1.65 need Node.js >= 20 (the machine's is 20;
 # Debian 12's own nodejs is 18).

@@ -166,7 +166,11 @@ func TestPublishErrors(t *testing.T) {
 	assert.Contains(t, line, "pgsse.publish")
 
 	line = errorLine(t, pgsse(t, env, "publish", "only-stream"), 2)
-	assert.Equal(t, "publish: need STREAM and DATA (got 1 arguments)", line)
+	assert.Equal(t, `publish: need DATA after STREAM "only-stream"`, line)
+	line = errorLine(t, pgsse(t, env, "publish"), 2)
+	assert.Equal(t, "publish: need STREAM and DATA", line)
+	line = errorLine(t, pgsse(t, env, "publish", "s", "two", "words"), 2)
+	assert.Equal(t, "publish: takes STREAM and DATA, got 3 arguments (quote DATA that has spaces)", line)
 
 	// Not migrated: a runtime error with the fix.
 	fresh := pgtest.NewDatabase(t)
@@ -280,6 +284,29 @@ func TestVersion(t *testing.T) {
 	assert.Equal(t, r.stdout, r2.stdout)
 }
 
+// TestVersionStampedByMake: `make build` stamps the commit with -ldflags, so a binary built
+// with -buildvcs=false (no VCS information from the toolchain) still names it.
+func TestVersionStampedByMake(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Fatalf("make is needed to test `make build`: %v", err)
+	}
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	require.NoError(t, err, "the repository is a git checkout")
+	bin := filepath.Join(t.TempDir(), "pgsse")
+	cmd := exec.Command("make", "-s", "-C", "../..", "build", "BIN="+bin)
+	cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "make build: %s", out)
+	got, err := exec.Command(bin, "version").Output()
+	require.NoError(t, err)
+	assert.Regexp(t, `^pgsse [0-9a-z.-]+ commit `+strings.TrimSpace(string(head))+`(\+dirty)? \(\d{4}-\d\d-\d\dT[^)]+\) `, string(got))
+	assert.NotContains(t, string(got), "unknown")
+	// The toolchain stamped nothing: the commit came from -ldflags.
+	info, err := exec.Command("go", "version", "-m", bin).Output()
+	require.NoError(t, err)
+	assert.NotContains(t, string(info), "vcs.revision")
+}
+
 func TestDoctor(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	env := []string{"DATABASE_URL=" + dsn}
@@ -291,6 +318,11 @@ func TestDoctor(t *testing.T) {
 	assert.Empty(t, r.stderr)
 
 	requireOK(t, pgsse(t, env, "migrate"))
+	// No hub configured: nothing about "all 8 workers" (the --workers default).
+	r = pgsse(t, env, "doctor")
+	requireOK(t, r)
+	assert.Contains(t, r.stdout, "connection budget: pgsse holds 5 PostgreSQL connections (1 LISTEN + 4 replay); no hub configured (--hub-socket lets worker processes share its LISTEN session)")
+	assert.NotContains(t, r.stdout, "workers")
 	r = pgsse(t, env, "doctor", "--workers", "12")
 	requireOK(t, r)
 	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
@@ -302,7 +334,7 @@ func TestDoctor(t *testing.T) {
 	assert.Contains(t, lines[0], "PostgreSQL ")
 	assert.Contains(t, lines[1], "version "+strconv.Itoa(store.SchemaVersion))
 	assert.Contains(t, lines[2], "0.0% in use")
-	assert.Contains(t, lines[5], "5 PostgreSQL connections (1 LISTEN + 4 replay) for all 12 workers; without the hub they would hold 12 LISTEN sessions")
+	assert.Contains(t, lines[5], "5 PostgreSQL connections (1 LISTEN + 4 replay); no hub configured, so 12 workers (--workers) hold 12 LISTEN sessions of their own (--hub-socket shares one)")
 	assert.Contains(t, lines[5], "max_connections")
 
 	// --max-connections beyond the fd limit.
@@ -333,6 +365,10 @@ func TestDoctor(t *testing.T) {
 	r = pgsse(t, env, "doctor", "--hub-socket", sock)
 	requireOK(t, r)
 	assert.Contains(t, r.stdout, "ok    hub socket: "+sock+" has mode 0600; a server answers\n")
+	assert.Contains(t, r.stdout, "5 PostgreSQL connections (1 LISTEN + 4 replay) however many worker processes share the hub; without it each would hold a LISTEN session of its own")
+	r = pgsse(t, env, "doctor", "--hub-socket", sock, "--workers", "8")
+	requireOK(t, r)
+	assert.Contains(t, r.stdout, "5 PostgreSQL connections (1 LISTEN + 4 replay) for all 8 workers (--workers); without the hub they would hold 8 LISTEN sessions")
 	r = pgsse(t, env, "doctor", "--hub-socket", sock, "--hub-socket-mode", "0660")
 	requireOK(t, r)
 	assert.Contains(t, r.stdout, "warn  hub socket: "+sock+" has mode 0600, not --hub-socket-mode 0660")
@@ -370,8 +406,10 @@ func TestBadInput(t *testing.T) {
 		{"mode", nil, []string{"--hub-socket-mode", "rw-------"}, `--hub-socket-mode: invalid mode "rw-------" (octal, e.g. 0600)`},
 		{"mode out of range", nil, []string{"--hub-socket-mode", "1777"}, `--hub-socket-mode: mode "1777" out of range (0000-0777)`},
 		{"bool", []string{"PGSSE_PPROF=maybe"}, nil, `PGSSE_PPROF: invalid boolean "maybe" (use true or false)`},
-		{"unknown flag", nil, []string{"serve", "--no-such-flag"}, "serve: unknown flag --no-such-flag"},
-		{"unknown flag, migrate", nil, []string{"migrate", "-x=1"}, "migrate: unknown flag --x"},
+		{"unknown flag", nil, []string{"serve", "--no-such-flag"}, "serve: unknown flag --no-such-flag (pgsse serve --help lists its flags)"},
+		{"unknown flag, migrate", nil, []string{"migrate", "-x=1"}, "migrate: unknown flag --x (pgsse migrate --help lists its flags)"},
+		{"unknown flag, no command", nil, []string{"--bogus"}, "unknown flag --bogus (pgsse --help lists the commands; pgsse serve --help the flags of serve, the default command)"},
+		{"help for an unknown command", nil, []string{"help", "frobnicate"}, `help: unknown command "frobnicate" (commands: serve, migrate, token, publish, doctor, version)`},
 		{"missing value", nil, []string{"serve", "--listen"}, "--listen: needs a value"},
 		{"bad listen", nil, append([]string{"--listen", "8080"}, key...), `--listen: invalid address "8080" (want host:port, e.g. :8080)`},
 		{"bad DSN", nil, append([]string{"--database-url", "postgres://u@h:notaport/db"}, key...), "--database-url: cannot parse `postgres://u@h:notaport/db`: invalid port"},
@@ -417,12 +455,36 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
-	for _, args := range [][]string{{"--help"}, {"help"}, {"serve", "--help"}, {"migrate", "-h"}, {"token", "--help"}, {"publish", "--help"}, {"doctor", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"help"}, {"-h"}, {"help", "help"}} {
 		r := pgsse(t, nil, args...)
 		requireOK(t, r)
-		assert.Contains(t, r.stdout, "Usage: pgsse", "%v", args)
+		assert.True(t, strings.HasPrefix(r.stdout, "Usage: pgsse [command] [flags]\n"), "%v: %s", args, r.stdout)
+	}
+	for _, cmd := range []string{"serve", "migrate", "token", "publish", "doctor", "version"} {
+		t.Run(cmd, func(t *testing.T) {
+			r := pgsse(t, nil, cmd, "--help")
+			requireOK(t, r)
+			assert.True(t, strings.HasPrefix(r.stdout, "Usage: pgsse "+cmd), r.stdout)
+			// The one-line summary from the top-level help follows the synopsis.
+			assert.Contains(t, r.stdout, "\n\n"+strings.ToUpper(commandSummary(cmd)[:1]), r.stdout)
+			// `pgsse help CMD` is the same text; so is -h.
+			assert.Equal(t, r, pgsse(t, nil, "help", cmd), "pgsse help %s", cmd)
+			assert.Equal(t, r, pgsse(t, nil, cmd, "-h"))
+			// Every flag shows a placeholder that says what goes there, never a generic one;
+			// a command without flags prints no Flags header.
+			assert.NotRegexp(t, `--\S+ (VALUE|TEXT|value)\b`, r.stdout)
+			if strings.Contains(r.stdout, "Flags") {
+				assert.Regexp(t, `Flags \(each also from PGSSE_<NAME>; flags win\):\n  --`, r.stdout)
+			}
+		})
 	}
 	r := pgsse(t, nil, "serve", "--help")
 	assert.Contains(t, r.stdout, "--max-connections N")
 	assert.Contains(t, r.stdout, "[PGSSE_MAX_CONNECTIONS]")
+	r = pgsse(t, nil, "token", "--help")
+	for _, want := range []string{"--stream PATTERN ", "--channel PATTERN ", "--tag TAG ", "--jwt-secret-file FILE ", "--ttl DURATION "} {
+		assert.Contains(t, r.stdout, want)
+	}
+	r = pgsse(t, nil, "version", "--help")
+	assert.Equal(t, "Usage: pgsse version\n\nPrint the version.\n", r.stdout)
 }

@@ -55,15 +55,21 @@ func cmdMigrate(ctx context.Context, args []string, env func(string) (string, bo
 func cmdPublish(ctx context.Context, args []string, env func(string) (string, bool), stdout io.Writer) error {
 	c := newCLI("publish", "STREAM DATA [flags]", env)
 	dbURL := c.dbFlag()
-	event := c.String("event", "", `SSE event name (default "message")`)
-	audience := c.Multi("audience", "tag that may receive the event (repeatable; none = everyone)")
+	event := c.String("event", "", "SSE event `NAME` (default \"message\")")
+	audience := c.Multi("audience", "`TAG` that may receive the event (repeatable; none = everyone)")
 	ephemeral := c.Bool("ephemeral", "pgsse.broadcast: deliver to whoever is connected, store nothing")
 	pos, err := c.parse(args)
 	if err != nil {
 		return c.helpTo(stdout, err)
 	}
-	if len(pos) != 2 {
-		return configErrorf("publish: need STREAM and DATA (got %d arguments)", len(pos))
+	switch len(pos) {
+	case 0:
+		return configErrorf("publish: need STREAM and DATA")
+	case 1:
+		return configErrorf("publish: need DATA after STREAM %q", pos[0])
+	case 2:
+	default:
+		return configErrorf("publish: takes STREAM and DATA, got %d arguments (quote DATA that has spaces)", len(pos))
 	}
 	stream, data := pos[0], pos[1]
 	// Checked before connecting, with the same rules and messages as the SQL functions.

@@ -43,9 +43,9 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	c := newCLI("doctor", "[flags]", env)
 	dbURL := c.dbFlag()
 	maxConns := c.Int("max-connections", 0, "the value pgsse serve will use (default: from the fd limit)")
-	hubSocket := c.String("hub-socket", "", "hub socket path to inspect")
+	hubSocket := c.String("hub-socket", "", "hub socket `PATH` to inspect")
 	hubMode := c.Mode("hub-socket-mode", 0o600, "expected permissions of the hub socket, octal")
-	workers := c.Int("workers", 8, "worker processes on this host, for the connection budget")
+	workers := c.Int("workers", 0, "worker processes on this host that LISTEN, for the connection budget")
 	pos, err := c.parse(args)
 	if err != nil {
 		return c.helpTo(stdout, err)
@@ -84,7 +84,7 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	// 2. Local checks.
 	d.fdLimit(*maxConns, c.isSet("max-connections"), c.source("max-connections"))
 	d.hubSocket(*hubSocket, *hubMode)
-	d.budget(*workers, server)
+	d.budget(*workers, c.isSet("workers"), *hubSocket != "", server)
 
 	if d.fails > 0 {
 		return errReported
@@ -210,10 +210,22 @@ func readBudget(ctx context.Context, conn *pgconn.PgConn) *serverBudget {
 	return &b
 }
 
-func (d *doctor) budget(workers int, server *serverBudget) {
+// budget reports pgsse's PostgreSQL connections, and what the hub saves: worker processes
+// that share its one LISTEN session instead of holding one each. Without a hub (and no
+// --workers given) it claims nothing about workers.
+func (d *doctor) budget(workers int, workersSet, hub bool, server *serverBudget) {
 	ours := 1 + replayPoolSize
-	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay) for all %d workers; without the hub they would hold %d LISTEN sessions",
-		ours, replayPoolSize, workers, workers)
+	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay)", ours, replayPoolSize)
+	switch {
+	case hub && workersSet:
+		msg += fmt.Sprintf(" for all %d workers (--workers); without the hub they would hold %d LISTEN sessions", workers, workers)
+	case hub:
+		msg += " however many worker processes share the hub; without it each would hold a LISTEN session of its own"
+	case workersSet:
+		msg += fmt.Sprintf("; no hub configured, so %d workers (--workers) hold %d LISTEN sessions of their own (--hub-socket shares one)", workers, workers)
+	default:
+		msg += "; no hub configured (--hub-socket lets worker processes share its LISTEN session)"
+	}
 	if server == nil {
 		d.report("ok", "connection budget", "%s", msg)
 		return

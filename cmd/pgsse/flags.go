@@ -24,6 +24,13 @@ func configErrorf(format string, args ...any) error {
 	return &configError{msg: fmt.Sprintf(format, args...)}
 }
 
+// unknownFlagError is a flag the command does not have; run() words it (configuration, exit 2).
+type unknownFlagError struct{ cmd, flag string }
+
+func (e *unknownFlagError) Error() string {
+	return fmt.Sprintf("%s: unknown flag --%s (pgsse %s --help lists its flags)", e.cmd, e.flag, e.cmd)
+}
+
 // cli is one subcommand's flags. It uses a standard flag.FlagSet as the registry of
 // flags and their typed values, but parses the arguments itself so that flags and
 // positional arguments may be interleaved, both `--name=value` and `--name value` work,
@@ -92,7 +99,7 @@ func (c *cli) parse(args []string) ([]string, error) {
 			if name == "h" || name == "help" {
 				return nil, errHelp
 			}
-			return nil, configErrorf("%s: unknown flag --%s", c.name, name)
+			return nil, &unknownFlagError{cmd: c.name, flag: name}
 		}
 		if !hasValue {
 			if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() {
@@ -166,9 +173,14 @@ func (c *cli) noArgs(pos []string) error {
 	return nil
 }
 
-// usage writes the subcommand's flags with defaults and variables.
+// usage writes the subcommand's synopsis and its flags with placeholders, defaults and
+// variables. A flag's placeholder is the back-quoted word in its usage text (e.g.
+// "stream `PATTERN` to grant"), else one derived from its type.
 func (c *cli) usage(w io.Writer) {
-	fmt.Fprintf(w, "Usage: pgsse %s %s\n\nFlags (each also from PGSSE_<NAME>; flags win):\n", c.name, c.synopsis)
+	fmt.Fprintf(w, "Usage: pgsse %s\n", strings.TrimSpace(c.name+" "+c.synopsis))
+	if s := commandSummary(c.name); s != "" {
+		fmt.Fprintf(w, "\n%s%s.\n", strings.ToUpper(s[:1]), s[1:])
+	}
 	var lines [][2]string
 	c.fs.VisitAll(func(f *flag.Flag) {
 		left := "  --" + f.Name
@@ -184,6 +196,10 @@ func (c *cli) usage(w io.Writer) {
 		}
 		lines = append(lines, [2]string{left, right + " [" + envName(f.Name) + "]"})
 	})
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nFlags (each also from PGSSE_<NAME>; flags win):\n")
 	sort.Slice(lines, func(i, j int) bool { return lines[i][0] < lines[j][0] })
 	width := 0
 	for _, l := range lines {
@@ -194,6 +210,7 @@ func (c *cli) usage(w io.Writer) {
 	}
 }
 
+// valueHint is the placeholder for a flag whose usage text names none.
 func valueHint(v flag.Value) string {
 	switch v.(type) {
 	case *durationValue:
@@ -207,7 +224,7 @@ func valueHint(v flag.Value) string {
 	case *listValue:
 		return "A,B,…"
 	default:
-		return "VALUE"
+		return "TEXT"
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -26,8 +27,15 @@ Commands:
 
 Every flag also comes from PGSSE_<NAME> (--max-connections → PGSSE_MAX_CONNECTIONS);
 flags win. The database is --database-url, else DATABASE_URL, else PGHOST & co.
-Run pgsse COMMAND --help for the command's flags.
+Run pgsse help COMMAND (or pgsse COMMAND --help) for the command's flags.
 `
+
+// commandList names the commands for error messages, in topUsage's order.
+const commandList = "serve, migrate, token, publish, doctor, version"
+
+func knownCommand(name string) bool {
+	return slices.Contains(strings.Split(commandList, ", "), name)
+}
 
 func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
@@ -36,14 +44,15 @@ func main() {
 // run executes one command line and returns the exit status: 0 success, 1 runtime
 // failure, 2 bad configuration or usage. Errors are printed as one line on stderr.
 func run(ctx context.Context, args []string, env func(string) (string, bool), stdout, stderr io.Writer) int {
-	cmd := "serve"
+	cmd, implicit := "serve", true
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		implicit = false
 		cmd, args = args[0], args[1:]
 	} else if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
 		io.WriteString(stdout, topUsage)
 		return 0
 	} else if len(args) > 0 && args[0] == "--version" {
-		cmd, args = "version", args[1:]
+		cmd, args, implicit = "version", args[1:], false
 	}
 	var err error
 	switch cmd {
@@ -60,10 +69,23 @@ func run(ctx context.Context, args []string, env func(string) (string, bool), st
 	case "version":
 		err = cmdVersion(args, env, stdout)
 	case "help":
+		// `pgsse help CMD` is `pgsse CMD --help`.
+		if len(args) > 0 && knownCommand(args[0]) {
+			return run(ctx, []string{args[0], "--help"}, env, stdout, stderr)
+		}
+		if len(args) > 0 && args[0] != "help" {
+			err = configErrorf("help: unknown command %q (commands: %s)", args[0], commandList)
+			break
+		}
 		io.WriteString(stdout, topUsage)
 		return 0
 	default:
-		err = configErrorf("unknown command %q (commands: serve, migrate, token, publish, doctor, version)", cmd)
+		err = configErrorf("unknown command %q (commands: %s)", cmd, commandList)
+	}
+	var uf *unknownFlagError
+	if implicit && errors.As(err, &uf) {
+		// No command was named: say so, rather than name serve as if the user had.
+		err = configErrorf("unknown flag --%s (pgsse --help lists the commands; pgsse serve --help the flags of serve, the default command)", uf.flag)
 	}
 	var ce *configError
 	switch {
@@ -73,6 +95,9 @@ func run(ctx context.Context, args []string, env func(string) (string, bool), st
 		return 1
 	case errors.As(err, &ce):
 		fmt.Fprintf(stderr, "pgsse: %s\n", oneLine(ce.msg))
+		return 2
+	case errors.As(err, &uf):
+		fmt.Fprintf(stderr, "pgsse: %s\n", uf.Error())
 		return 2
 	default:
 		fmt.Fprintf(stderr, "pgsse: %s\n", oneLine(err.Error()))
@@ -86,4 +111,15 @@ func (c *cli) helpTo(w io.Writer, err error) error {
 		c.usage(w)
 	}
 	return err
+}
+
+// commandSummary is the command's line in topUsage (its one home), e.g. for publish
+// "publish STREAM DATA (durable; --ephemeral for pgsse.broadcast)"; "" if it has none.
+func commandSummary(name string) string {
+	for _, line := range strings.Split(topUsage, "\n") {
+		if rest, ok := strings.CutPrefix(line, "  "+name+" "); ok {
+			return strings.TrimSpace(rest)
+		}
+	}
+	return ""
 }

@@ -7,29 +7,39 @@ import (
 	"runtime/debug"
 )
 
-// version may be set at link time: -ldflags "-X main.version=v1.2.3".
-var version = ""
+// Set at link time by `make build` (scripts/ldflags.sh: git describe, the commit and its
+// date), so a binary built without VCS stamping (-buildvcs=false, or from a source tarball
+// with the values passed in) still names its commit. Empty values fall back to what the Go
+// toolchain stamped (debug.ReadBuildInfo), then to "unknown".
+var (
+	version   = "" // -X main.version=v1.2.3 (git describe --always --dirty)
+	commit    = "" // -X main.commit=<full hash>[+dirty]
+	buildTime = "" // -X main.buildTime=<commit time, RFC 3339>
+)
 
 // versionLine is "pgsse VERSION commit REV[+dirty] (TIME) GOVERSION OS/ARCH".
 func versionLine() string {
-	v, rev, when, dirty := version, "unknown", "", false
+	v, rev, when, dirty := version, commit, buildTime, false
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		if v == "" {
 			v = bi.Main.Version
 		}
 		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
+			switch {
+			case s.Key == "vcs.revision" && rev == "":
 				rev = s.Value
-			case "vcs.time":
+			case s.Key == "vcs.time" && when == "":
 				when = s.Value
-			case "vcs.modified":
+			case s.Key == "vcs.modified" && commit == "":
 				dirty = s.Value == "true"
 			}
 		}
 	}
 	if v == "" {
 		v = "(devel)"
+	}
+	if rev == "" {
+		rev = "unknown"
 	}
 	if dirty {
 		rev += "+dirty"

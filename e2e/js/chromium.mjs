@@ -1,7 +1,8 @@
 // chromium.mjs: Debian's Chromium (/usr/bin/chromium), headless, driven through
 // playwright-core for the e2e Go tests. Never downloads a browser.
 //
-//   node chromium.mjs '{"userDataDir": "/tmp/…", "watch": "http://127.0.0.1:8080/"}'
+//   node chromium.mjs '{"userDataDir": "/tmp/…", "watch": "http://127.0.0.1:8080/",
+//                       "extraArgs": ["--ignore-certificate-errors"]}'
 //
 // Every line on stdout is one JSON object:
 //   {"kind":"ready"}                                  the browser is up
@@ -37,6 +38,7 @@ const context = await chromium.launchPersistentContext(opts.userDataDir, {
     '--disable-background-networking',
     '--disable-component-update',
     '--disable-sync',
+    ...(opts.extraArgs || []),
   ],
   viewport: {width: 1000, height: 700},
 })
