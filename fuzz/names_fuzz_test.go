@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/pgsse/pgsse/names"
 )
@@ -37,6 +38,59 @@ func refChannel(s string) error {
 	return nil
 }
 
+func refChannelUTF8(s string) error {
+	if err := refChannel(s); err != nil {
+		return err
+	}
+	if !utf8.ValidString(s) {
+		return names.ErrChannelUTF8
+	}
+	return nil
+}
+
+func refTag(s string) error {
+	switch {
+	case len(s) < 1 || len(s) > 200:
+		return names.ErrTagLength
+	case strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return names.ErrTagControl
+	case !utf8.ValidString(s):
+		return names.ErrTagUTF8
+	}
+	return nil
+}
+
+func refStreamPattern(s string) error {
+	base, prefix := strings.CutSuffix(s, "*")
+	if prefix && len(base) > 200 || !prefix && (len(s) < 1 || len(s) > 200) {
+		return names.ErrStreamLength
+	}
+	for i := 0; i < len(base); i++ { // the first byte that breaks a rule names it
+		if base[i] == '*' {
+			return names.ErrPatternStar
+		}
+		if refCharset(base[i:i+1], 1, "._:@/=+~-", nil, names.ErrStreamChars) != nil {
+			return names.ErrStreamChars
+		}
+	}
+	return nil
+}
+
+func refChannelPattern(s string) error {
+	base, prefix := strings.CutSuffix(s, "*")
+	switch {
+	case !prefix:
+		return refChannelUTF8(s)
+	case len(base) > 63:
+		return names.ErrChannelLength
+	case strings.IndexByte(base, 0) >= 0:
+		return names.ErrChannelNUL
+	case !utf8.ValidString(base):
+		return names.ErrChannelUTF8
+	}
+	return nil
+}
+
 func refCursor(s string) (int64, error) {
 	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
 		return 0, names.ErrCursorSyntax
@@ -62,6 +116,8 @@ func FuzzNames(f *testing.F) {
 		"", "a", "orders/42", "a.b_c:d@e/f=g+h~i-j", "pgsse:gap", "a b", "a%20", "a\x00b", "\x80", "a\n",
 		strings.Repeat("x", 63), strings.Repeat("x", 64), strings.Repeat("x", 65),
 		strings.Repeat("x", 200), strings.Repeat("x", 201),
+		"\xff\xfe", "caf\xc3", "\xed\xa0\x80", "\xf4\x90\x80\x80", "user:\x00", "a\x7f", "é",
+		"*", "chat/*", "a*b", "a b*", "a\x00*", "a**", "*a", strings.Repeat("s", 200) + "*",
 		"0", "007", "+1", "-1", " 1", "1 ", "0x1",
 		"9223372036854775807", "9223372036854775808", "18446744073709551616", "99999999999999999999x",
 	} {
@@ -80,6 +136,22 @@ func FuzzNames(f *testing.F) {
 		want = refChannel(s)
 		sameErr(t, "CheckChannel", s, want, names.CheckChannel(s))
 		sameErr(t, "CheckChannel[]byte", s, want, names.CheckChannel(b))
+
+		want = refChannelUTF8(s)
+		sameErr(t, "CheckChannelUTF8", s, want, names.CheckChannelUTF8(s))
+		sameErr(t, "CheckChannelUTF8[]byte", s, want, names.CheckChannelUTF8(b))
+
+		want = refTag(s)
+		sameErr(t, "CheckTag", s, want, names.CheckTag(s))
+		sameErr(t, "CheckTag[]byte", s, want, names.CheckTag(b))
+
+		want = refStreamPattern(s)
+		sameErr(t, "CheckStreamPattern", s, want, names.CheckStreamPattern(s))
+		sameErr(t, "CheckStreamPattern[]byte", s, want, names.CheckStreamPattern(b))
+
+		want = refChannelPattern(s)
+		sameErr(t, "CheckChannelPattern", s, want, names.CheckChannelPattern(s))
+		sameErr(t, "CheckChannelPattern[]byte", s, want, names.CheckChannelPattern(b))
 
 		wantV, wantErr := refCursor(s)
 		for _, parse := range []func() (int64, error){
