@@ -131,7 +131,8 @@ type Request struct {
 	Expect100 bool
 
 	// Body framing and type. Only POST may carry a body; any other method
-	// with a non-zero Content-Length or a Transfer-Encoding is refused.
+	// with a non-zero Content-Length or a Transfer-Encoding is refused, and
+	// its Framing is always BodyNone.
 	Framing       BodyFraming
 	ContentLength int64  // with BodyLength
 	ContentType   []byte // the raw Content-Type value, nil if absent
@@ -309,7 +310,10 @@ var crlfcrlf = []byte("\r\n\r\n")
 // It returns ErrIncomplete when buf holds no whole head yet, nothing in it
 // is invalid and len(buf) <= maxHead; ErrHeadTooLarge when more than maxHead
 // bytes arrived without the end of the head, or the head is longer than
-// maxHead; otherwise, for an invalid head, a *ParseError with Status 400.
+// maxHead, and its first maxHead bytes break no rule; otherwise, for an
+// invalid head, a *ParseError (400, or 413/415/417/501 for the body and
+// expectation rules). The first rule broken is reported, whatever else
+// follows, so the same bytes give the same answer however they arrived.
 // maxHead <= 0 means DefaultMaxHead.
 //
 // The returned *Request and its views belong to p and are valid until the
@@ -322,13 +326,14 @@ func (p *Parser) Parse(buf []byte, maxHead int) (*Request, error) {
 	p.seen = 0
 	p.cookieS = -1
 	p.close, p.keep = false, false
-	if end := bytes.Index(buf, crlfcrlf); end >= 0 {
-		if end+4 > maxHead {
-			return nil, ErrHeadTooLarge
-		}
+	tooLarge := false
+	if end := bytes.Index(buf, crlfcrlf); end >= 0 && end+4 <= maxHead {
 		buf = buf[:end+4]
-	} else if len(buf) > maxHead {
-		return nil, ErrHeadTooLarge
+	} else if end >= 0 || len(buf) > maxHead {
+		// Too large — unless a rule is already broken within the first
+		// maxHead bytes: that is reported instead, so the answer does not
+		// depend on how the bytes arrived.
+		tooLarge, buf = true, buf[:maxHead]
 	}
 	// Decoded and joined values never outgrow the head they come from, so
 	// this capacity means appends to scratch never reallocate mid-parse.
@@ -336,7 +341,11 @@ func (p *Parser) Parse(buf []byte, maxHead int) (*Request, error) {
 		p.scratch = make([]byte, 0, max(len(buf), min(maxHead, 64<<10)))
 	}
 	p.scratch = p.scratch[:0]
-	if err := p.scan(buf); err != nil {
+	err := p.scan(buf)
+	if tooLarge && err == ErrIncomplete {
+		err = ErrHeadTooLarge
+	}
+	if err != nil {
 		return nil, err
 	}
 	return &p.req, nil
@@ -511,13 +520,17 @@ func (p *Parser) scan(b []byte) error {
 
 // lineError reports the byte at b[i], which ended a request-line part too
 // early: a CR not followed by LF or an LF not preceded by CR is reported as
-// such, a proper CRLF (or a CR still waiting for its LF) as def.
+// such, a proper CRLF as def. A CR still waiting for its next byte is
+// ErrIncomplete, so the answer does not depend on where the input was cut.
 func lineError(b []byte, i int, def *ParseError) error {
 	switch b[i] {
 	case '\n':
 		return errBareLF
 	case '\r':
-		if i+1 < len(b) && b[i+1] != '\n' {
+		if i+1 == len(b) {
+			return ErrIncomplete
+		}
+		if b[i+1] != '\n' {
 			return errBareCR
 		}
 	}
@@ -1005,8 +1018,11 @@ func (p *Parser) finish() error {
 		return errTEHTTP10
 	case te && cl:
 		return errCLAndTE // the classic request-smuggling ambiguity
-	case r.Method != MethodPOST && (te || r.ContentLength > 0):
-		return errBody
+	case r.Method != MethodPOST:
+		if te || r.ContentLength > 0 {
+			return errBody
+		}
+		r.ContentLength = 0 // "Content-Length: 0": no body, as without the header
 	case te:
 		r.Framing = BodyChunked
 	case cl:

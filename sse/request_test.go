@@ -465,6 +465,21 @@ func TestParseHeadTooLarge(t *testing.T) {
 	assert.Equal(t, ErrIncomplete, err)
 	_, err = p.Parse([]byte(head[:8001]), 8000)
 	assert.Equal(t, ErrHeadTooLarge, err)
+
+	// A rule broken within the limit is reported as such, too large or not,
+	// so the answer does not depend on how the bytes arrived.
+	bad := "GET / HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n" + filler
+	_, err = p.Parse([]byte(bad), 8192)
+	assert.Equal(t, errHeaderCTL, err)
+	_, err = p.Parse([]byte(bad+"\r\n"), 8192)
+	assert.Equal(t, errHeaderCTL, err)
+	_, err = p.Parse([]byte(bad[:40]), 8192)
+	assert.Equal(t, errHeaderCTL, err)
+	// A CR at the end of the input waits for its next byte.
+	_, err = p.Parse([]byte("GET\r"), 8192)
+	assert.Equal(t, ErrIncomplete, err)
+	_, err = p.Parse([]byte("GET\rX"), 8192)
+	assert.Equal(t, errBareCR, err)
 }
 
 func TestViewsHaveNoSpareCapacity(t *testing.T) {
