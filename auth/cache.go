@@ -187,44 +187,43 @@ func (c *Cache) dropOK(key [sha256.Size]byte, e cachedClaims) {
 	c.okBytes -= e.charged
 }
 
-// evictOK removes one verified entry: the first expired one among the few
-// it looks at, else the first it looked at (map order is random).
+// evictOK removes one verified entry to make room.
 func (c *Cache) evictOK(t int64) {
-	var victim [sha256.Size]byte
-	n := 0
-	for k, e := range c.ok {
-		if n == 0 {
-			victim = k
-		}
-		if t >= e.until {
-			victim = k
-			break
-		}
-		if n++; n == cacheEvictionLookahead {
-			break
-		}
-	}
+	victim := evictionVictim(c.ok, t)
 	c.dropOK(victim, c.ok[victim])
 	c.stats.Evictions.Add(1)
 }
 
+// evictBad removes one failure entry to make room.
 func (c *Cache) evictBad(t int64) {
+	delete(c.bad, evictionVictim(c.bad, t))
+	c.stats.Evictions.Add(1)
+}
+
+// expiring is a cache entry: it knows when it stops being valid.
+type expiring interface{ expiry() int64 }
+
+func (e cachedClaims) expiry() int64  { return e.until }
+func (f cachedFailure) expiry() int64 { return f.until }
+
+// evictionVictim picks the entry of m to remove at time t: the first
+// expired one among the few it looks at, else the first it looked at (map
+// order is random, so that is an arbitrary entry). m must not be empty.
+func evictionVictim[V expiring](m map[[sha256.Size]byte]V, t int64) [sha256.Size]byte {
 	var victim [sha256.Size]byte
 	n := 0
-	for k, f := range c.bad {
+	for k, e := range m {
 		if n == 0 {
 			victim = k
 		}
-		if t >= f.until {
-			victim = k
-			break
+		if t >= e.expiry() {
+			return k
 		}
 		if n++; n == cacheEvictionLookahead {
 			break
 		}
 	}
-	delete(c.bad, victim)
-	c.stats.Evictions.Add(1)
+	return victim
 }
 
 // permanent reports whether a verification failure stays a failure as time

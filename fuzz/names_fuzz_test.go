@@ -123,35 +123,31 @@ func FuzzNames(f *testing.F) {
 	} {
 		f.Add(s)
 	}
+	checks := []struct {
+		name string
+		ref  func(string) error
+		str  func(string) error
+		byt  func([]byte) error
+	}{
+		{"CheckStream", func(s string) error {
+			return refCharset(s, 200, "._:@/=+~-", names.ErrStreamLength, names.ErrStreamChars)
+		}, names.CheckStream[string], names.CheckStream[[]byte]},
+		{"CheckEvent", func(s string) error {
+			return refCharset(s, 64, "._:-", names.ErrEventLength, names.ErrEventChars)
+		}, names.CheckEvent[string], names.CheckEvent[[]byte]},
+		{"CheckChannel", refChannel, names.CheckChannel[string], names.CheckChannel[[]byte]},
+		{"CheckChannelUTF8", refChannelUTF8, names.CheckChannelUTF8[string], names.CheckChannelUTF8[[]byte]},
+		{"CheckTag", refTag, names.CheckTag[string], names.CheckTag[[]byte]},
+		{"CheckStreamPattern", refStreamPattern, names.CheckStreamPattern[string], names.CheckStreamPattern[[]byte]},
+		{"CheckChannelPattern", refChannelPattern, names.CheckChannelPattern[string], names.CheckChannelPattern[[]byte]},
+	}
 	f.Fuzz(func(t *testing.T, s string) {
 		b := []byte(s)
-		want := refCharset(s, 200, "._:@/=+~-", names.ErrStreamLength, names.ErrStreamChars)
-		sameErr(t, "CheckStream", s, want, names.CheckStream(s))
-		sameErr(t, "CheckStream[]byte", s, want, names.CheckStream(b))
-
-		want = refCharset(s, 64, "._:-", names.ErrEventLength, names.ErrEventChars)
-		sameErr(t, "CheckEvent", s, want, names.CheckEvent(s))
-		sameErr(t, "CheckEvent[]byte", s, want, names.CheckEvent(b))
-
-		want = refChannel(s)
-		sameErr(t, "CheckChannel", s, want, names.CheckChannel(s))
-		sameErr(t, "CheckChannel[]byte", s, want, names.CheckChannel(b))
-
-		want = refChannelUTF8(s)
-		sameErr(t, "CheckChannelUTF8", s, want, names.CheckChannelUTF8(s))
-		sameErr(t, "CheckChannelUTF8[]byte", s, want, names.CheckChannelUTF8(b))
-
-		want = refTag(s)
-		sameErr(t, "CheckTag", s, want, names.CheckTag(s))
-		sameErr(t, "CheckTag[]byte", s, want, names.CheckTag(b))
-
-		want = refStreamPattern(s)
-		sameErr(t, "CheckStreamPattern", s, want, names.CheckStreamPattern(s))
-		sameErr(t, "CheckStreamPattern[]byte", s, want, names.CheckStreamPattern(b))
-
-		want = refChannelPattern(s)
-		sameErr(t, "CheckChannelPattern", s, want, names.CheckChannelPattern(s))
-		sameErr(t, "CheckChannelPattern[]byte", s, want, names.CheckChannelPattern(b))
+		for _, c := range checks {
+			want := c.ref(s)
+			sameErr(t, c.name, s, want, c.str(s))
+			sameErr(t, c.name+"[]byte", s, want, c.byt(b))
+		}
 
 		wantV, wantErr := refCursor(s)
 		for _, parse := range []func() (int64, error){

@@ -173,19 +173,10 @@ func CheckChannelPattern[T Text](p T) error {
 	if n == 0 || p[n-1] != '*' {
 		return CheckChannelUTF8(p)
 	}
-	prefix := p[:n-1]
-	if len(prefix) > MaxChannel {
-		return ErrChannelLength
+	if n == 1 {
+		return nil // "*": every channel
 	}
-	for i := 0; i < len(prefix); i++ {
-		if prefix[i] == 0 {
-			return ErrChannelNUL
-		}
-	}
-	if !validUTF8(prefix) {
-		return ErrChannelUTF8
-	}
-	return nil
+	return CheckChannelUTF8(p[:n-1]) // a prefix obeys the name rule, and may be a whole name
 }
 
 // ParseCursor parses a replay cursor (Last-Event-ID or ?since=): decimal

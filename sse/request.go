@@ -780,10 +780,9 @@ func (p *Parser) header(name, value []byte) error {
 	switch len(name) {
 	case 4:
 		if foldEq(name, "host") {
-			if p.seen&seenHost != 0 {
-				return errDupHost
+			if err := p.once(seenHost, errDupHost); err != nil {
+				return err
 			}
-			p.seen |= seenHost
 			for _, c := range value {
 				if !isHost[c] {
 					return errHost
@@ -794,10 +793,9 @@ func (p *Parser) header(name, value []byte) error {
 	case 6:
 		switch {
 		case foldEq(name, "expect"):
-			if p.seen&seenExpect != 0 {
-				return errDupExpect
+			if err := p.once(seenExpect, errDupExpect); err != nil {
+				return err
 			}
-			p.seen |= seenExpect
 			if !equalFold(value, "100-continue") {
 				return errExpect
 			}
@@ -805,25 +803,22 @@ func (p *Parser) header(name, value []byte) error {
 		case foldEq(name, "cookie"):
 			p.cookie(value)
 		case foldEq(name, "origin"):
-			if p.seen&seenOrigin != 0 {
-				return errDupOrigin
+			if err := p.once(seenOrigin, errDupOrigin); err != nil {
+				return err
 			}
-			p.seen |= seenOrigin
 			r.Origin = value
 		}
 	case 13:
 		switch {
 		case foldEq(name, "authorization"):
-			if p.seen&seenAuth != 0 {
-				return errDupAuth
+			if err := p.once(seenAuth, errDupAuth); err != nil {
+				return err
 			}
-			p.seen |= seenAuth
 			r.Authorization = value
 		case foldEq(name, "last-event-id"):
-			if p.seen&seenLastID != 0 {
-				return errDupLastID
+			if err := p.once(seenLastID, errDupLastID); err != nil {
+				return err
 			}
-			p.seen |= seenLastID
 			r.LastEventID, r.HasLastEventID = value, true
 		}
 	case 10:
@@ -832,10 +827,9 @@ func (p *Parser) header(name, value []byte) error {
 		}
 	case 12:
 		if foldEq(name, "content-type") {
-			if p.seen&seenCT != 0 {
-				return errDupCT
+			if err := p.once(seenCT, errDupCT); err != nil {
+				return err
 			}
-			p.seen |= seenCT
 			m, ok := mediaOf(value)
 			if !ok {
 				return errContentType
@@ -844,37 +838,43 @@ func (p *Parser) header(name, value []byte) error {
 		}
 	case 14:
 		if foldEq(name, "content-length") {
-			if p.seen&seenCL != 0 {
-				return errDupCL
+			if err := p.once(seenCL, errDupCL); err != nil {
+				return err
 			}
-			p.seen |= seenCL
 			return p.contentLength(value)
 		}
 	case 17:
 		if foldEq(name, "transfer-encoding") {
-			if p.seen&seenTE != 0 {
-				return errDupTE
+			if err := p.once(seenTE, errDupTE); err != nil {
+				return err
 			}
-			p.seen |= seenTE
 			return transferEncoding(value)
 		}
 	case 29:
 		if foldEq(name, "access-control-request-method") {
-			if p.seen&seenACRMethod != 0 {
-				return errDupACRMethod
+			if err := p.once(seenACRMethod, errDupACRMethod); err != nil {
+				return err
 			}
-			p.seen |= seenACRMethod
 			r.ACRMethod = value
 		}
 	case 30:
 		if foldEq(name, "access-control-request-headers") {
-			if p.seen&seenACRHeaders != 0 {
-				return errDupACRHeaders
+			if err := p.once(seenACRHeaders, errDupACRHeaders); err != nil {
+				return err
 			}
-			p.seen |= seenACRHeaders
 			r.ACRHeaders = value
 		}
 	}
+	return nil
+}
+
+// once records that the header with bit seen has been seen, or returns
+// dup if it had been already: the headers a request may send only once.
+func (p *Parser) once(bit uint16, dup *ParseError) error {
+	if p.seen&bit != 0 {
+		return dup
+	}
+	p.seen |= bit
 	return nil
 }
 
