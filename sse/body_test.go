@@ -2,6 +2,7 @@ package sse
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
@@ -345,5 +346,56 @@ func BenchmarkBodyChunked(b *testing.B) {
 		if !d.Done() || len(d.Body()) != 4096 {
 			b.Fatal("incomplete")
 		}
+	}
+}
+
+// TestPipelinedKeepAlive is the engine's loop on one keep-alive connection:
+// head, body, next head from what remains — whether the bytes arrive at
+// once or one at a time.
+func TestPipelinedKeepAlive(t *testing.T) {
+	wire := "POST /streams/a?event=e HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello" +
+		"POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/x-ndjson\r\n\r\n" +
+		"1a\r\n{\"stream\":\"b\",\"data\":\"x\"}\n\r\n0\r\n\r\n" +
+		"POST /streams/c HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n" +
+		"GET /streams/d HTTP/1.1\r\nHost: x\r\n\r\n"
+	want := []string{"POST /streams/a?event=e keep=true body=hello",
+		"POST /publish keep=true body={\"stream\":\"b\",\"data\":\"x\"}\n",
+		"POST /streams/c keep=false body=",
+		"GET /streams/d keep=true body="}
+	for _, step := range []int{len(wire), 1, 7} {
+		var p Parser
+		var d BodyDecoder
+		var got []string
+		in := []byte(wire)
+		consumed, inBody, line := 0, false, ""
+		for arrived := min(step, len(in)); ; arrived = min(arrived+step, len(in)) {
+			for consumed < arrived || inBody && d.Done() {
+				if !inBody {
+					req, err := p.Parse(in[consumed:arrived], 8192)
+					if err == ErrIncomplete {
+						break
+					}
+					require.NoError(t, err)
+					line = string(req.RawMethod) + " " + string(req.Target) + " keep=" + strconv.FormatBool(req.KeepAlive)
+					consumed += req.HeadLen
+					require.NoError(t, d.Start(req, 0, d.Buffer()))
+					inBody = true
+					continue
+				}
+				n, done, err := d.Decode(in[consumed:arrived])
+				require.NoError(t, err)
+				consumed += n
+				if !done {
+					break
+				}
+				got = append(got, line+" body="+string(d.Body()))
+				inBody = false
+			}
+			if arrived == len(in) {
+				break
+			}
+		}
+		assert.Equal(t, want, got, "arriving %d bytes at a time", step)
+		assert.Equal(t, len(in), consumed)
 	}
 }
