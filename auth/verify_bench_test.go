@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -88,19 +87,24 @@ func BenchmarkPoolThroughput(b *testing.B) {
 		b.Run("ES256/workers="+strconv.Itoa(workers), func(b *testing.B) {
 			p := NewPool(v, PoolConfig{Workers: workers, Queue: 1024, CacheEntries: -1, FailureEntries: -1})
 			defer p.Close()
+			// At most Queue tokens in flight, so Submit is never refused; the
+			// submitter blocks (rather than spinning) while the workers catch up.
+			inflight := make(chan struct{}, 1024)
 			var wg sync.WaitGroup
 			done := func(_ *Claims, err error) {
 				if err != nil {
 					panic(err)
 				}
+				<-inflight
 				wg.Done()
 			}
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
+				inflight <- struct{}{}
 				wg.Add(1)
-				for !p.Submit(toks[i%len(toks)], t0, done) {
-					runtime.Gosched() // queue full: the loop would shed; here, wait
+				if !p.Submit(toks[i%len(toks)], t0, done) {
+					b.Fatal("refused")
 				}
 				i++
 			}
