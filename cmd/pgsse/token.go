@@ -18,7 +18,7 @@ func cmdToken(args []string, env func(string) (string, bool), stdout io.Writer, 
 	c := newCLI("token", "--stream PATTERN… [flags]", env)
 	streams := c.Multi("stream", `stream pattern to grant: a name, or a prefix ending in "*" (repeatable)`)
 	channels := c.Multi("channel", "raw channel pattern to grant (repeatable)")
-	publish := c.Multi("publish", `stream pattern to grant publishing to (POST /streams, /publish; repeatable)`)
+	publish := c.Multi("publish", "stream `PATTERN` to grant publishing to (POST /streams, /publish; repeatable)")
 	tags := c.Multi("tag", "audience tag (repeatable)")
 	subject := c.String("subject", "", "sub claim, for logs")
 	ttl := c.Duration("ttl", time.Hour, "lifetime (0 = no exp; the server then needs --jwt-allow-no-exp)")
