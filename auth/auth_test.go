@@ -462,3 +462,124 @@ func BenchmarkVerifyHS256(b *testing.B) {
 		}
 	}
 }
+
+// TestVerifyRejectsBadClaims: issue #11 — a NUL in a token tag made every
+// replay read fail in PostgreSQL. Token contents follow the name rules; the
+// error names the claim and the rule.
+func TestVerifyRejectsBadClaims(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	v, err := NewVerifier(Config{Secret: secret})
+	require.NoError(t, err)
+	exp := t0.Add(time.Hour).Unix()
+	many := make([]string, MaxClaimEntries+1)
+	for i := range many {
+		many[i] = "t" + strings.Repeat("x", i%5)
+	}
+	cases := []struct {
+		name  string
+		pgsse map[string]any
+		want  string
+	}{
+		{"NUL in a tag", map[string]any{"tags": []string{"a", "b", "user:\x00"}},
+			"token claim pgsse.tags[2]: audience tag must not contain control characters"},
+		{"newline in a tag", map[string]any{"tags": []string{"a\nb"}},
+			"token claim pgsse.tags[0]: audience tag must not contain control characters"},
+		{"empty tag", map[string]any{"tags": []string{""}}, "token claim pgsse.tags[0]: audience tag must be 1-200 bytes"},
+		{"long tag", map[string]any{"tags": []string{strings.Repeat("t", 201)}}, "token claim pgsse.tags[0]: audience tag must be 1-200 bytes"},
+		{"too many tags", map[string]any{"tags": many}, "token claim pgsse.tags: at most 256 entries"},
+		{"stream pattern with a space", map[string]any{"streams": []string{"ok", "a b*"}},
+			"token claim pgsse.streams[1]: stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -"},
+		{"star inside a stream pattern", map[string]any{"streams": []string{"a*b"}},
+			"token claim pgsse.streams[0]: stream pattern may hold * only as its last byte (a prefix pattern)"},
+		{"empty stream pattern", map[string]any{"streams": []string{""}}, "token claim pgsse.streams[0]: stream name must be 1-200 bytes"},
+		{"NUL in a channel pattern", map[string]any{"channels": []string{"jobs\x00*"}},
+			"token claim pgsse.channels[0]: channel name must not contain a NUL byte"},
+		{"long channel", map[string]any{"channels": []string{strings.Repeat("c", 64)}},
+			"token claim pgsse.channels[0]: channel name must be at most 63 bytes"},
+		{"bad publish pattern", map[string]any{"publish": []string{"orders/*", "x y"}},
+			"token claim pgsse.publish[1]: stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tok := sign(t, jwt.SigningMethodHS256, secret, jwt.MapClaims{"exp": exp, "pgsse": tc.pgsse})
+			c, err := v.Verify(tok, t0)
+			assert.Nil(t, c)
+			require.ErrorIs(t, err, ErrClaims)
+			assert.Equal(t, tc.want, err.Error())
+			assert.NotErrorIs(t, err, ErrSignature)
+		})
+	}
+	// At the bounds: accepted.
+	ok := sign(t, jwt.SigningMethodHS256, secret, jwt.MapClaims{"exp": exp, "pgsse": map[string]any{
+		"tags":     append(many[:MaxClaimEntries:MaxClaimEntries], "€"),
+		"streams":  []string{"*", strings.Repeat("s", 200), strings.Repeat("p", 200) + "*"},
+		"channels": []string{"*", "with space", "a*b", strings.Repeat("c", 63), "équipe*"},
+	}})
+	_, err = v.Verify(ok, t0)
+	require.ErrorIs(t, err, ErrClaims, "257 tags")
+	ok = sign(t, jwt.SigningMethodHS256, secret, jwt.MapClaims{"exp": exp, "pgsse": map[string]any{
+		"tags":     many[:MaxClaimEntries],
+		"streams":  []string{"*", strings.Repeat("s", 200), strings.Repeat("p", 200) + "*"},
+		"channels": []string{"*", "with space", "a*b", strings.Repeat("c", 63), "équipe*"},
+		"publish":  []string{"orders/*"},
+	}})
+	c, err := v.Verify(ok, t0)
+	require.NoError(t, err)
+	assert.Len(t, c.Tags, MaxClaimEntries)
+}
+
+func TestPublishGrants(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	tok, err := Mint(MintKey{Secret: secret}, Claims{Publish: []string{"orders/*"}, Streams: []string{"chat/*"}}, time.Hour, "", "", t0)
+	require.NoError(t, err)
+	v, err := NewVerifier(Config{Secret: secret})
+	require.NoError(t, err)
+	c, err := v.Verify([]byte(tok), t0)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"orders/*"}, c.Publish)
+	assert.True(t, c.AllowsPublish([]byte("orders/42")))
+	assert.False(t, c.AllowsStream([]byte("orders/42")), "a publish grant does not allow subscribing")
+	assert.True(t, c.AllowsStream([]byte("chat/1")))
+	assert.False(t, c.AllowsPublish([]byte("chat/1")), "a subscribe grant does not allow publishing")
+	var none *Claims
+	assert.False(t, none.AllowsPublish([]byte("orders/42")))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _ = c.AllowsPublish([]byte("orders/42")) }))
+}
+
+func TestMintRefusesBadClaims(t *testing.T) {
+	_, err := Mint(MintKey{Secret: []byte("s")}, Claims{Tags: []string{"a\x00"}}, time.Hour, "", "", t0)
+	require.ErrorIs(t, err, ErrClaims)
+	assert.Equal(t, "token claim pgsse.tags[0]: audience tag must not contain control characters", err.Error())
+	_, err = Mint(MintKey{Secret: []byte("s")}, Claims{Publish: []string{"a*b"}}, time.Hour, "", "", t0)
+	require.ErrorIs(t, err, ErrClaims)
+}
+
+// The public-stream rule (issue #11 asks for one): a token there only adds
+// tags; one that does not verify is ignored; only a token with tags bounds
+// the connection's life.
+func TestOnPublicStream(t *testing.T) {
+	exp := t0.Add(time.Hour)
+	withTags := &Claims{Tags: []string{"user:7"}, Expires: exp}
+	noTags := &Claims{Streams: []string{"*"}, Expires: exp}
+	cases := []struct {
+		name     string
+		c        *Claims
+		err      error
+		tags     []string
+		deadline time.Time
+	}{
+		{"no token", nil, nil, nil, time.Time{}},
+		{"expired token: anonymous, no deadline", nil, ErrExpired, nil, time.Time{}},
+		{"forged token: anonymous", nil, ErrSignature, nil, time.Time{}},
+		{"token breaking the name rules: anonymous", nil, &ClaimError{Claim: "pgsse.tags", Index: 0, Err: ErrMalformed}, nil, time.Time{}},
+		{"valid token with tags: its tags until exp", withTags, nil, []string{"user:7"}, exp},
+		{"valid token without tags: nothing to end", noTags, nil, nil, time.Time{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tags, deadline := OnPublicStream(tc.c, tc.err)
+			assert.Equal(t, tc.tags, tags)
+			assert.True(t, tc.deadline.Equal(deadline), "deadline %v", deadline)
+		})
+	}
+}

@@ -1,16 +1,29 @@
 package auth
 
-import "time"
+import (
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/pgsse/pgsse/names"
+)
 
 // Claims are what a verified token grants. Patterns are exact names, or a prefix ending
 // in '*' ("chat/*" matches "chat/" and "chat/x/y"; "*" matches everything).
 // A Claims value is never modified after Verify returns it, so it may be shared.
+//
+// Subscribe grants (Streams, Channels) and publish grants (Publish) are
+// separate: neither implies the other (SPEC §3a).
 type Claims struct {
-	Streams  []string  // stream patterns
+	Streams  []string  // stream patterns a subscriber may read
 	Channels []string  // raw channel patterns (/channels/)
+	Publish  []string  // stream patterns a publisher may write (POST /streams, /publish)
 	Tags     []string  // matched against an event's audience
 	Subject  string    // the token's sub, for logs; "" if absent
 	Expires  time.Time // zero if the token has no exp
+	// NotBefore is the token's nbf, zero if absent; a cached verification
+	// honours it.
+	NotBefore time.Time
 }
 
 // AllowsStream reports whether some stream pattern matches name. It does not allocate.
@@ -27,6 +40,15 @@ func (c *Claims) AllowsChannel(name []byte) bool {
 		return false
 	}
 	return matchAny(c.Channels, name)
+}
+
+// AllowsPublish reports whether some publish pattern matches stream. A
+// subscribe grant never allows publishing. It does not allocate.
+func (c *Claims) AllowsPublish(stream []byte) bool {
+	if c == nil {
+		return false
+	}
+	return matchAny(c.Publish, stream)
 }
 
 // HasTag reports whether tag is among the token's tags. It does not allocate.
@@ -64,3 +86,82 @@ func Match(pattern string, name []byte) bool {
 
 // MatchAny is Match over several patterns (e.g. --public-streams). It does not allocate.
 func MatchAny(patterns []string, name []byte) bool { return matchAny(patterns, name) }
+
+// MaxClaimEntries bounds each list in the "pgsse" claim (streams, channels,
+// publish, tags): a token travels in every request head, and each entry
+// costs a match per event.
+const MaxClaimEntries = 256
+
+// ErrClaims is what every token-contents error is (test with errors.Is): a
+// token whose grants or tags break the name rules is rejected like a bad
+// signature (401), with a message naming the claim.
+var ErrClaims = errors.New("token claims break the name rules")
+
+// ClaimError says which entry of which claim broke which rule, e.g.
+// "token claim pgsse.tags[2]: audience tag must not contain control characters".
+type ClaimError struct {
+	Claim string // "pgsse.tags", "pgsse.streams", …
+	Index int    // the entry, or -1 for the list as a whole
+	Err   error  // the names rule broken
+}
+
+func (e *ClaimError) Error() string {
+	s := "token claim " + e.Claim
+	if e.Index >= 0 {
+		s += "[" + strconv.Itoa(e.Index) + "]"
+	}
+	return s + ": " + e.Err.Error()
+}
+
+// Is makes every ClaimError match ErrClaims.
+func (e *ClaimError) Is(target error) bool { return target == ErrClaims }
+
+// Unwrap returns the names rule, so errors.Is(err, names.ErrTagControl) works.
+func (e *ClaimError) Unwrap() error { return e.Err }
+
+var errTooManyEntries = errors.New("at most " + strconv.Itoa(MaxClaimEntries) + " entries")
+
+// Check applies the name rules to every grant and tag (SPEC §3b): stream
+// and publish patterns follow names.CheckStreamPattern, channel patterns
+// names.CheckChannelPattern, tags names.CheckTag — so nothing a token
+// carries can reach SQL or a LISTEN that PostgreSQL would refuse — and
+// bounds each list by MaxClaimEntries. It returns the first *ClaimError.
+func (c *Claims) Check() error {
+	lists := []struct {
+		claim string
+		list  []string
+		check func(string) error
+	}{
+		{"pgsse.streams", c.Streams, names.CheckStreamPattern[string]},
+		{"pgsse.channels", c.Channels, names.CheckChannelPattern[string]},
+		{"pgsse.publish", c.Publish, names.CheckStreamPattern[string]},
+		{"pgsse.tags", c.Tags, names.CheckTag[string]},
+	}
+	for _, l := range lists {
+		if len(l.list) > MaxClaimEntries {
+			return &ClaimError{Claim: l.claim, Index: -1, Err: errTooManyEntries}
+		}
+		for i, v := range l.list {
+			if err := l.check(v); err != nil {
+				return &ClaimError{Claim: l.claim, Index: i, Err: err}
+			}
+		}
+	}
+	return nil
+}
+
+// OnPublicStream applies the public-stream rule to a verification result
+// (c, err) for a stream that needs no token (--public-streams): a token
+// there can only add audience tags. A token that does not verify —
+// expired, not yet valid, badly signed, breaking the name rules — is
+// ignored: the connection is anonymous, with no tags and no deadline. A
+// valid token gives its tags, and the connection must end at its exp only
+// when it has tags (that is when what it may see changes; the client comes
+// back with a fresh token or anonymously); a valid token without tags adds
+// nothing, so its exp does not matter. deadline is zero for "never".
+func OnPublicStream(c *Claims, err error) (tags []string, deadline time.Time) {
+	if err != nil || c == nil || len(c.Tags) == 0 {
+		return nil, time.Time{}
+	}
+	return c.Tags, c.Expires
+}

@@ -14,12 +14,16 @@ type MintKey struct {
 	PrivateKeyPEM []byte
 }
 
-// Mint signs a token granting claims' Streams, Channels and Tags (and Subject as sub).
+// Mint signs a token granting claims' Streams, Channels, Publish and Tags (and Subject as
+// sub). The claims must pass Claims.Check: a token the server would refuse is not minted.
 // iat is now; exp is now+ttl, or absent when ttl is 0 (the verifier must then allow
 // tokens without exp); iss and aud are set when non-empty.
 func Mint(key MintKey, claims Claims, ttl time.Duration, issuer, audience string, now time.Time) (string, error) {
 	if ttl < 0 {
 		return "", errors.New("ttl must not be negative")
+	}
+	if err := claims.Check(); err != nil {
+		return "", err
 	}
 	var (
 		method  jwt.SigningMethod
@@ -53,7 +57,7 @@ func Mint(key MintKey, claims Claims, ttl time.Duration, issuer, audience string
 			Issuer:   issuer,
 			IssuedAt: jwt.NewNumericDate(now),
 		},
-		PGSSE: wirePGSSE{Streams: claims.Streams, Channels: claims.Channels, Tags: claims.Tags},
+		PGSSE: wirePGSSE{Streams: claims.Streams, Channels: claims.Channels, Publish: claims.Publish, Tags: claims.Tags},
 	}
 	if ttl > 0 {
 		wc.ExpiresAt = jwt.NewNumericDate(now.Add(ttl))

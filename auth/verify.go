@@ -35,6 +35,7 @@ type wireClaims struct {
 type wirePGSSE struct {
 	Streams  []string `json:"streams,omitempty"`
 	Channels []string `json:"channels,omitempty"`
+	Publish  []string `json:"publish,omitempty"`
 	Tags     []string `json:"tags,omitempty"`
 }
 
@@ -98,8 +99,9 @@ func (v *Verifier) key(t *jwt.Token) (any, error) {
 }
 
 // Verify checks token's signature and its exp, nbf, iss and aud against now and the
-// configuration, and returns the granted claims. Every error is one of the Err* values
-// above (test with errors.Is).
+// configuration, then the contents of its "pgsse" claim against the name rules
+// (Claims.Check), and returns the granted claims. Every error is one of the Err* values
+// above or a *ClaimError (errors.Is(err, ErrClaims)).
 func (v *Verifier) Verify(token []byte, now time.Time) (*Claims, error) {
 	if len(token) == 0 || len(token) > MaxTokenBytes {
 		return nil, ErrMalformed
@@ -127,11 +129,18 @@ func (v *Verifier) Verify(token []byte, now time.Time) (*Claims, error) {
 	c := &Claims{
 		Streams:  wc.PGSSE.Streams,
 		Channels: wc.PGSSE.Channels,
+		Publish:  wc.PGSSE.Publish,
 		Tags:     wc.PGSSE.Tags,
 		Subject:  wc.Subject,
 	}
+	if err := c.Check(); err != nil {
+		return nil, err
+	}
 	if wc.ExpiresAt != nil {
 		c.Expires = wc.ExpiresAt.Time
+	}
+	if wc.NotBefore != nil {
+		c.NotBefore = wc.NotBefore.Time
 	}
 	return c, nil
 }

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/pgsse/pgsse/names"
 )
@@ -37,6 +38,59 @@ func refChannel(s string) error {
 	return nil
 }
 
+func refChannelUTF8(s string) error {
+	if err := refChannel(s); err != nil {
+		return err
+	}
+	if !utf8.ValidString(s) {
+		return names.ErrChannelUTF8
+	}
+	return nil
+}
+
+func refTag(s string) error {
+	switch {
+	case len(s) < 1 || len(s) > 200:
+		return names.ErrTagLength
+	case strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return names.ErrTagControl
+	case !utf8.ValidString(s):
+		return names.ErrTagUTF8
+	}
+	return nil
+}
+
+func refStreamPattern(s string) error {
+	base, prefix := strings.CutSuffix(s, "*")
+	if prefix && len(base) > 200 || !prefix && (len(s) < 1 || len(s) > 200) {
+		return names.ErrStreamLength
+	}
+	for i := 0; i < len(base); i++ { // the first byte that breaks a rule names it
+		if base[i] == '*' {
+			return names.ErrPatternStar
+		}
+		if refCharset(base[i:i+1], 1, "._:@/=+~-", nil, names.ErrStreamChars) != nil {
+			return names.ErrStreamChars
+		}
+	}
+	return nil
+}
+
+func refChannelPattern(s string) error {
+	base, prefix := strings.CutSuffix(s, "*")
+	switch {
+	case !prefix:
+		return refChannelUTF8(s)
+	case len(base) > 63:
+		return names.ErrChannelLength
+	case strings.IndexByte(base, 0) >= 0:
+		return names.ErrChannelNUL
+	case !utf8.ValidString(base):
+		return names.ErrChannelUTF8
+	}
+	return nil
+}
+
 func refCursor(s string) (int64, error) {
 	if s == "" || strings.TrimLeft(s, "0123456789") != "" {
 		return 0, names.ErrCursorSyntax
@@ -62,24 +116,38 @@ func FuzzNames(f *testing.F) {
 		"", "a", "orders/42", "a.b_c:d@e/f=g+h~i-j", "pgsse:gap", "a b", "a%20", "a\x00b", "\x80", "a\n",
 		strings.Repeat("x", 63), strings.Repeat("x", 64), strings.Repeat("x", 65),
 		strings.Repeat("x", 200), strings.Repeat("x", 201),
+		"\xff\xfe", "caf\xc3", "\xed\xa0\x80", "\xf4\x90\x80\x80", "user:\x00", "a\x7f", "é",
+		"*", "chat/*", "a*b", "a b*", "a\x00*", "a**", "*a", strings.Repeat("s", 200) + "*",
 		"0", "007", "+1", "-1", " 1", "1 ", "0x1",
 		"9223372036854775807", "9223372036854775808", "18446744073709551616", "99999999999999999999x",
 	} {
 		f.Add(s)
 	}
+	checks := []struct {
+		name string
+		ref  func(string) error
+		str  func(string) error
+		byt  func([]byte) error
+	}{
+		{"CheckStream", func(s string) error {
+			return refCharset(s, 200, "._:@/=+~-", names.ErrStreamLength, names.ErrStreamChars)
+		}, names.CheckStream[string], names.CheckStream[[]byte]},
+		{"CheckEvent", func(s string) error {
+			return refCharset(s, 64, "._:-", names.ErrEventLength, names.ErrEventChars)
+		}, names.CheckEvent[string], names.CheckEvent[[]byte]},
+		{"CheckChannel", refChannel, names.CheckChannel[string], names.CheckChannel[[]byte]},
+		{"CheckChannelUTF8", refChannelUTF8, names.CheckChannelUTF8[string], names.CheckChannelUTF8[[]byte]},
+		{"CheckTag", refTag, names.CheckTag[string], names.CheckTag[[]byte]},
+		{"CheckStreamPattern", refStreamPattern, names.CheckStreamPattern[string], names.CheckStreamPattern[[]byte]},
+		{"CheckChannelPattern", refChannelPattern, names.CheckChannelPattern[string], names.CheckChannelPattern[[]byte]},
+	}
 	f.Fuzz(func(t *testing.T, s string) {
 		b := []byte(s)
-		want := refCharset(s, 200, "._:@/=+~-", names.ErrStreamLength, names.ErrStreamChars)
-		sameErr(t, "CheckStream", s, want, names.CheckStream(s))
-		sameErr(t, "CheckStream[]byte", s, want, names.CheckStream(b))
-
-		want = refCharset(s, 64, "._:-", names.ErrEventLength, names.ErrEventChars)
-		sameErr(t, "CheckEvent", s, want, names.CheckEvent(s))
-		sameErr(t, "CheckEvent[]byte", s, want, names.CheckEvent(b))
-
-		want = refChannel(s)
-		sameErr(t, "CheckChannel", s, want, names.CheckChannel(s))
-		sameErr(t, "CheckChannel[]byte", s, want, names.CheckChannel(b))
+		for _, c := range checks {
+			want := c.ref(s)
+			sameErr(t, c.name, s, want, c.str(s))
+			sameErr(t, c.name+"[]byte", s, want, c.byt(b))
+		}
 
 		wantV, wantErr := refCursor(s)
 		for _, parse := range []func() (int64, error){

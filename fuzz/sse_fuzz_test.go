@@ -22,11 +22,17 @@ const sseChromiumHead = "GET /streams/orders%2F42?token=eyJhbGciOiJIUzI1NiJ9.eyJ
 	"User-Agent: Mozilla/5.0 Chrome/124.0.0.0\r\nAccept-Encoding: gzip, deflate, br, zstd\r\n" +
 	"Accept-Language: en-US,en;q=0.9\r\nCookie: _ga=1; pgsse_token=abc.def.ghi\r\n\r\n"
 
+// ssePublishHead is a service publishing one event on a keep-alive connection.
+const ssePublishHead = "POST /streams/orders%2F42?event=order.created&audience=user%3A7 HTTP/1.1\r\n" +
+	"Host: events.example.com\r\nContent-Length: 5\r\nAuthorization: Bearer a.b.c\r\n" +
+	"Content-Type: text/plain; charset=utf-8\r\n\r\n"
+
 // FuzzParseRequest: arbitrary bytes never panic the parser; an accepted
 // head ends at the first CRLFCRLF within maxHead, its views lie inside the
 // head (or in the parser's scratch, never in bytes after the head), every
-// prefix of it is merely incomplete, net/http accepts it too, and the
-// stream/channel name and token survive re-encoding.
+// prefix of it is merely incomplete, net/http accepts it too with the same
+// body framing and keep-alive, and the stream/channel name and token
+// survive re-encoding.
 func FuzzParseRequest(f *testing.F) {
 	for _, s := range []string{
 		sseChromiumHead,
@@ -51,6 +57,13 @@ func FuzzParseRequest(f *testing.F) {
 		"GET /streams/a?token=1&token=2 HTTP/1.1\r\nHost: x\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: x\r\nX: \x00\r\n\r\n",
 		"\r\n\r\n",
+		ssePublishHead,
+		"POST /publish?token=t HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/x-ndjson\r\nExpect: 100-continue\r\n\r\n",
+		"POST /streams/a?ephemeral=1&audience=a+b&audience=%E2%82%AC&event=e HTTP/1.0\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\n",
+		"POST /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"POST /streams/a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+		"POST /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+		"POST /streams/a HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data\r\nContent-Length: 1\r\n\r\n",
 	} {
 		f.Add([]byte(s), uint16(8192))
 	}
@@ -80,7 +93,12 @@ func FuzzParseRequest(f *testing.F) {
 					t.Fatalf("ErrHeadTooLarge with end=%d len=%d limit=%d", end, len(data), limit)
 				}
 			case errors.As(err, &pe):
-				if pe.Status != 400 || pe.Reason == "" || strings.ContainsAny(pe.Reason, "\r\n") {
+				switch pe.Status {
+				case 400, 413, 415, 417, 501:
+				default:
+					t.Fatalf("ParseError with status %d: %+v", pe.Status, pe)
+				}
+				if pe.Reason == "" || strings.ContainsAny(pe.Reason, "\r\n") {
 					t.Fatalf("bad ParseError %+v", pe)
 				}
 			default:
@@ -97,7 +115,16 @@ func FuzzParseRequest(f *testing.F) {
 			"RawMethod": req.RawMethod, "Target": req.Target, "Name": req.Name, "Token": req.Token,
 			"Since": req.Since, "LastEventID": req.LastEventID, "Authorization": req.Authorization,
 			"Cookie": req.Cookie, "Origin": req.Origin, "Host": req.Host, "ACRMethod": req.ACRMethod,
-			"ACRHeaders": req.ACRHeaders,
+			"ACRHeaders": req.ACRHeaders, "ContentType": req.ContentType, "Event": req.Event,
+		}
+		for i, a := range req.Audience {
+			views["Audience"+strconv.Itoa(i)] = a
+		}
+		if len(req.Audience) > 64 || cap(req.Audience) != len(req.Audience) {
+			t.Fatalf("audience list of %d (cap %d)", len(req.Audience), cap(req.Audience))
+		}
+		if req.Method != sse.MethodPOST && (req.Framing != sse.BodyNone || req.HasEvent || req.Audience != nil || req.Ephemeral) {
+			t.Fatalf("a %v with body or publish parameters: %+v", req.Method, req)
 		}
 		for name, v := range views {
 			if cap(v) != len(v) {
@@ -118,6 +145,7 @@ func FuzzParseRequest(f *testing.F) {
 		route, method, host := req.Route, string(req.RawMethod), string(req.Host)
 		name, token := string(req.Name), string(req.Token)
 		hasToken := req.Token != nil
+		framing, contentLength, keepAlive := req.Framing, req.ContentLength, req.KeepAlive
 
 		// Every proper prefix of an accepted head is incomplete, not wrong.
 		for _, k := range []int{len(head) - 1, len(head) - 2, len(head) / 2} {
@@ -133,6 +161,25 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if hr.Method != method || (!strings.EqualFold(hr.Host, host) && host != "") {
 			t.Fatalf("net/http read method %q host %q, we read %q %q", hr.Method, hr.Host, method, host)
+		}
+		// The same body framing.
+		chunked := len(hr.TransferEncoding) == 1 && hr.TransferEncoding[0] == "chunked"
+		switch framing {
+		case sse.BodyChunked:
+			if !chunked {
+				t.Fatalf("we read chunked, net/http %v", hr.TransferEncoding)
+			}
+		case sse.BodyLength:
+			if chunked || hr.ContentLength != contentLength {
+				t.Fatalf("we read Content-Length %d, net/http %d %v", contentLength, hr.ContentLength, hr.TransferEncoding)
+			}
+		default:
+			if chunked || hr.ContentLength > 0 {
+				t.Fatalf("we read no body, net/http %d %v", hr.ContentLength, hr.TransferEncoding)
+			}
+		}
+		if keepAlive == hr.Close {
+			t.Fatalf("we read keep-alive %v, net/http close %v", keepAlive, hr.Close)
 		}
 
 		// Name and token round-trip through percent-encoding.

@@ -110,6 +110,98 @@ func TestCheckChannel(t *testing.T) {
 	both(t, CheckChannel[string], CheckChannel[[]byte], cases)
 }
 
+func TestCheckChannelUTF8(t *testing.T) {
+	cases := []nameCase{
+		// CheckChannel's rules come first.
+		{"len0", "", ErrChannelEmpty},
+		{"lenMax+1", strings.Repeat("c", MaxChannel+1), ErrChannelLength},
+		{"NUL", "a\x00b", ErrChannelNUL},
+		{"ascii", "jobs", nil},
+		{"utf8", "café", nil},
+		{"4-byte", "🎉", nil},
+		{"lenMax of 3-byte runes", strings.Repeat("€", MaxChannel/3), nil},
+		{"control bytes are legal identifiers", "a\nb\x7f", nil},
+		// Issue #11: /channels/%FF%FE answered 200 + ":over capacity".
+		{"FF FE", "\xff\xfe", ErrChannelUTF8},
+		{"lone continuation", "a\x80", ErrChannelUTF8},
+		{"truncated 2-byte", "caf\xc3", ErrChannelUTF8},
+		{"truncated 3-byte", "\xe2\x82", ErrChannelUTF8},
+		{"overlong slash", "\xc0\xaf", ErrChannelUTF8},
+		{"overlong 3-byte", "\xe0\x80\xaf", ErrChannelUTF8},
+		{"surrogate", "\xed\xa0\x80", ErrChannelUTF8},
+		{"above U+10FFFF", "\xf4\x90\x80\x80", ErrChannelUTF8},
+		{"F5", "\xf5\x80\x80\x80", ErrChannelUTF8},
+		{"bad continuation", "\xe2\x28\xa1", ErrChannelUTF8},
+	}
+	both(t, CheckChannelUTF8[string], CheckChannelUTF8[[]byte], cases)
+}
+
+func TestCheckTag(t *testing.T) {
+	cases := []nameCase{
+		{"len0", "", ErrTagLength},
+		{"len1", "a", nil},
+		{"typical", "user:7", nil},
+		{"spaces and punctuation", "role: admin / ops, \"quoted\"", nil},
+		{"utf8", "groupe:équipe-🎉", nil},
+		{"lenMax", strings.Repeat("t", MaxTag), nil},
+		{"lenMax+1", strings.Repeat("t", MaxTag+1), ErrTagLength},
+		// Issue #11: a NUL in a token tag made every replay read fail in PostgreSQL.
+		{"NUL", "user:\x00", ErrTagControl},
+		{"newline", "a\nb", ErrTagControl},
+		{"CR", "a\r", ErrTagControl},
+		{"tab", "a\tb", ErrTagControl},
+		{"0x1f", "\x1f", ErrTagControl},
+		{"DEL", "a\x7f", ErrTagControl},
+		{"invalid UTF-8", "user:\xff", ErrTagUTF8},
+		{"surrogate", "\xed\xb0\x80", ErrTagUTF8},
+		{"C1 control is not SQL's rule", "a\u0085b", nil},
+	}
+	both(t, CheckTag[string], CheckTag[[]byte], cases)
+}
+
+func TestCheckStreamPattern(t *testing.T) {
+	cases := []nameCase{
+		{"everything", "*", nil},
+		{"exact", "orders/42", nil},
+		{"prefix", "chat/*", nil},
+		{"prefix without slash", "chat*", nil},
+		{"exact max", strings.Repeat("s", MaxStream), nil},
+		{"prefix max", strings.Repeat("s", MaxStream) + "*", nil},
+		{"empty", "", ErrStreamLength},
+		{"exact max+1", strings.Repeat("s", MaxStream+1), ErrStreamLength},
+		{"prefix max+1", strings.Repeat("s", MaxStream+1) + "*", ErrStreamLength},
+		{"star inside", "a*b", ErrPatternStar},
+		{"two stars", "a**", ErrPatternStar},
+		{"star first", "*a", ErrPatternStar},
+		{"space", "a b", ErrStreamChars},
+		{"space in prefix", "a b*", ErrStreamChars},
+		{"NUL in prefix", "a\x00*", ErrStreamChars},
+		{"utf8", "café*", ErrStreamChars},
+	}
+	both(t, CheckStreamPattern[string], CheckStreamPattern[[]byte], cases)
+}
+
+func TestCheckChannelPattern(t *testing.T) {
+	cases := []nameCase{
+		{"everything", "*", nil},
+		{"exact", "jobs", nil},
+		{"prefix", "jobs.*", nil},
+		{"star inside is an ordinary byte", "a*b", nil},
+		{"prefix of a star name", "a**", nil},
+		{"exact max", strings.Repeat("c", MaxChannel), nil},
+		{"prefix max", strings.Repeat("c", MaxChannel) + "*", nil},
+		{"utf8 prefix", "équipe*", nil},
+		{"empty", "", ErrChannelEmpty},
+		{"exact max+1", strings.Repeat("c", MaxChannel+1), ErrChannelLength},
+		{"prefix max+1", strings.Repeat("c", MaxChannel+1) + "*", ErrChannelLength},
+		{"NUL", "a\x00", ErrChannelNUL},
+		{"NUL in prefix", "a\x00*", ErrChannelNUL},
+		{"invalid UTF-8", "\xff", ErrChannelUTF8},
+		{"prefix splits a rune", "caf\xc3*", ErrChannelUTF8},
+	}
+	both(t, CheckChannelPattern[string], CheckChannelPattern[[]byte], cases)
+}
+
 func TestParseCursor(t *testing.T) {
 	cases := []struct {
 		in   string
@@ -145,8 +237,11 @@ func TestParseCursor(t *testing.T) {
 		{"١", 0, ErrCursorSyntax}, // Arabic-Indic digit one
 		{"1\x00", 0, ErrCursorSyntax},
 		{"1\n", 0, ErrCursorSyntax},
-		{"/", 0, ErrCursorSyntax}, // '0'-1
-		{":", 0, ErrCursorSyntax}, // '9'+1
+		{"\t1", 0, ErrCursorSyntax},
+		{"１", 0, ErrCursorSyntax},       // fullwidth digit one
+		{"\u00a01", 0, ErrCursorSyntax}, // no-break space: bytes.TrimSpace would remove it
+		{"/", 0, ErrCursorSyntax},       // '0'-1
+		{":", 0, ErrCursorSyntax},       // '9'+1
 		// Overflowing digits followed by junk: syntax wins (the value was never a number).
 		{"99999999999999999999x", 0, ErrCursorSyntax},
 	}
@@ -183,6 +278,12 @@ func TestErrorMessages(t *testing.T) {
 		ErrChannelEmpty:  "channel name must be 1-63 bytes",
 		ErrChannelLength: "channel name must be at most 63 bytes",
 		ErrChannelNUL:    "channel name must not contain a NUL byte",
+		ErrChannelUTF8:   "channel name must be valid UTF-8",
+		ErrTagLength:     "audience tag must be 1-200 bytes",
+		ErrTagUTF8:       "audience tag must be valid UTF-8",
+		ErrTagControl:    "audience tag must not contain control characters",
+		ErrAudienceCount: "audience must have at most 64 tags",
+		ErrPatternStar:   "stream pattern may hold * only as its last byte (a prefix pattern)",
 		ErrCursorSyntax:  "cursor must be decimal digits",
 		ErrCursorRange:   "cursor must be at most 9223372036854775807",
 	}
@@ -212,6 +313,8 @@ func TestZeroAllocs(t *testing.T) {
 	bs := []byte("orders/42")
 	bad := []byte("a b")
 	cur := []byte("9223372036854775807")
+	utf := []byte("groupe:équipe-🎉")
+	bad8 := []byte("user:\xff")
 	cases := map[string]func(){
 		"CheckStream string":  func() { sink = CheckStream(long) },
 		"CheckStream bytes":   func() { sink = CheckStream(bs) },
@@ -220,6 +323,12 @@ func TestZeroAllocs(t *testing.T) {
 		"CheckEvent bytes":    func() { sink = CheckEvent(bad) },
 		"CheckChannel string": func() { sink = CheckChannel("jobs") },
 		"CheckChannel bytes":  func() { sink = CheckChannel(bs) },
+		"CheckChannelUTF8":    func() { sink = CheckChannelUTF8(utf) },
+		"CheckChannelUTF8 s":  func() { sink = CheckChannelUTF8("équipe") },
+		"CheckTag bytes":      func() { sink = CheckTag(utf) },
+		"CheckTag bad":        func() { sink = CheckTag(bad8) },
+		"CheckStreamPattern":  func() { sink = CheckStreamPattern(bs) },
+		"CheckChannelPattern": func() { sink = CheckChannelPattern("jobs.*") },
 		"ParseCursor bytes":   func() { _, sink = ParseCursor(cur) },
 		"ParseCursor string":  func() { _, sink = ParseCursor("123456") },
 		"ParseCursor bad":     func() { _, sink = ParseCursor("99999999999999999999") },

@@ -3,6 +3,8 @@ package sse
 import (
 	"bytes"
 	"errors"
+
+	"github.com/pgsse/pgsse/names"
 )
 
 // Method is the request method, classified for routing.
@@ -14,6 +16,7 @@ const (
 	MethodGET
 	MethodHEAD
 	MethodOPTIONS
+	MethodPOST
 	MethodOther
 )
 
@@ -25,6 +28,8 @@ func (m Method) String() string {
 		return "HEAD"
 	case MethodOPTIONS:
 		return "OPTIONS"
+	case MethodPOST:
+		return "POST"
 	case MethodOther:
 		return "other"
 	}
@@ -36,13 +41,15 @@ type Route uint8
 
 // Routes. Matching is on the raw (still percent-encoded), case-sensitive
 // path: "/streams/…" and "/channels/…" need the trailing slash ("/streams"
-// alone is RouteOther), and the root is exactly "/".
+// alone is RouteOther), the root is exactly "/" and the batch endpoint
+// exactly "/publish".
 const (
 	RouteNone    Route = iota
-	RouteStream        // /streams/{stream}
+	RouteStream        // /streams/{stream}: GET subscribes, POST publishes one event
 	RouteChannel       // /channels/{channel}
 	RouteRoot          // "/", the demo page
 	RouteOther         // anything else: 404
+	RoutePublish       // /publish: POST an NDJSON batch (SPEC §3a)
 )
 
 func (r Route) String() string {
@@ -55,9 +62,33 @@ func (r Route) String() string {
 		return "root"
 	case RouteOther:
 		return "other"
+	case RoutePublish:
+		return "publish"
 	}
 	return "none"
 }
+
+// BodyFraming says how a request body is delimited (RFC 9112 §6.3).
+type BodyFraming uint8
+
+// Body framings.
+const (
+	BodyNone    BodyFraming = iota // neither Content-Length nor Transfer-Encoding: no body
+	BodyLength                     // Content-Length: Request.ContentLength bytes
+	BodyChunked                    // Transfer-Encoding: chunked
+)
+
+// Media classifies a request's Content-Type (type/subtype, ASCII
+// case-insensitive, parameters ignored).
+type Media uint8
+
+// Media types the publisher tells apart.
+const (
+	MediaNone      Media = iota // no Content-Type header
+	MediaOther                  // any other well-formed media type
+	MediaNDJSON                 // application/x-ndjson: the only type POST /publish takes
+	MediaMultipart              // multipart/*: never an event's data
+)
 
 // Request is a parsed request head. Every byte slice is a view into the
 // buffer passed to Parse or into the Parser's scratch; views have no spare
@@ -88,6 +119,32 @@ type Request struct {
 	ACRHeaders     []byte // Access-Control-Request-Headers
 	HTTP10         bool   // the request line said HTTP/1.0
 	HeadLen        int    // bytes of input the head occupied, including the final CRLFCRLF
+
+	// KeepAlive: the client lets the connection carry another request after
+	// this one's response (HTTP/1.1 unless "Connection: close"; HTTP/1.0 only
+	// with "Connection: keep-alive"). An event stream ends its connection
+	// whatever this says.
+	KeepAlive bool
+	// Expect100: an HTTP/1.1 request said "Expect: 100-continue" (ignored in
+	// HTTP/1.0, as RFC 9110 §10.1.1 requires): the client may wait for
+	// AppendContinue before sending its body.
+	Expect100 bool
+
+	// Body framing and type. Only POST may carry a body; any other method
+	// with a non-zero Content-Length or a Transfer-Encoding is refused, and
+	// its Framing is always BodyNone.
+	Framing       BodyFraming
+	ContentLength int64  // with BodyLength
+	ContentType   []byte // the raw Content-Type value, nil if absent
+	Media         Media  // ContentType classified
+
+	// Publish parameters (SPEC §3a), parsed from the query of a POST only,
+	// percent-decoded with '+' as space. Not validated here: callers run
+	// names.CheckEvent / names.CheckTag on them.
+	Event     []byte   // ?event=
+	HasEvent  bool     // ?event was present, even if blank
+	Audience  [][]byte // ?audience=, in order, at most names.MaxAudience; backed by the Parser
+	Ephemeral bool     // ?ephemeral=1 (or true)
 }
 
 // ParseError is a request the server must refuse: Status is the HTTP status
@@ -101,6 +158,33 @@ func (e *ParseError) Error() string { return e.Reason }
 
 // DefaultMaxHead is SPEC §3's default --max-header-bytes.
 const DefaultMaxHead = 8192
+
+// Cursor returns the replay cursor the client sent and which field it came
+// from, applying SPEC §3: Last-Event-ID wins over ?since=; a blank value
+// (empty, or only spaces and tabs) counts as absent; an invalid header does
+// not fall back to since. value is returned exactly as sent — not trimmed —
+// so names.ParseCursor rejects "?since=+1" (" 1" once '+' is decoded) as the
+// SPEC's "decimal digits only" demands. field is "Last-Event-ID" or "since",
+// for the error message ("since: cursor must be decimal digits"). ok is false
+// when there is no cursor: the subscription starts live.
+func (r *Request) Cursor() (value []byte, field string, ok bool) {
+	if r.HasLastEventID && !blank(r.LastEventID) {
+		return r.LastEventID, "Last-Event-ID", true
+	}
+	if r.HasSince && !blank(r.Since) {
+		return r.Since, "since", true
+	}
+	return nil, "", false
+}
+
+func blank(b []byte) bool {
+	for _, c := range b {
+		if c != ' ' && c != '\t' {
+			return false
+		}
+	}
+	return true
+}
 
 var (
 	// ErrIncomplete means the buffer does not yet hold a whole head and
@@ -139,7 +223,7 @@ var (
 	errSpaceColon    = badRequest("whitespace between header name and colon is not accepted")
 	errNoColon       = badRequest("header line must be name: value")
 	errHeaderCTL     = badRequest("header value contains a control character")
-	errBody          = badRequest("request bodies are not accepted")
+	errBody          = badRequest("request bodies are accepted only with POST")
 	errContentLength = badRequest("invalid Content-Length")
 	errNoHost        = badRequest("missing Host header")
 	errHost          = badRequest("invalid Host header")
@@ -149,17 +233,45 @@ var (
 	errDupOrigin     = badRequest("duplicate Origin header")
 	errDupACRMethod  = badRequest("duplicate Access-Control-Request-Method header")
 	errDupACRHeaders = badRequest("duplicate Access-Control-Request-Headers header")
+
+	// Bodies and publishing (SPEC §3a).
+	errDupCL        = badRequest("duplicate Content-Length header")
+	errCLTooLarge   = &ParseError{Status: 413, Reason: "Content-Length is larger than any body this server accepts"}
+	errDupTE        = badRequest("duplicate Transfer-Encoding header")
+	errTESyntax     = badRequest("invalid Transfer-Encoding")
+	errTENotFinal   = badRequest("Transfer-Encoding must end in chunked, applied once")
+	errTEUnknown    = &ParseError{Status: 501, Reason: "Transfer-Encoding: only chunked is implemented"}
+	errTEHTTP10     = badRequest("an HTTP/1.0 request must not use Transfer-Encoding")
+	errCLAndTE      = badRequest("a request must not have both Content-Length and Transfer-Encoding")
+	errDupCT        = badRequest("duplicate Content-Type header")
+	errContentType  = badRequest("invalid Content-Type: want type/subtype")
+	errMultipart    = &ParseError{Status: 415, Reason: "multipart bodies are not accepted: the body is the event's data"}
+	errNotNDJSON    = &ParseError{Status: 415, Reason: "POST /publish needs Content-Type: application/x-ndjson"}
+	errConnection   = badRequest("invalid Connection header")
+	errDupExpect    = badRequest("duplicate Expect header")
+	errExpect       = &ParseError{Status: 417, Reason: "the only expectation supported is Expect: 100-continue"}
+	errDupEvent     = badRequest("duplicate event query parameter")
+	errDupEphemeral = badRequest("duplicate ephemeral query parameter")
+	errEphemeral    = badRequest("ephemeral must be 1 or 0")
+	errAudienceMax  = badRequest(names.ErrAudienceCount.Error())
 )
+
+// maxCLDigits bounds a Content-Length's significant digits: 10^18−1 still
+// fits an int64, and no body that large is ever accepted.
+const maxCLDigits = 18
 
 // Parser parses request heads. It is reusable and not safe for concurrent
 // use: one per event loop. It owns a scratch buffer for percent-decoded and
 // joined values, sized to the largest head seen, so steady-state parsing
 // does not allocate.
 type Parser struct {
-	req     Request
-	scratch []byte
-	seen    uint16 // headers seen in this head, for duplicate detection
-	cookieS int    // offset of the joined Cookie value in scratch, -1 if none
+	req      Request
+	scratch  []byte
+	seen     uint16 // headers seen in this head, for duplicate detection
+	cookieS  int    // offset of the joined Cookie value in scratch, -1 if none
+	close    bool   // Connection: close
+	keep     bool   // Connection: keep-alive
+	audience [names.MaxAudience][]byte
 }
 
 const (
@@ -170,6 +282,10 @@ const (
 	seenOrigin
 	seenACRMethod
 	seenACRHeaders
+	seenCL
+	seenTE
+	seenCT
+	seenExpect
 )
 
 // Parser states, one per position in the head's grammar.
@@ -194,7 +310,10 @@ var crlfcrlf = []byte("\r\n\r\n")
 // It returns ErrIncomplete when buf holds no whole head yet, nothing in it
 // is invalid and len(buf) <= maxHead; ErrHeadTooLarge when more than maxHead
 // bytes arrived without the end of the head, or the head is longer than
-// maxHead; otherwise, for an invalid head, a *ParseError with Status 400.
+// maxHead, and its first maxHead bytes break no rule; otherwise, for an
+// invalid head, a *ParseError (400, or 413/415/417/501 for the body and
+// expectation rules). The first rule broken is reported, whatever else
+// follows, so the same bytes give the same answer however they arrived.
 // maxHead <= 0 means DefaultMaxHead.
 //
 // The returned *Request and its views belong to p and are valid until the
@@ -206,13 +325,15 @@ func (p *Parser) Parse(buf []byte, maxHead int) (*Request, error) {
 	p.req = Request{}
 	p.seen = 0
 	p.cookieS = -1
-	if end := bytes.Index(buf, crlfcrlf); end >= 0 {
-		if end+4 > maxHead {
-			return nil, ErrHeadTooLarge
-		}
+	p.close, p.keep = false, false
+	tooLarge := false
+	if end := bytes.Index(buf, crlfcrlf); end >= 0 && end+4 <= maxHead {
 		buf = buf[:end+4]
-	} else if len(buf) > maxHead {
-		return nil, ErrHeadTooLarge
+	} else if end >= 0 || len(buf) > maxHead {
+		// Too large — unless a rule is already broken within the first
+		// maxHead bytes: that is reported instead, so the answer does not
+		// depend on how the bytes arrived.
+		tooLarge, buf = true, buf[:maxHead]
 	}
 	// Decoded and joined values never outgrow the head they come from, so
 	// this capacity means appends to scratch never reallocate mid-parse.
@@ -220,7 +341,11 @@ func (p *Parser) Parse(buf []byte, maxHead int) (*Request, error) {
 		p.scratch = make([]byte, 0, max(len(buf), min(maxHead, 64<<10)))
 	}
 	p.scratch = p.scratch[:0]
-	if err := p.scan(buf); err != nil {
+	err := p.scan(buf)
+	if tooLarge && err == ErrIncomplete {
+		err = ErrHeadTooLarge
+	}
+	if err != nil {
 		return nil, err
 	}
 	return &p.req, nil
@@ -321,7 +446,7 @@ func (p *Parser) scan(b []byte) error {
 					return errNoHost
 				}
 				r.HeadLen = i + 2
-				return nil
+				return p.finish()
 			case c == '\n':
 				return errBareLF
 			case c == ' ' || c == '\t':
@@ -395,13 +520,17 @@ func (p *Parser) scan(b []byte) error {
 
 // lineError reports the byte at b[i], which ended a request-line part too
 // early: a CR not followed by LF or an LF not preceded by CR is reported as
-// such, a proper CRLF (or a CR still waiting for its LF) as def.
+// such, a proper CRLF as def. A CR still waiting for its next byte is
+// ErrIncomplete, so the answer does not depend on where the input was cut.
 func lineError(b []byte, i int, def *ParseError) error {
 	switch b[i] {
 	case '\n':
 		return errBareLF
 	case '\r':
-		if i+1 < len(b) && b[i+1] != '\n' {
+		if i+1 == len(b) {
+			return ErrIncomplete
+		}
+		if b[i+1] != '\n' {
 			return errBareCR
 		}
 	}
@@ -416,6 +545,8 @@ func methodOf(m []byte) Method {
 		return MethodHEAD
 	case "OPTIONS":
 		return MethodOPTIONS
+	case "POST":
+		return MethodPOST
 	}
 	return MethodOther
 }
@@ -471,6 +602,8 @@ func (p *Parser) target(t []byte) error {
 	case hasPrefix(path, "/channels/"):
 		r.Route = RouteChannel
 		r.Name = p.decode(path[len("/channels/"):], false)
+	case string(path) == "/publish":
+		r.Route = RoutePublish
 	default:
 		r.Route = RouteOther
 	}
@@ -522,11 +655,13 @@ func checkPathEscapes(path []byte) error {
 	return nil
 }
 
-// query walks the '&'-separated parameters, keeping token and since.
-// Every escape in the query must be valid, used or not.
+// query walks the '&'-separated parameters, keeping token and since, and
+// for a POST event, audience and ephemeral. Every escape in the query must
+// be valid, used or not.
 func (p *Parser) query(q []byte) error {
 	r := &p.req
-	haveToken := false
+	haveToken, haveEphemeral := false, false
+	post := r.Method == MethodPOST
 	for len(q) > 0 {
 		param := q
 		if i := bytes.IndexByte(q, '&'); i >= 0 {
@@ -564,6 +699,32 @@ func (p *Parser) query(q []byte) error {
 			}
 			r.HasSince = true
 			r.Since = p.decode(value, true)
+		case !post:
+		case queryKeyIs(key, "event"):
+			if r.HasEvent {
+				return errDupEvent
+			}
+			r.HasEvent = true
+			r.Event = p.decode(value, true)
+		case queryKeyIs(key, "audience"):
+			n := len(r.Audience)
+			if n == len(p.audience) {
+				return errAudienceMax
+			}
+			p.audience[n] = p.decode(value, true)
+			r.Audience = p.audience[: n+1 : n+1]
+		case queryKeyIs(key, "ephemeral"):
+			if haveEphemeral {
+				return errDupEphemeral
+			}
+			haveEphemeral = true
+			switch v := p.decode(value, true); string(v) {
+			case "1", "true":
+				r.Ephemeral = true
+			case "0", "false":
+			default:
+				return errEphemeral
+			}
 		}
 	}
 	return nil
@@ -619,10 +780,9 @@ func (p *Parser) header(name, value []byte) error {
 	switch len(name) {
 	case 4:
 		if foldEq(name, "host") {
-			if p.seen&seenHost != 0 {
-				return errDupHost
+			if err := p.once(seenHost, errDupHost); err != nil {
+				return err
 			}
-			p.seen |= seenHost
 			for _, c := range value {
 				if !isHost[c] {
 					return errHost
@@ -632,63 +792,248 @@ func (p *Parser) header(name, value []byte) error {
 		}
 	case 6:
 		switch {
+		case foldEq(name, "expect"):
+			if err := p.once(seenExpect, errDupExpect); err != nil {
+				return err
+			}
+			if !equalFold(value, "100-continue") {
+				return errExpect
+			}
+			r.Expect100 = !r.HTTP10
 		case foldEq(name, "cookie"):
 			p.cookie(value)
 		case foldEq(name, "origin"):
-			if p.seen&seenOrigin != 0 {
-				return errDupOrigin
+			if err := p.once(seenOrigin, errDupOrigin); err != nil {
+				return err
 			}
-			p.seen |= seenOrigin
 			r.Origin = value
 		}
 	case 13:
 		switch {
 		case foldEq(name, "authorization"):
-			if p.seen&seenAuth != 0 {
-				return errDupAuth
+			if err := p.once(seenAuth, errDupAuth); err != nil {
+				return err
 			}
-			p.seen |= seenAuth
 			r.Authorization = value
 		case foldEq(name, "last-event-id"):
-			if p.seen&seenLastID != 0 {
-				return errDupLastID
+			if err := p.once(seenLastID, errDupLastID); err != nil {
+				return err
 			}
-			p.seen |= seenLastID
 			r.LastEventID, r.HasLastEventID = value, true
+		}
+	case 10:
+		if foldEq(name, "connection") {
+			return p.connection(value)
+		}
+	case 12:
+		if foldEq(name, "content-type") {
+			if err := p.once(seenCT, errDupCT); err != nil {
+				return err
+			}
+			m, ok := mediaOf(value)
+			if !ok {
+				return errContentType
+			}
+			r.ContentType, r.Media = value, m
 		}
 	case 14:
 		if foldEq(name, "content-length") {
-			if len(value) == 0 {
-				return errContentLength
+			if err := p.once(seenCL, errDupCL); err != nil {
+				return err
 			}
-			for _, c := range value {
-				if c < '0' || c > '9' {
-					return errContentLength
-				}
-				if c != '0' {
-					return errBody
-				}
-			}
+			return p.contentLength(value)
 		}
 	case 17:
 		if foldEq(name, "transfer-encoding") {
-			return errBody
+			if err := p.once(seenTE, errDupTE); err != nil {
+				return err
+			}
+			return transferEncoding(value)
 		}
 	case 29:
 		if foldEq(name, "access-control-request-method") {
-			if p.seen&seenACRMethod != 0 {
-				return errDupACRMethod
+			if err := p.once(seenACRMethod, errDupACRMethod); err != nil {
+				return err
 			}
-			p.seen |= seenACRMethod
 			r.ACRMethod = value
 		}
 	case 30:
 		if foldEq(name, "access-control-request-headers") {
-			if p.seen&seenACRHeaders != 0 {
-				return errDupACRHeaders
+			if err := p.once(seenACRHeaders, errDupACRHeaders); err != nil {
+				return err
 			}
-			p.seen |= seenACRHeaders
 			r.ACRHeaders = value
+		}
+	}
+	return nil
+}
+
+// once records that the header with bit seen has been seen, or returns
+// dup if it had been already: the headers a request may send only once.
+func (p *Parser) once(bit uint16, dup *ParseError) error {
+	if p.seen&bit != 0 {
+		return dup
+	}
+	p.seen |= bit
+	return nil
+}
+
+// contentLength parses a Content-Length value: 1*DIGIT, nothing else (no
+// list, no sign). Leading zeros are digits; more than maxCLDigits
+// significant digits is a body no limit admits (413).
+func (p *Parser) contentLength(v []byte) error {
+	if len(v) == 0 {
+		return errContentLength
+	}
+	var n int64
+	digits := 0
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return errContentLength
+		}
+		if n == 0 && c == '0' {
+			continue
+		}
+		if digits++; digits > maxCLDigits {
+			return errCLTooLarge
+		}
+		n = n*10 + int64(c-'0')
+	}
+	p.req.ContentLength = n
+	return nil
+}
+
+// transferEncoding checks a Transfer-Encoding value. Exactly "chunked"
+// (ASCII case-insensitive) is the only framing implemented. Otherwise, a
+// well-formed list of codings whose last is a bare chunked, applied once,
+// is 501 (RFC 9112 §7: a coding we do not implement); anything else —
+// chunked missing, not last, twice or with parameters, an empty element, a
+// malformed coding — is 400, since the body's length cannot be known
+// (RFC 9112 §6.3).
+func transferEncoding(v []byte) error {
+	if equalFold(v, "chunked") {
+		return nil
+	}
+	chunked, lastChunked := 0, false
+	for {
+		elem := v
+		i := bytes.IndexByte(v, ',')
+		if i >= 0 {
+			elem = v[:i]
+		}
+		elem = trimOWS(elem)
+		coding := elem
+		if j := bytes.IndexByte(elem, ';'); j >= 0 {
+			coding = trimOWS(elem[:j]) // a coding's parameters are not examined
+		}
+		if len(coding) == 0 || !allToken(coding) {
+			return errTESyntax
+		}
+		lastChunked = equalFold(coding, "chunked")
+		if lastChunked {
+			chunked++
+			if len(coding) != len(elem) {
+				return errTENotFinal // chunked takes no parameters
+			}
+		}
+		if i < 0 {
+			break
+		}
+		v = v[i+1:]
+	}
+	if chunked != 1 || !lastChunked {
+		return errTENotFinal
+	}
+	return errTEUnknown
+}
+
+// connection records the Connection options that decide keep-alive; other
+// options (Upgrade, TE, …) are ignored. The header may be repeated.
+func (p *Parser) connection(v []byte) error {
+	for len(v) > 0 {
+		elem := v
+		if i := bytes.IndexByte(v, ','); i >= 0 {
+			elem, v = v[:i], v[i+1:]
+		} else {
+			v = nil
+		}
+		elem = trimOWS(elem)
+		switch {
+		case len(elem) == 0:
+		case !allToken(elem):
+			return errConnection
+		case equalFold(elem, "close"):
+			p.close = true
+		case equalFold(elem, "keep-alive"):
+			p.keep = true
+		}
+	}
+	return nil
+}
+
+// mediaOf classifies a Content-Type value: type "/" subtype, each a token,
+// then nothing or OWS ";" parameters (not examined).
+func mediaOf(v []byte) (Media, bool) {
+	slash := bytes.IndexByte(v, '/')
+	if slash <= 0 {
+		return MediaNone, false
+	}
+	end := slash + 1
+	for end < len(v) && isToken[v[end]] {
+		end++
+	}
+	if end == slash+1 || !allToken(v[:slash]) {
+		return MediaNone, false
+	}
+	if rest := trimOWS(v[end:]); len(rest) > 0 && rest[0] != ';' {
+		return MediaNone, false
+	}
+	typ, sub := v[:slash], v[slash+1:end]
+	switch {
+	case equalFold(typ, "multipart"):
+		return MediaMultipart, true
+	case equalFold(typ, "application") && equalFold(sub, "x-ndjson"):
+		return MediaNDJSON, true
+	}
+	return MediaOther, true
+}
+
+func allToken(b []byte) bool {
+	for _, c := range b {
+		if !isToken[c] {
+			return false
+		}
+	}
+	return true
+}
+
+// finish applies the rules that need the whole head: keep-alive, and how
+// (and whether) a body follows (RFC 9112 §6.1, §6.3).
+func (p *Parser) finish() error {
+	r := &p.req
+	r.KeepAlive = !p.close && (!r.HTTP10 || p.keep)
+	te, cl := p.seen&seenTE != 0, p.seen&seenCL != 0
+	switch {
+	case te && r.HTTP10:
+		return errTEHTTP10
+	case te && cl:
+		return errCLAndTE // the classic request-smuggling ambiguity
+	case r.Method != MethodPOST:
+		if te || r.ContentLength > 0 {
+			return errBody
+		}
+		r.ContentLength = 0 // "Content-Length: 0": no body, as without the header
+	case te:
+		r.Framing = BodyChunked
+	case cl:
+		r.Framing = BodyLength
+	}
+	if r.Method == MethodPOST {
+		switch {
+		case r.Route == RouteStream && r.Media == MediaMultipart:
+			return errMultipart
+		case r.Route == RoutePublish && r.Media != MediaNDJSON:
+			return errNotNDJSON
 		}
 	}
 	return nil
@@ -716,8 +1061,12 @@ func (p *Parser) cookie(value []byte) {
 	r.Cookie = p.scratch[p.cookieS:len(p.scratch):len(p.scratch)]
 }
 
-// foldEq reports whether the header name equals lower, a lower-case name,
+// equalFold reports whether b equals lower, a lower-case ASCII string,
 // ignoring ASCII case.
+func equalFold(b []byte, lower string) bool { return len(b) == len(lower) && foldEq(b, lower) }
+
+// foldEq reports whether the header name equals lower, a lower-case name of
+// the same length, ignoring ASCII case.
 func foldEq(name []byte, lower string) bool {
 	for i := 0; i < len(name); i++ {
 		c := name[i]

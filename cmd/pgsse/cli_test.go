@@ -211,7 +211,7 @@ func TestToken(t *testing.T) {
 	ecSEC1, err := x509.MarshalECPrivateKey(ecKey)
 	require.NoError(t, err)
 
-	claimArgs := []string{"--stream", "orders/42", "--stream=chat/*", "--channel", "jobs", "--tag", "user:7", "--tag", "role:admin", "--ttl", "30m"}
+	claimArgs := []string{"--stream", "orders/42", "--stream=chat/*", "--channel", "jobs", "--publish", "orders/*", "--tag", "user:7", "--tag", "role:admin", "--ttl", "30m"}
 	cases := []struct {
 		name   string
 		env    []string
@@ -245,6 +245,7 @@ func TestToken(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, []string{"orders/42", "chat/*"}, c.Streams)
 			assert.Equal(t, []string{"jobs"}, c.Channels)
+			assert.Equal(t, []string{"orders/*"}, c.Publish)
 			assert.Equal(t, []string{"user:7", "role:admin"}, c.Tags)
 			assert.WithinDuration(t, before.Add(30*time.Minute), c.Expires, 5*time.Second)
 		})
@@ -432,7 +433,9 @@ func TestBadInput(t *testing.T) {
 		// The flag wins over the bad variable: the run gets past it to the next problem.
 		{"flag wins over env", []string{"PGSSE_HEARTBEAT=abc"}, []string{"--heartbeat", "1s"}, "no JWT key: set --jwt-secret, --jwt-secret-file or --jwt-public-key-file (or --public-streams for token-free streams)"},
 		{"token: no key", nil, []string{"token", "--stream", "s"}, "no JWT key: set --jwt-secret, --jwt-secret-file or --private-key-file"},
-		{"token: no grant", nil, []string{"token", "--jwt-secret", "x"}, "token: give at least one --stream or --channel"},
+		{"token: no grant", nil, []string{"token", "--jwt-secret", "x"}, "token: give at least one --stream, --channel or --publish"},
+		{"token: bad publish pattern", nil, []string{"token", "--publish", "a*b", "--jwt-secret", "x"}, `--publish: pattern "a*b": stream pattern may hold * only as its last byte (a prefix pattern)`},
+		{"token: bad tag", nil, []string{"token", "--stream", "s", "--tag", "a\tb", "--jwt-secret", "x"}, `--tag: tag "a\tb": audience tag must not contain control characters`},
 		{"token: bad ttl", nil, []string{"token", "--stream", "s", "--ttl", "forever"}, `--ttl: invalid duration "forever" (e.g. 15s, 2m, 1h30m)`},
 		{"token: bad pattern", nil, []string{"token", "--stream", "a b", "--jwt-secret", "x"}, `--stream: pattern "a b": stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -`},
 		{"token: missing key file", nil, []string{"token", "--stream", "s", "--private-key-file", "/nope.pem"}, "--private-key-file: open /nope.pem: no such file or directory"},

@@ -96,25 +96,19 @@ func (c *cli) secret(value, file string) ([]byte, error) {
 	return nil, nil
 }
 
-// checkStreamPattern accepts "*", an exact stream name, or a stream-name prefix + "*".
+// checkStreamPattern accepts "*", an exact stream name, or a stream-name prefix + "*"
+// (names.CheckStreamPattern, the rule tokens are checked with).
 func checkStreamPattern(p string) error {
-	base, wild := strings.CutSuffix(p, "*")
-	if wild && base == "" {
-		return nil
-	}
-	if err := names.CheckStream(base); err != nil {
+	if err := names.CheckStreamPattern(p); err != nil {
 		return fmt.Errorf("pattern %q: %v", p, err)
 	}
 	return nil
 }
 
-// checkChannelPattern accepts "*", a channel name, or a channel-name prefix + "*".
+// checkChannelPattern accepts "*", a channel name, or a channel-name prefix + "*"
+// (names.CheckChannelPattern).
 func checkChannelPattern(p string) error {
-	base, wild := strings.CutSuffix(p, "*")
-	if wild && base == "" {
-		return nil
-	}
-	if err := names.CheckChannel(base); err != nil {
+	if err := names.CheckChannelPattern(p); err != nil {
 		return fmt.Errorf("pattern %q: %v", p, err)
 	}
 	return nil

@@ -6,17 +6,19 @@ import (
 	"time"
 
 	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/names"
 )
 
 // maxTokenPatterns bounds what one minted token may carry (it travels in a header).
 const maxTokenPatterns = 256
 
-// cmdToken runs `pgsse token --stream P… [--channel C…] [--tag T…] [--ttl 1h]`: it mints
+// cmdToken runs `pgsse token --stream P… [--channel C…] [--publish P…] [--tag T…] [--ttl 1h]`: it mints
 // with the key `pgsse serve` is configured with and prints only the token.
 func cmdToken(args []string, env func(string) (string, bool), stdout io.Writer, now time.Time) error {
 	c := newCLI("token", "--stream PATTERN… [flags]", env)
 	streams := c.Multi("stream", "stream `PATTERN` to grant: a name, or a prefix ending in \"*\" (repeatable)")
 	channels := c.Multi("channel", "raw channel `PATTERN` to grant (repeatable)")
+	publish := c.Multi("publish", "stream `PATTERN` to grant publishing to (POST /streams, /publish; repeatable)")
 	tags := c.Multi("tag", "audience `TAG` the token carries (repeatable)")
 	subject := c.String("subject", "", "`SUB` claim, for logs")
 	ttl := c.Duration("ttl", time.Hour, "lifetime (0 = no exp; the server then needs --jwt-allow-no-exp)")
@@ -33,10 +35,10 @@ func cmdToken(args []string, env func(string) (string, bool), stdout io.Writer, 
 	if err := c.noArgs(pos); err != nil {
 		return err
 	}
-	if len(*streams) == 0 && len(*channels) == 0 {
-		return configErrorf("token: give at least one --stream or --channel")
+	if len(*streams) == 0 && len(*channels) == 0 && len(*publish) == 0 {
+		return configErrorf("token: give at least one --stream, --channel or --publish")
 	}
-	if n := len(*streams) + len(*channels) + len(*tags); n > maxTokenPatterns {
+	if n := len(*streams) + len(*channels) + len(*publish) + len(*tags); n > maxTokenPatterns {
 		return configErrorf("token: %d patterns and tags; at most %d", n, maxTokenPatterns)
 	}
 	for _, p := range *streams {
@@ -47,6 +49,16 @@ func cmdToken(args []string, env func(string) (string, bool), stdout io.Writer, 
 	for _, p := range *channels {
 		if err := checkChannelPattern(p); err != nil {
 			return configErrorf("%s: %v", c.source("channel"), err)
+		}
+	}
+	for _, p := range *publish {
+		if err := checkStreamPattern(p); err != nil {
+			return configErrorf("%s: %v", c.source("publish"), err)
+		}
+	}
+	for _, tag := range *tags {
+		if err := names.CheckTag(tag); err != nil {
+			return configErrorf("%s: tag %q: %v", c.source("tag"), tag, err)
 		}
 	}
 	if *ttl < 0 {
@@ -74,7 +86,7 @@ func cmdToken(args []string, env func(string) (string, bool), stdout io.Writer, 
 	default:
 		return configErrorf("no JWT key: set --jwt-secret, --jwt-secret-file or --private-key-file")
 	}
-	tok, err := auth.Mint(key, auth.Claims{Streams: *streams, Channels: *channels, Tags: *tags, Subject: *subject},
+	tok, err := auth.Mint(key, auth.Claims{Streams: *streams, Channels: *channels, Publish: *publish, Tags: *tags, Subject: *subject},
 		*ttl, *issuer, *audience, now)
 	if err != nil {
 		return configErrorf("token: %v", err)
