@@ -300,3 +300,28 @@ func TestQuickChecksAgreeWithCheckArgs(t *testing.T) {
 		assert.Equal(t, checkOK, goErr == nil, "Go (%v) vs check_args (%s) for %q", goErr, msg, tags)
 	}
 }
+
+// Go's bound on an ephemeral payload (maxEphemeralPayload) is the exact size of the E
+// payload SQL builds when the nonce has 19 digits, and never smaller otherwise.
+func TestEphemeralPayloadBound(t *testing.T) {
+	dsn := migrated(t)
+	c := connect(t, dsn)
+	ev := PublishEvent{Stream: "eph/b", Event: "typing", Audience: []string{"user:7", "r"}, Ephemeral: true}
+	ev.Data = []byte(strings.Repeat("d", MaxPayload-ev.maxEphemeralPayload()))
+	require.Equal(t, MaxPayload, ev.maxEphemeralPayload())
+	require.NoError(t, ev.checkNames(DefaultMaxEventBytes))
+	call := func(data string) error {
+		_, err := c.Exec(context.Background(), "SELECT pgsse.publish_many(ARRAY[pgsse.message('eph/b', '"+data+
+			"', 'typing', ARRAY['user:7', 'r'], true)])").ReadAll()
+		return err
+	}
+	require.NoError(t, call(string(ev.Data)), "a short nonce: fits with room to spare")
+	execSQL(t, c, "SELECT setval('pgsse.broadcast_nonce', 1000000000000000000)") // 19 digits from here
+	require.NoError(t, call(string(ev.Data)), "the widest nonce: exactly 7999 bytes")
+	err := call(string(ev.Data) + "d")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	assert.Contains(t, pgErr.Message, "would be 8000 bytes")
+	ev.Data = append(ev.Data, 'd')
+	assert.ErrorIs(t, ev.checkNames(DefaultMaxEventBytes), ErrEventTooLarge)
+}
