@@ -131,7 +131,7 @@ type Publisher struct {
 	cfgErr  error
 	log     *slog.Logger
 
-	maxEventBytes atomic.Int64 // from the publishing sessions; -1 = setting invalid
+	maxEventBytes atomic.Int64 // from the publishing sessions; -1 = not read yet
 	settingErr    atomic.Pointer[error]
 	down          atomic.Pointer[error] // set while PostgreSQL cannot be reached
 	lastDownLog   time.Time             // guarded by mu
@@ -197,7 +197,7 @@ func newPublisher(cfg PublisherConfig, hooks testHooks) *Publisher {
 	if p.log == nil {
 		p.log = slog.Default()
 	}
-	p.maxEventBytes.Store(DefaultMaxEventBytes)
+	p.maxEventBytes.Store(-1) // unknown until a connection reads it: Submit skips the size check, the worker does it
 	p.connCfg, p.cfgErr = pgconn.ParseConfig(cfg.DatabaseURL)
 	if p.cfgErr != nil {
 		p.cfgErr = fmt.Errorf("store: publish: %w", p.cfgErr)
@@ -212,8 +212,9 @@ func newPublisher(cfg PublisherConfig, hooks testHooks) *Publisher {
 	return p
 }
 
-// MaxEventBytes is pgsse.max_event_bytes as the publishing sessions last read it, and
-// the error when the setting is not a whole number of bytes.
+// MaxEventBytes is pgsse.max_event_bytes as the publishing sessions last read it (-1
+// before the first connection has read it), and the error when the setting is not a
+// whole number of bytes.
 func (p *Publisher) MaxEventBytes() (int64, error) {
 	if e := p.settingErr.Load(); e != nil {
 		return 0, *e

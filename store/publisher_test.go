@@ -46,7 +46,7 @@ func (g *groupLog) maxEvents() int {
 }
 
 // newTestPublisher starts a Publisher closed at test end.
-func newTestPublisher(t *testing.T, cfg PublisherConfig, hooks testHooks) *Publisher {
+func newTestPublisher(t testing.TB, cfg PublisherConfig, hooks testHooks) *Publisher {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
@@ -62,7 +62,7 @@ func newTestPublisher(t *testing.T, cfg PublisherConfig, hooks testHooks) *Publi
 
 // publishSync submits req and waits for its result; a Submit error is returned as the
 // result's Err.
-func publishSync(t *testing.T, p *Publisher, req *PublishRequest) PublishResult {
+func publishSync(t testing.TB, p *Publisher, req *PublishRequest) PublishResult {
 	t.Helper()
 	ch := make(chan PublishResult, 1)
 	if err := p.Submit(req, func(r PublishResult) { ch <- r }); err != nil {
@@ -449,11 +449,11 @@ func TestPublisherPostgresStopped(t *testing.T) {
 }
 
 // testLogger logs through t.Log.
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tLogWriter{t}, nil))
 }
 
-type tLogWriter struct{ t *testing.T }
+type tLogWriter struct{ t testing.TB }
 
 func (w tLogWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(b), "\n"))
