@@ -132,6 +132,15 @@ func (p *lineParser) syntax(what string) *EventError {
 	return &EventError{Err: &JSONSyntaxError{Offset: p.i + 1, What: what}}
 }
 
+// eat consumes c when it is the next byte.
+func (p *lineParser) eat(c byte) bool {
+	if p.i < len(p.s) && p.s[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
 func (p *lineParser) skipSpace() {
 	for p.i < len(p.s) && isJSONSpace(p.s[p.i]) {
 		p.i++
@@ -143,15 +152,12 @@ func parseBatchLine(line []byte) (PublishEvent, *EventError) {
 	var ev PublishEvent
 	p := lineParser{s: line}
 	p.skipSpace()
-	if p.i >= len(p.s) || p.s[p.i] != '{' {
+	if !p.eat('{') {
 		return ev, p.syntax("expected '{'")
 	}
-	p.i++
 	var seen [5]bool
 	p.skipSpace()
-	if p.i < len(p.s) && p.s[p.i] == '}' {
-		p.i++
-	} else {
+	if !p.eat('}') {
 		for {
 			p.skipSpace()
 			if p.i >= len(p.s) || p.s[p.i] != '"' {
@@ -162,10 +168,9 @@ func parseBatchLine(line []byte) (PublishEvent, *EventError) {
 				return ev, p.syntax("bad string")
 			}
 			p.skipSpace()
-			if p.i >= len(p.s) || p.s[p.i] != ':' {
+			if !p.eat(':') {
 				return ev, p.syntax("expected ':'")
 			}
-			p.i++
 			p.skipSpace()
 			field := -1
 			switch string(key) {
@@ -191,12 +196,10 @@ func parseBatchLine(line []byte) (PublishEvent, *EventError) {
 				return ev, err
 			}
 			p.skipSpace()
-			if p.i < len(p.s) && p.s[p.i] == ',' {
-				p.i++
+			if p.eat(',') {
 				continue
 			}
-			if p.i < len(p.s) && p.s[p.i] == '}' {
-				p.i++
+			if p.eat('}') {
 				break
 			}
 			return ev, p.syntax("expected ',' or '}'")
@@ -275,8 +278,7 @@ func (p *lineParser) value(field int, ev *PublishEvent) *EventError {
 		p.i++
 		tags := []string{}
 		p.skipSpace()
-		if p.i < len(p.s) && p.s[p.i] == ']' {
-			p.i++
+		if p.eat(']') {
 			ev.Audience = tags
 			return nil
 		}
@@ -294,12 +296,10 @@ func (p *lineParser) value(field int, ev *PublishEvent) *EventError {
 			}
 			tags = append(tags, string(s))
 			p.skipSpace()
-			if p.i < len(p.s) && p.s[p.i] == ',' {
-				p.i++
+			if p.eat(',') {
 				continue
 			}
-			if p.i < len(p.s) && p.s[p.i] == ']' {
-				p.i++
+			if p.eat(']') {
 				ev.Audience = tags
 				return nil
 			}
@@ -530,11 +530,7 @@ func (p *lineParser) skipKey() bool {
 		return false
 	}
 	p.skipSpace()
-	if p.i >= len(p.s) || p.s[p.i] != ':' {
-		return false
-	}
-	p.i++
-	return true
+	return p.eat(':')
 }
 
 // skipStr validates the string at p.i without decoding it.
@@ -584,13 +580,11 @@ func (p *lineParser) number() bool {
 		}
 		return n
 	}
-	if p.i < len(p.s) && p.s[p.i] == '0' {
-		p.i++
+	if p.eat('0') {
 	} else if digits() == 0 {
 		return false
 	}
-	if p.i < len(p.s) && p.s[p.i] == '.' {
-		p.i++
+	if p.eat('.') {
 		if digits() == 0 {
 			return false
 		}
