@@ -103,7 +103,7 @@ type PublishGroup struct {
 type PublisherConfig struct {
 	DatabaseURL      string // "" = libpq environment
 	Conns            int    // connections = transactions in flight at once (1 or 2 is plenty)
-	MaxQueueBytes    int64  // budget for queued and in-flight requests (data, names, tags)
+	MaxQueueBytes    int64  // budget for queued and in-flight requests (data, names, tags); one request alone may exceed it
 	MaxQueueRequests int
 	MaxGroupEvents   int           // events per transaction
 	MaxGroupBytes    int64         // data bytes per transaction
@@ -451,6 +451,13 @@ func (w *publishWorker) loop() {
 			}
 			backoff = publishRetryMin
 			p.markUp()
+		}
+		select {
+		case <-w.refresh.C: // due even while busy
+			w.refreshSetting()
+			w.refresh.Reset(p.cfg.SettingRefresh)
+			continue
+		default:
 		}
 		if group := p.take(); group != nil {
 			w.publish(group)

@@ -125,6 +125,9 @@ func TestPublisherRejectsBadRequests(t *testing.T) {
 	l := listen(t, dsn)
 	c := connect(t, dsn)
 	p := newTestPublisher(t, PublisherConfig{DatabaseURL: dsn}, testHooks{})
+	// Until a connection has read pgsse.max_event_bytes, Submit leaves the size check to
+	// the publisher goroutine; wait for it so the sizes below are refused by Submit.
+	require.Eventually(t, func() bool { m, _ := p.MaxEventBytes(); return m >= 0 }, 10*time.Second, 5*time.Millisecond)
 	good := PublishEvent{Stream: "ok", Data: []byte("x")}
 	batch := func(bad PublishEvent) *PublishRequest {
 		return &PublishRequest{Batch: true, Events: []PublishEvent{good, good, bad, good}}
@@ -150,6 +153,11 @@ func TestPublisherRejectsBadRequests(t *testing.T) {
 		{"data with NUL", batch(PublishEvent{Stream: "s", Data: []byte("a\x00b")}), `line 3, field "data": ` + ErrDataNotText.Error(), ErrDataNotText, true},
 		{"tag not UTF-8", batch(PublishEvent{Stream: "s", Audience: []string{"\xc3"}}), `line 3, field "audience": ` + ErrTagNotUTF8.Error(), ErrTagNotUTF8, true},
 	}
+	t.Run("too large before the setting is known", func(t *testing.T) {
+		p := newTestPublisher(t, PublisherConfig{DatabaseURL: dsn}, testHooks{})
+		err := publishSync(t, p, batch(PublishEvent{Stream: "s", Data: make([]byte, DefaultMaxEventBytes+1)})).Err
+		assert.Equal(t, `line 3, field "data": event data is 1048577 bytes, over pgsse.max_event_bytes (1048576 bytes)`, err.Error())
+	})
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			called := false
