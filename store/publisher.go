@@ -137,11 +137,11 @@ type Publisher struct {
 	lastDownLog   time.Time             // guarded by mu
 
 	mu           sync.Mutex
-	queue        []*pendingPublish
-	pendingBytes int64 // queued and in flight
+	shards       []publishShard // one per connection
+	queued       int            // requests in all shards' queues
+	pendingBytes int64          // queued and in flight
 	closing      bool
 
-	wake    chan struct{} // cap 1: the queue has work
 	closeCh chan struct{} // closed by Close
 	ctx     context.Context
 	cancel  context.CancelFunc // aborts in-flight work when Close runs out of time
@@ -156,6 +156,15 @@ type Publisher struct {
 type testHooks struct {
 	testHook          func(stage string, xid int64, conn *pgconn.PgConn)
 	testSkipTextCheck bool
+}
+
+// publishShard is one connection's queue. Requests go to the shard of their first
+// event's stream, so one stream's requests are committed in the order they were
+// submitted, and transactions in flight on two connections seldom wait for each other's
+// counter rows.
+type publishShard struct {
+	queue []*pendingPublish // guarded by Publisher.mu
+	wake  chan struct{}     // cap 1: the queue has work
 }
 
 type pendingPublish struct {
@@ -190,7 +199,7 @@ func newPublisher(cfg PublisherConfig, hooks testHooks) *Publisher {
 	p := &Publisher{
 		cfg:       cfg,
 		log:       cfg.Logger,
-		wake:      make(chan struct{}, 1),
+		shards:    make([]publishShard, cfg.Conns),
 		closeCh:   make(chan struct{}),
 		testHooks: hooks,
 	}
@@ -206,8 +215,9 @@ func newPublisher(cfg PublisherConfig, hooks testHooks) *Publisher {
 	p.connCfg.RuntimeParams["application_name"] = PublishAppName
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.wg.Add(cfg.Conns)
-	for i := 0; i < cfg.Conns; i++ {
-		go (&publishWorker{p: p}).loop()
+	for i := range p.shards {
+		p.shards[i].wake = make(chan struct{}, 1)
+		go (&publishWorker{p: p, shard: &p.shards[i]}).loop()
 	}
 	return p
 }
@@ -248,15 +258,17 @@ func (p *Publisher) Submit(req *PublishRequest, done func(PublishResult)) error 
 		cause := *p.down.Load()
 		p.mu.Unlock()
 		return &UnavailableError{Cause: cause}
-	case len(p.queue) >= p.cfg.MaxQueueRequests,
+	case p.queued >= p.cfg.MaxQueueRequests,
 		p.pendingBytes > 0 && p.pendingBytes+size > p.cfg.MaxQueueBytes:
 		p.mu.Unlock()
 		return ErrPublishQueueFull
 	}
-	p.queue = append(p.queue, &pendingPublish{req: req, done: done, bytes: size})
+	sh := &p.shards[shardOf(req.Events[0].Stream, len(p.shards))]
+	sh.queue = append(sh.queue, &pendingPublish{req: req, done: done, bytes: size})
+	p.queued++
 	p.pendingBytes += size
 	p.mu.Unlock()
-	p.signal()
+	sh.signal()
 	return nil
 }
 
@@ -289,9 +301,18 @@ func withLine(err error, req *PublishRequest, i int) error {
 	return err
 }
 
-func (p *Publisher) signal() {
+// shardOf maps a stream name to one of n shards (FNV-1a).
+func shardOf(stream string, n int) int {
+	h := uint32(2166136261)
+	for i := 0; i < len(stream); i++ {
+		h = (h ^ uint32(stream[i])) * 16777619
+	}
+	return int(h % uint32(n))
+}
+
+func (sh *publishShard) signal() {
 	select {
-	case p.wake <- struct{}{}:
+	case sh.wake <- struct{}{}:
 	default:
 	}
 }
@@ -326,9 +347,14 @@ func (p *Publisher) Close(ctx context.Context) {
 
 // failQueued answers every queued request with err.
 func (p *Publisher) failQueued(err error) {
+	var q []*pendingPublish
 	p.mu.Lock()
-	q := p.queue
-	p.queue = nil
+	for i := range p.shards {
+		q = append(q, p.shards[i].queue...)
+		clear(p.shards[i].queue)
+		p.shards[i].queue = p.shards[i].queue[:0]
+	}
+	p.queued = 0
 	p.mu.Unlock()
 	for _, pp := range q {
 		p.finish(pp, PublishResult{Err: err})
@@ -343,13 +369,13 @@ func (p *Publisher) finish(pp *pendingPublish, res PublishResult) {
 	pp.done(res)
 }
 
-// take removes the next group from the queue: FIFO, at least one request, then as many
+// take removes the next group from sh's queue: FIFO, at least one request, then as many
 // as fit in MaxGroupEvents and MaxGroupBytes.
-func (p *Publisher) take() []*pendingPublish {
+func (p *Publisher) take(sh *publishShard) []*pendingPublish {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n, events, bytes := 0, 0, int64(0)
-	for _, pp := range p.queue {
+	for _, pp := range sh.queue {
 		e := len(pp.req.Events)
 		if n > 0 && (events+e > p.cfg.MaxGroupEvents || bytes+pp.bytes > p.cfg.MaxGroupBytes) {
 			break
@@ -360,13 +386,11 @@ func (p *Publisher) take() []*pendingPublish {
 		return nil
 	}
 	group := make([]*pendingPublish, n)
-	copy(group, p.queue)
-	rest := copy(p.queue, p.queue[n:])
-	clear(p.queue[rest:])
-	p.queue = p.queue[:rest]
-	if rest > 0 {
-		p.signal() // another worker may take the rest
-	}
+	copy(group, sh.queue)
+	rest := copy(sh.queue, sh.queue[n:])
+	clear(sh.queue[rest:])
+	sh.queue = sh.queue[:rest]
+	p.queued -= n
 	return group
 }
 
@@ -409,6 +433,7 @@ func (p *Publisher) setSetting(raw string) {
 // publishWorker owns one connection and runs one transaction at a time.
 type publishWorker struct {
 	p           *Publisher
+	shard       *publishShard
 	conn        *pgconn.PgConn
 	stmt        *pgconn.StatementDescription
 	messageOID  uint32
@@ -459,7 +484,7 @@ func (w *publishWorker) loop() {
 			continue
 		default:
 		}
-		if group := p.take(); group != nil {
+		if group := p.take(w.shard); group != nil {
 			w.publish(group)
 			continue
 		}
@@ -467,7 +492,7 @@ func (w *publishWorker) loop() {
 			return
 		}
 		select {
-		case <-p.wake:
+		case <-w.shard.wake:
 		case <-p.closeCh:
 		case <-w.refresh.C:
 			w.refreshSetting()

@@ -222,9 +222,11 @@ func TestPublisherGroupCommit(t *testing.T) {
 	}
 	// In notification (= commit) order, each stream's notifications name consecutive runs.
 	next := map[string]int64{}
+	notes := map[string]int{}
 	for done := 0; done < len(streams); {
 		pl, raw := l.nextParsed(t)
 		s := string(pl.Stream)
+		notes[s]++
 		require.Equal(t, next[s]+1, pl.ID, "%s: %q", s, raw)
 		next[s] = pl.ID
 		if pl.Kind == KindWake {
@@ -233,6 +235,10 @@ func TestPublisherGroupCommit(t *testing.T) {
 		if next[s] == int64(perStream) {
 			done++
 		}
+	}
+	for _, s := range streams {
+		assert.Equal(t, pgtest.QueryValue(t, dsn, "SELECT count(DISTINCT xmin::text) FROM pgsse.events WHERE stream = '"+s+"'"),
+			strconv.Itoa(notes[s]), "%s: one notification per transaction", s)
 	}
 	t.Logf("largest transaction: %d events", groups.maxEvents())
 	assert.Greater(t, groups.maxEvents(), 1, "concurrent requests share transactions")
