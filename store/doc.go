@@ -100,13 +100,16 @@
 // to a Publisher: one event or an NDJSON batch (ParseBatch) of at most 1,000. Submit
 // checks names, audience and size (against pgsse.max_event_bytes as the publishing
 // session sees it: read on connect, re-read every 5 s, and the connection is renewed when
-// ALTER DATABASE/ROLE … SET changes it, so Go and SQL agree) and queues the request within
+// ALTER DATABASE/ROLE … SET changes it, so Go and SQL agree; until the first connection
+// has read it, the size is checked by the publisher goroutine) and queues the request within
 // a count and byte budget; it never blocks. Each of the Publisher's connections
-// (application_name pgsse-publish; one by default) takes everything queued whenever it is
-// free and runs it as one implicit transaction, `SELECT txid_current(),
-// pgsse.publish_many($1)` with the messages in binary: one NOTIFY per stream per
-// transaction, ids per stream in commit order, each request contiguous per stream and all
-// or nothing. The callbacks run after COMMIT. Data and tags that are not UTF-8 without
+// (application_name pgsse-publish; one by default, which measured best on 2 cores) has
+// its own queue, chosen by the stream of a request's first event, takes everything queued
+// there whenever it is free and runs it as one implicit transaction, `SELECT
+// txid_current(), pgsse.publish_many($1)` with the messages in binary: one NOTIFY per
+// stream per transaction, ids per stream in commit order (and, for one stream's
+// requests, in submission order), each request contiguous per stream and all or nothing.
+// The callbacks run after COMMIT. Data and tags that are not UTF-8 without
 // NUL bytes are refused before the transaction. An ephemeral event is refused when its E
 // payload could exceed 7999 bytes with the widest nonce (19 digits), so over HTTP the
 // ephemeral limit is up to 18 bytes stricter than pgsse.broadcast's.
@@ -119,7 +122,7 @@
 // connection lost after COMMIT was sent is the one case whose outcome is not known at
 // once: the statement's answer carried the transaction's xid, so the Publisher opens a new
 // connection and asks txid_status(xid) — committed: the requests succeed with their ids;
-// aborted: nothing was published. Only if PostgreSQL cannot be reached within 3 s to ask
+// aborted: nothing was published (and the group is tried once more). Only if PostgreSQL cannot be reached within 3 s to ask
 // do the requests get an UnavailableError with Unknown set (ErrOutcomeUnknown): their
 // events may or may not have been published (all or nothing per request), and a
 // subscriber resuming from Last-Event-ID sees which.
@@ -152,9 +155,9 @@
 // Example: "D1 1764584040123456 orders/42 7 created 1 6:user:7\n{\"total\":3}".
 // PostgreSQL accepts payloads of at most 7999 bytes. A durable event whose D payload
 // would be longer travels as exactly "W1 <time> <stream> <id>  0\n" (empty event, no
-// tags, no data); pgsse.broadcast raises 22023 instead. A consumer reading a W reads
-// every event of the stream after the last id it has (a W's id is never below the ids a
-// consumer could have missed: the events it names commit together). A consumer must
+// tags, no data); pgsse.broadcast raises 22023 instead. A consumer that gets a W reads
+// the stream from the table after the last id it has (the engine does); the events a W
+// names commit together, so a consumer that has any of them has them all. A consumer must
 // reject (never guess at) anything else: another kind or version, a number out of range
 // or with a leading zero, an invalid stream or event name, a tag count or length that
 // does not match the bytes, a W payload with event, tags or data.
