@@ -234,7 +234,8 @@ func (p *Publisher) MaxEventBytes() (int64, error) {
 
 // Submit queues req. On nil, done will be called exactly once, from a publisher
 // goroutine, after the request's transaction committed (or failed); req and its data
-// must stay unchanged until then. Otherwise done is never called and the error is one of:
+// must stay unchanged until then, and done must not block (the engine pushes a loop
+// task). Otherwise done is never called and the error is one of:
 // an *EventError (the request is bad: 400, or 413 when errors.Is ErrEventTooLarge),
 // ErrPublishQueueFull, an UnavailableError, ErrPublisherClosed, or the setting's error.
 // Submit does not block and is safe for concurrent use.
@@ -507,14 +508,19 @@ func (p *Publisher) isClosing() bool {
 	return p.closing
 }
 
-// sleep waits d; false means the publisher is being aborted.
-func (w *publishWorker) sleep(d time.Duration) bool {
+// sleep waits d, or less when Close starts; false means the publisher is being aborted.
+func (w *publishWorker) sleep(d time.Duration) bool { return w.wait(d, w.p.closeCh) }
+
+// pause waits d even while closing; false means the publisher is being aborted.
+func (w *publishWorker) pause(d time.Duration) bool { return w.wait(d, nil) }
+
+func (w *publishWorker) wait(d time.Duration, early <-chan struct{}) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return true
-	case <-w.p.closeCh:
+	case <-early:
 		return true
 	case <-w.p.ctx.Done():
 		return false
@@ -531,8 +537,10 @@ func (w *publishWorker) closeConn() {
 }
 
 // connect opens the worker's connection, reads the setting and prepares the statement.
-func (w *publishWorker) connect() error {
-	ctx, cancel := context.WithTimeout(w.p.ctx, publishConnTimeout)
+func (w *publishWorker) connect() error { return w.connectWithin(publishConnTimeout) }
+
+func (w *publishWorker) connectWithin(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(w.p.ctx, timeout)
 	defer cancel()
 	conn, err := pgconn.ConnectConfig(ctx, w.p.connCfg)
 	if err != nil {
@@ -581,6 +589,7 @@ func (w *publishWorker) refreshSetting() {
 	}
 	row := res[0].Rows[0]
 	if string(row[1]) != w.settingsKey {
+		w.p.log.Info("publish: the setting changed for new sessions; renewing the publishing connection", "setting", SettingMaxEventBytes)
 		w.closeConn() // the next session starts with the new value
 		return
 	}
@@ -841,8 +850,8 @@ func (w *publishWorker) resolve(xid int64, cause error) (txFailure, error) {
 	deadline := time.Now().Add(resolveTimeout)
 	for time.Now().Before(deadline) {
 		if w.conn == nil {
-			if err := w.connect(); err != nil {
-				if !w.sleep(publishRetryMin) {
+			if err := w.connectWithin(time.Until(deadline)); err != nil {
+				if !w.pause(publishRetryMin) {
 					break
 				}
 				continue
@@ -864,7 +873,7 @@ func (w *publishWorker) resolve(xid int64, cause error) (txFailure, error) {
 			case "aborted":
 				return txNotSent, cause
 			case "in progress": // the old backend has not noticed yet
-				if !w.sleep(20 * time.Millisecond) {
+				if !w.pause(20 * time.Millisecond) {
 					return txCommitLost, &UnavailableError{Cause: cause, Unknown: true}
 				}
 				continue
