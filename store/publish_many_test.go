@@ -71,7 +71,16 @@ func TestPublishManyIDsAndNotifications(t *testing.T) {
 	p, _ := l.nextParsed(t)
 	assert.Equal(t, "m/a", string(p.Stream))
 	assert.EqualValues(t, 5, p.ID)
+	p, _ = l.nextParsed(t)
+	assert.Equal(t, "m/e", string(p.Stream))
 
+	// One message (the pgsse.publish shortcut): durable with an audience, then ephemeral.
+	assert.Equal(t, "{1}", pgtest.QueryValue(t, dsn, "SELECT pgsse.publish_many(ARRAY[pgsse.message('m/f', 'f1', 'ev', ARRAY['t:1'])])"))
+	_, raw := l.nextParsed(t)
+	assert.Regexp(t, `^D1 \d+ m/f 1 ev 1 3:t:1\nf1$`, raw)
+	assert.Equal(t, "{NULL}", pgtest.QueryValue(t, dsn, "SELECT pgsse.publish_many(ARRAY[pgsse.message('m/f', 'f2', ephemeral => true)])"))
+	_, raw = l.nextParsed(t)
+	assert.Regexp(t, `^E1 \d+ m/f \d+  0\nf2$`, raw)
 	assert.Equal(t, "{}", pgtest.QueryValue(t, dsn, "SELECT pgsse.publish_many('{}')"))
 	assert.Equal(t, "", pgtest.QueryValue(t, dsn, "SELECT pgsse.publish_many(NULL)"))
 	_, err := c.Exec(context.Background(), "SELECT pgsse.publish_many(ARRAY[[pgsse.message('m/a', 'x')]])").ReadAll()
