@@ -169,7 +169,11 @@ func TestPublishErrors(t *testing.T) {
 	assert.Equal(t, "publish: "+store.ErrDataNotText.Error(), line)
 
 	line = errorLine(t, pgsse(t, env, "publish", "only-stream"), 2)
-	assert.Equal(t, "publish: need STREAM and DATA (got 1 arguments)", line)
+	assert.Equal(t, `publish: need DATA after STREAM "only-stream"`, line)
+	line = errorLine(t, pgsse(t, env, "publish"), 2)
+	assert.Equal(t, "publish: need STREAM and DATA", line)
+	line = errorLine(t, pgsse(t, env, "publish", "s", "two", "words"), 2)
+	assert.Equal(t, "publish: takes STREAM and DATA, got 3 arguments (quote DATA that has spaces)", line)
 
 	// Not migrated: a runtime error with the fix.
 	fresh := pgtest.NewDatabase(t)

@@ -63,8 +63,8 @@ var publishStdin io.Reader = os.Stdin
 func cmdPublish(ctx context.Context, args []string, env func(string) (string, bool), stdout io.Writer) error {
 	c := newCLI("publish", "STREAM DATA|- [flags], or --ndjson FILE|-", env)
 	dbURL := c.dbFlag()
-	event := c.String("event", "", `SSE event name (default "message")`)
-	audience := c.Multi("audience", "tag that may receive the event (repeatable; none = everyone)")
+	event := c.String("event", "", "SSE event `NAME` (default \"message\")")
+	audience := c.Multi("audience", "`TAG` that may receive the event (repeatable; none = everyone)")
 	ephemeral := c.Bool("ephemeral", "pgsse.broadcast: deliver to whoever is connected, store nothing")
 	ndjson := c.String("ndjson", "", "publish a batch, all or nothing: one JSON object per line as POST /publish takes, from `FILE` (- = standard input)")
 	pos, err := c.parse(args)
@@ -94,8 +94,14 @@ func cmdPublish(ctx context.Context, args []string, env func(string) (string, bo
 		}
 		req = &store.PublishRequest{Events: events, Batch: true}
 	} else {
-		if len(pos) != 2 {
-			return configErrorf("publish: need STREAM and DATA (got %d arguments)", len(pos))
+		switch len(pos) {
+		case 0:
+			return configErrorf("publish: need STREAM and DATA")
+		case 1:
+			return configErrorf("publish: need DATA after STREAM %q", pos[0])
+		case 2:
+		default:
+			return configErrorf("publish: takes STREAM and DATA, got %d arguments (quote DATA that has spaces)", len(pos))
 		}
 		// Checked before connecting, with the same rules and messages as the SQL functions.
 		if err := names.CheckStream(pos[0]); err != nil {
