@@ -356,6 +356,16 @@ func TestPublishRejectsBadArguments(t *testing.T) {
 				assert.Equal(t, "22023", pgErr.Code, fn)
 				assert.Equal(t, wantMsg, pgErr.Message, fn)
 			}
+			// publish_many raises the same, naming the message, durable or ephemeral.
+			for _, eph := range []string{"false", "true"} {
+				_, err := c.Exec(ctx, "SELECT pgsse.publish_many(ARRAY[pgsse.message('ok', 'd'), pgsse.message("+
+					tc.args+", ephemeral => "+eph+")])").ReadAll()
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr, "publish_many ephemeral=%s", eph)
+				assert.Equal(t, "22023", pgErr.Code)
+				assert.Equal(t, wantMsg, pgErr.Message)
+				assert.True(t, strings.HasPrefix(pgErr.Detail, "messages[2]"), pgErr.Detail)
+			}
 			if tc.stream == "" && tc.err != names.ErrStreamLength {
 				return // not expressible through the Go API
 			}

@@ -65,7 +65,7 @@ func TestMigrateTwice(t *testing.T) {
 	v, err = Version(ctx, c)
 	require.NoError(t, err)
 	assert.Equal(t, SchemaVersion, v)
-	assert.Equal(t, "1", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.schema_version"))
+	assert.Equal(t, strconv.Itoa(len(Migrations)), pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.schema_version"))
 	// The advisory lock was released: another session can take it at once.
 	assert.Equal(t, "t", pgtest.QueryValue(t, dsn, "SELECT pg_try_advisory_lock("+strconv.Itoa(migrateLockKey)+")"))
 }
@@ -121,7 +121,7 @@ func TestMigrateConcurrent(t *testing.T) {
 		}
 	}
 	assert.LessOrEqual(t, fresh, 1, "only one runner may find the database unmigrated")
-	assert.Equal(t, "1", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.schema_version"))
+	assert.Equal(t, strconv.Itoa(len(Migrations)), pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.schema_version"))
 	assert.Equal(t, pgtest.QueryValue(t, migrated(t), schemaDump), pgtest.QueryValue(t, dsn, schemaDump))
 }
 
@@ -156,4 +156,50 @@ func TestMigrationSQLQuoting(t *testing.T) {
 	}
 	assert.Equal(t, SchemaVersion, Migrations[len(Migrations)-1].Version)
 	assert.True(t, strings.HasPrefix(MigrationSQL(), "-- pgsse schema"))
+}
+
+// A database at version 1 holding events is upgraded in place to the current version,
+// by Migrate and by the `pgsse migrate --print` script under psql: the schema equals a
+// fresh install's, and ids, heads and stored events carry on.
+func TestMigrateUpgradesVersion1(t *testing.T) {
+	want := pgtest.QueryValue(t, migrated(t), schemaDump)
+	ctx := context.Background()
+	for _, via := range []string{"Migrate", "psql"} {
+		t.Run(via, func(t *testing.T) {
+			dsn := pgtest.NewDatabase(t)
+			c := connect(t, dsn)
+			v1 := filepath.Join(t.TempDir(), "v1.sql")
+			require.NoError(t, os.WriteFile(v1, []byte(migrationSQL(Migrations[:1])), 0o600))
+			if via == "Migrate" {
+				_, to, err := migrate(ctx, c, Migrations[:1])
+				require.NoError(t, err)
+				require.Equal(t, 1, to)
+			} else {
+				require.NoError(t, runPsql(t, dsn, v1))
+			}
+			require.Equal(t, "1", pgtest.QueryValue(t, dsn, "SELECT max(version) FROM pgsse.schema_version"))
+			pgtest.Exec(t, dsn, `SELECT pgsse.publish('up/a', 'a' || g, NULL, ARRAY['t']) FROM generate_series(1, 5) g;
+				SELECT pgsse.publish('up/b', 'b1'); SELECT pgsse.broadcast('up/a', 'e')`)
+
+			if via == "Migrate" {
+				from, to, err := Migrate(ctx, c)
+				require.NoError(t, err)
+				assert.Equal(t, [2]int{1, SchemaVersion}, [2]int{from, to})
+			} else {
+				require.NoError(t, runPsql(t, dsn, writeMigrationSQL(t)))
+				require.NoError(t, runPsql(t, dsn, v1), "the old script is harmless afterwards")
+			}
+			assert.Equal(t, want, pgtest.QueryValue(t, dsn, schemaDump))
+
+			id, err := Publish(ctx, c, "up/a", "a6", "", nil)
+			require.NoError(t, err)
+			assert.EqualValues(t, 6, id)
+			assert.Equal(t, "{7,2,1}", pgtest.QueryValue(t, dsn,
+				`SELECT pgsse.publish_many(ARRAY[pgsse.message('up/a', 'a7'), pgsse.message('up/b', 'b2'), pgsse.message('up/c', 'c1')])`))
+			assert.Equal(t, "up/a:1-7 up/b:1-2 up/c:1-1", pgtest.QueryValue(t, dsn,
+				`SELECT string_agg(stream || ':' || min || '-' || max, ' ' ORDER BY stream) FROM
+				 (SELECT stream, min(id), max(id) FROM pgsse.events GROUP BY stream) s`))
+			assert.Equal(t, "a1 {t}", pgtest.QueryValue(t, dsn, "SELECT data || ' ' || audience::text FROM pgsse.events WHERE stream = 'up/a' AND id = 1"))
+		})
+	}
 }

@@ -160,10 +160,13 @@ func TestPublishErrors(t *testing.T) {
 	line = errorLine(t, pgsse(t, env, "publish", "s", "x", "--event", "bad event"), 2)
 	assert.Equal(t, "--event: "+names.ErrEventChars.Error(), line)
 
-	// Too big for a NOTIFY: the server's 22023, passed through.
+	// Too big for a NOTIFY, or for pgsse.max_event_bytes: refused before the transaction.
 	line = errorLine(t, pgsse(t, env, "publish", "--ephemeral", "s", strings.Repeat("x", 8000)), 2)
-	assert.Contains(t, line, "(SQLSTATE 22023)")
-	assert.Contains(t, line, "pgsse.publish")
+	assert.Equal(t, "publish: the notification payload of an ephemeral event could be 8045 bytes, over the 7999-byte NOTIFY limit; publish it as a durable event", line)
+	line = errorLine(t, pgsseIn(t, env, strings.Repeat("x", store.DefaultMaxEventBytes+1), "publish", "s", "-"), 2)
+	assert.Equal(t, "publish: event data is 1048577 bytes, over pgsse.max_event_bytes (1048576 bytes)", line)
+	line = errorLine(t, pgsseIn(t, env, "not \xff UTF-8", "publish", "s", "-"), 2)
+	assert.Equal(t, "publish: "+store.ErrDataNotText.Error(), line)
 
 	line = errorLine(t, pgsse(t, env, "publish", "only-stream"), 2)
 	assert.Equal(t, `publish: need DATA after STREAM "only-stream"`, line)
@@ -179,7 +182,62 @@ func TestPublishErrors(t *testing.T) {
 
 	// Nothing listens: a connection error, exit 1.
 	line = errorLine(t, pgsse(t, nil, "publish", "--database-url", "postgres://u@127.0.0.1:1/db?connect_timeout=5", "s", "x"), 1)
-	assert.True(t, strings.HasPrefix(line, "connect: "), line)
+	assert.True(t, strings.HasPrefix(line, "publish: PostgreSQL is unavailable (failed to connect to "), line)
+	assert.True(t, strings.HasSuffix(line, "; nothing was published"), line)
+	assert.Equal(t, "0", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.events"))
+}
+
+// `pgsse publish STREAM -` publishes standard input byte for byte.
+func TestPublishStdin(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	requireOK(t, pgsse(t, nil, "migrate", "--database-url", dsn))
+	env := []string{"DATABASE_URL=" + dsn}
+	data := "line 1\r\nline 2\n\ttabbed, ünïcödé, trailing newlines\n\n"
+	r := pgsseIn(t, env, data, "publish", "in/1", "-", "--event", "doc")
+	requireOK(t, r)
+	assert.Equal(t, "1\n", r.stdout)
+	assert.Equal(t, data, pgtest.QueryValue(t, dsn, "SELECT data FROM pgsse.events WHERE stream = 'in/1'"))
+	r = pgsseIn(t, env, "", "publish", "in/1", "-")
+	requireOK(t, r)
+	assert.Equal(t, "2\n", r.stdout, "empty input is empty data")
+}
+
+// `pgsse publish --ndjson FILE|-` publishes a batch all or nothing and prints the ids as
+// POST /publish answers them.
+func TestPublishNDJSON(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	requireOK(t, pgsse(t, nil, "migrate", "--database-url", dsn))
+	env := []string{"DATABASE_URL=" + dsn}
+	batch := `{"stream":"nd/a","data":"a1"}
+{"stream":"nd/b","data":{"total":3},"event":"created","audience":["user:7"]}
+{"stream":"nd/a","data":"typing","ephemeral":true}
+{"stream":"nd/a","data":"a2"}
+`
+	r := pgsse(t, env, "publish", "--ndjson", writeFile(t, "batch.ndjson", []byte(batch)))
+	requireOK(t, r)
+	assert.Equal(t, `{"ids":[1,1,null,2]}`+"\n", r.stdout)
+	r = pgsseIn(t, env, `{"stream":"nd/a","data":"a3"}`, "publish", "--ndjson", "-")
+	requireOK(t, r)
+	assert.Equal(t, `{"ids":[3]}`+"\n", r.stdout)
+	assert.Equal(t, `nd/a 1 a1|nd/a 2 a2|nd/a 3 a3|nd/b 1 {"total":3} created {user:7}`, pgtest.QueryValue(t, dsn,
+		`SELECT string_agg(concat_ws(' ', stream, id, data, event, audience::text), '|' ORDER BY stream, id) FROM pgsse.events`))
+
+	// One bad line: nothing is published, the line and field are named.
+	bad := `{"stream":"nd/c","data":"c1"}
+{"stream":"nd/c","data":"c2","audience":["ok","bad\u0001tag"]}
+`
+	line := errorLine(t, pgsse(t, env, "publish", "--ndjson", writeFile(t, "bad.ndjson", []byte(bad))), 2)
+	assert.True(t, strings.HasSuffix(line, `bad.ndjson: line 2, field "audience": audience tag must not contain control characters`), line)
+	line = errorLine(t, pgsseIn(t, env, `{"stream":"nd/c","data":"c1","evnt":"x"}`, "publish", "--ndjson", "-"), 2)
+	assert.Equal(t, `standard input: line 1, field "evnt": unknown field (known: stream, data, event, audience, ephemeral)`, line)
+	assert.Equal(t, "0", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.events WHERE stream = 'nd/c'"))
+
+	line = errorLine(t, pgsse(t, env, "publish", "--ndjson", "/nonexistent/batch"), 2)
+	assert.Equal(t, "--ndjson: open /nonexistent/batch: no such file or directory", line)
+	line = errorLine(t, pgsse(t, env, "publish", "--ndjson", "-", "nd/a"), 2)
+	assert.Equal(t, "publish: --ndjson takes no STREAM or DATA (got 1 arguments)", line)
+	line = errorLine(t, pgsse(t, env, "publish", "--ndjson", "-", "--ephemeral"), 2)
+	assert.Equal(t, "publish: event, audience and ephemeral go into the lines of an --ndjson batch, not flags", line)
 }
 
 func writeFile(t *testing.T, name string, data []byte) string {

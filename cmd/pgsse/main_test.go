@@ -73,10 +73,17 @@ func cleanEnv() []string {
 // pgsse runs the binary with extra environment entries ("K=V") and arguments.
 func pgsse(t *testing.T, env []string, args ...string) result {
 	t.Helper()
+	return pgsseIn(t, env, "", args...)
+}
+
+// pgsseIn is pgsse with stdin as the command's standard input.
+func pgsseIn(t *testing.T, env []string, stdin string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
 	cmd.Env = append(cleanEnv(), env...)
+	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
