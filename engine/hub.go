@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"encoding/binary"
 	"errors"
 	"net"
 	"os"
@@ -60,7 +59,7 @@ type worker struct {
 type hubSub struct {
 	w       *worker
 	ch      *channel
-	mode    uint8
+	mode    framing.Mode
 	acked   bool     // ACK OK sent: notifications flow
 	reqs    []uint32 // SUBs waiting for the LISTEN to complete
 	idx     int      // in ch.hub.subs
@@ -308,15 +307,10 @@ func (s *Server) hubBadChannel(w *worker, b []byte, err error) int {
 	if !w.hello || !(errors.Is(err, names.ErrChannelEmpty) || errors.Is(err, names.ErrChannelLength) || errors.Is(err, names.ErrChannelNUL)) {
 		return 0
 	}
-	if len(b) < framing.HeaderLen+5 {
+	req, n, ok := framing.PeekRequest(b)
+	if !ok {
 		return 0
 	}
-	n := framing.HeaderLen + int(binary.BigEndian.Uint32(b))
-	t := framing.Type(b[framing.HeaderLen])
-	if n > len(b) || (t != framing.TypeSub && t != framing.TypeUnsub) {
-		return 0
-	}
-	req := binary.BigEndian.Uint32(b[framing.HeaderLen+1:])
 	s.hubAck(w, req, framing.AckBadChannel, err.Error())
 	return n
 }
@@ -349,7 +343,7 @@ func (s *Server) hubFrame(w *worker, f *framing.Frame) {
 	}
 }
 
-func (s *Server) hubSub(w *worker, req uint32, mode uint8, channel []byte) {
+func (s *Server) hubSub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	if sub := w.subs[string(channel)]; sub != nil {
 		sub.mode = mode // idempotent: the mode is updated, the subscription kept
 		if sub.acked {
@@ -398,7 +392,7 @@ func (s *Server) hubUnsub(w *worker, req uint32, channel []byte) {
 	s.hubAck(w, req, framing.AckOK, "")
 }
 
-func (s *Server) hubAck(w *worker, req uint32, code uint8, msg string) {
+func (s *Server) hubAck(w *worker, req uint32, code framing.AckCode, msg string) {
 	if len(msg) > 1024 {
 		msg = msg[:1024]
 	}
@@ -410,7 +404,7 @@ func (s *Server) hubAck(w *worker, req uint32, code uint8, msg string) {
 
 // hubStatus encodes a STATUS frame into the control scratch buffer (valid until the next
 // control frame is encoded).
-func (s *Server) hubStatus(code uint8, channel []byte, text string) []byte {
+func (s *Server) hubStatus(code framing.StatusCode, channel []byte, text string) []byte {
 	h := &s.hub
 	h.msg = append(h.msg[:0], text...)
 	h.buf = framing.AppendStatus(h.buf[:0], code, channel, h.msg)
@@ -517,7 +511,7 @@ func (s *Server) hubPump(w *worker) {
 			break
 		}
 		a, b := w.out.Peek()
-		n := wholeFrames(a, b, hubWriteChunk)
+		n := framing.WholeFrames(a, b, hubWriteChunk)
 		var err error
 		if n <= len(a) {
 			_, err = w.c.Write(a[:n])
@@ -552,29 +546,6 @@ func (s *Server) hubOweResyncs(w *worker) {
 			return
 		}
 	}
-}
-
-// wholeFrames returns how many bytes at the ring's head (a then b) form whole frames, at most
-// limit unless the first frame alone is longer.
-func wholeFrames(a, b []byte, limit int) int {
-	total := len(a) + len(b)
-	off := 0
-	for off+framing.HeaderLen <= total {
-		var hdr [framing.HeaderLen]byte
-		for i := range hdr {
-			if j := off + i; j < len(a) {
-				hdr[i] = a[j]
-			} else {
-				hdr[i] = b[j-len(a)]
-			}
-		}
-		l := framing.HeaderLen + int(binary.BigEndian.Uint32(hdr[:]))
-		if off+l > total || (off > 0 && off+l > limit) {
-			break
-		}
-		off += l
-	}
-	return off
 }
 
 // hubPumpPending pumps every worker with queued bytes.
@@ -711,7 +682,7 @@ func (s *Server) hubChannelFailed(ch *channel, err error) {
 }
 
 // hubBroadcast queues a STATUS for every worker that said HELLO.
-func (s *Server) hubBroadcast(code uint8, text string) {
+func (s *Server) hubBroadcast(code framing.StatusCode, text string) {
 	h := &s.hub
 	h.enter()
 	for _, w := range h.workers {

@@ -47,7 +47,7 @@ func hubFanout(tb testing.TB, n int) (*Server, *channel, []*sinkConn) {
 		require.Equal(tb, gnet.None, action)
 		w := conns[i].ctx.(*worker)
 		w.hello = true
-		mode := uint8(framing.ModeLossless)
+		mode := framing.ModeLossless
 		if i%2 == 1 {
 			mode = framing.ModeWake
 		}
