@@ -53,10 +53,6 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	return nil, gnet.None
 }
 
-// shedSlack is how many connections beyond --max-connections may be open at once while
-// they are told to retry elsewhere.
-const shedSlack = 256
-
 // OnClose implements gnet.EventHandler.
 func (s *Server) OnClose(c gnet.Conn, _ error) gnet.Action {
 	switch x := c.Context().(type) {

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/panjf2000/gnet/v2"
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/auth"
@@ -85,45 +83,9 @@ type Server struct {
 
 // New checks cfg and prepares a Server; nothing is started until Run.
 func New(cfg Config) (*Server, error) {
-	if cfg.Listen == "" {
-		cfg.Listen = ":8080"
-	}
-	if cfg.HubSocketMode == 0 {
-		cfg.HubSocketMode = 0o600
-	}
-	if cfg.HubWorkerBuffer == 0 {
-		cfg.HubWorkerBuffer = 1 << 20
-	}
-	if cfg.MaxHeaderBytes == 0 {
-		cfg.MaxHeaderBytes = 8192
-	}
-	if cfg.Heartbeat == 0 {
-		cfg.Heartbeat = 15 * time.Second
-	}
-	if cfg.Retry == 0 {
-		cfg.Retry = 2 * time.Second
-	}
-	if cfg.ReplayPoolSize == 0 {
-		cfg.ReplayPoolSize = 4
-	}
-	if cfg.MaxConnections == 0 {
-		cfg.MaxConnections = DefaultMaxConnections()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Registry == nil {
-		cfg.Registry = prometheus.NewRegistry()
-	}
-	switch {
-	case cfg.MaxConnections < 1:
-		return nil, errors.New("--max-connections: must be at least 1")
-	case cfg.MaxHeaderBytes < 256:
-		return nil, errors.New("--max-header-bytes: must be at least 256")
-	case cfg.Heartbeat < 100*time.Millisecond:
-		return nil, errors.New("--heartbeat: must be at least 100ms")
-	case cfg.HubWorkerBuffer < 2*(4+65536):
-		return nil, errors.New("--hub-worker-buffer: must hold at least two maximal frames (128KiB)")
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	s := &Server{
 		cfg:        cfg,
@@ -152,20 +114,6 @@ func New(cfg Config) (*Server, error) {
 	s.metrics = m
 	s.schemaMsg.Store("schema not checked yet")
 	return s, nil
-}
-
-// DefaultMaxConnections derives --max-connections from the file-descriptor limit, keeping
-// a reserve for PostgreSQL connections, hub workers, listeners and shedding.
-func DefaultMaxConnections() int {
-	var rl syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {
-		return 1000
-	}
-	n := int(rl.Cur) - 512 - shedSlack
-	if n < 16 {
-		n = 16
-	}
-	return n
 }
 
 // Run serves until ctx is cancelled, then shuts down gracefully (SPEC §3 "Shutdown") and
