@@ -185,6 +185,8 @@ func (s *Server) hubOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		subs:   make(map[string]*hubSub),
 		idx:    len(h.workers),
 	}
+	// Wake policy (SPEC §5): coalesce above half full, owe the RESYNCs below a quarter.
+	w.out.SetWatermarks(w.out.Cap()/4, w.out.Cap()/2)
 	h.workers = append(h.workers, w)
 	h.open++
 	s.metrics.hubWorkers.Set(float64(h.open))
@@ -504,7 +506,7 @@ func (s *Server) hubQueue(w *worker) {
 // small, and queues owed wake RESYNCs once the ring has drained below a quarter.
 func (s *Server) hubPump(w *worker) {
 	for writes := 0; writes < hubWritesPerPump && !w.closing; writes++ {
-		if len(w.marked) > 0 && w.out.Len() < w.out.Cap()/4 {
+		if len(w.marked) > 0 && w.out.BelowLow() {
 			s.hubOweResyncs(w)
 		}
 		if w.out.Len() == 0 || w.c.OutboundBuffered() >= hubOutboundLimit {
@@ -595,13 +597,13 @@ func (s *Server) hubNotify(ch *channel, pid uint32, payload []byte) {
 				coalesced++
 				continue
 			}
-			if w.out.Len() > w.out.Cap()/2 || w.out.Free() < len(frame) {
+			if w.out.AboveHigh() || w.out.Free() < len(frame) {
 				s.hubPump(w) // a long batch may fill the ring of a worker that does read
 				if w.closing {
 					continue
 				}
 			}
-			if w.out.Len() > w.out.Cap()/2 || w.out.Free() < len(frame) {
+			if w.out.AboveHigh() || w.out.Free() < len(frame) {
 				sub.marked = true
 				w.marked = append(w.marked, sub)
 				coalesced++
