@@ -74,15 +74,9 @@ const (
 )
 
 // String returns the mode's name ("LOSSLESS", "WAKE"), or "Mode(0x..)" if unknown.
-func (m Mode) String() string {
-	switch m {
-	case ModeLossless:
-		return "LOSSLESS"
-	case ModeWake:
-		return "WAKE"
-	}
-	return unknown("Mode", uint8(m))
-}
+func (m Mode) String() string { return name(modeNames[:], "Mode", uint8(m)) }
+
+var modeNames = [...]string{ModeLossless: "LOSSLESS", ModeWake: "WAKE"}
 
 // AckCode is an ACK frame's code (Frame.Ack): how the hub answered a SUB or UNSUB.
 type AckCode uint8
@@ -97,20 +91,14 @@ const (
 )
 
 // String returns the code's protocol name ("BAD_CHANNEL"), or "AckCode(0x..)" if unknown.
-func (c AckCode) String() string {
-	switch c {
-	case AckOK:
-		return "OK"
-	case AckBadChannel:
-		return "BAD_CHANNEL"
-	case AckListenFailed:
-		return "LISTEN_FAILED"
-	case AckLimit:
-		return "LIMIT"
-	case AckNotSubscribed:
-		return "NOT_SUBSCRIBED"
-	}
-	return unknown("AckCode", uint8(c))
+func (c AckCode) String() string { return name(ackNames[:], "AckCode", uint8(c)) }
+
+var ackNames = [...]string{
+	AckOK:            "OK",
+	AckBadChannel:    "BAD_CHANNEL",
+	AckListenFailed:  "LISTEN_FAILED",
+	AckLimit:         "LIMIT",
+	AckNotSubscribed: "NOT_SUBSCRIBED",
 }
 
 // StatusCode is a STATUS frame's code (Frame.Status): what the hub tells a worker.
@@ -127,22 +115,23 @@ const (
 )
 
 // String returns the code's protocol name ("RESYNC"), or "StatusCode(0x..)" if unknown.
-func (c StatusCode) String() string {
-	switch c {
-	case StatusReady:
-		return "READY"
-	case StatusListenerDown:
-		return "LISTENER_DOWN"
-	case StatusResync:
-		return "RESYNC"
-	case StatusShutdown:
-		return "SHUTDOWN"
-	case StatusEvicted:
-		return "EVICTED"
-	case StatusProtocolError:
-		return "PROTOCOL_ERROR"
+func (c StatusCode) String() string { return name(statusNames[:], "StatusCode", uint8(c)) }
+
+var statusNames = [...]string{
+	StatusReady:         "READY",
+	StatusListenerDown:  "LISTENER_DOWN",
+	StatusResync:        "RESYNC",
+	StatusShutdown:      "SHUTDOWN",
+	StatusEvicted:       "EVICTED",
+	StatusProtocolError: "PROTOCOL_ERROR",
+}
+
+// name is names[v], or "kind(0x..)" when v has no name.
+func name(names []string, kind string, v uint8) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
 	}
-	return unknown("StatusCode", uint8(c))
+	return unknown(kind, v)
 }
 
 func unknown(kind string, v uint8) string {
