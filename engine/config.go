@@ -112,27 +112,13 @@ func MaxConnectionsFor(fdLimit uint64) int {
 
 // withDefaults fills zero fields and checks the bounds; the error names the flag.
 func (cfg Config) withDefaults() (Config, error) {
-	if cfg.Listen == "" {
-		cfg.Listen = DefaultListen
-	}
-	if cfg.HubSocketMode == 0 {
-		cfg.HubSocketMode = DefaultHubSocketMode
-	}
-	if cfg.HubWorkerBuffer == 0 {
-		cfg.HubWorkerBuffer = DefaultHubWorkerBuffer
-	}
-	if cfg.MaxHeaderBytes == 0 {
-		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
-	}
-	if cfg.Heartbeat == 0 {
-		cfg.Heartbeat = DefaultHeartbeat
-	}
-	if cfg.Retry == 0 {
-		cfg.Retry = DefaultRetry
-	}
-	if cfg.ReplayPoolSize == 0 {
-		cfg.ReplayPoolSize = DefaultReplayPoolSize
-	}
+	orDefault(&cfg.Listen, DefaultListen)
+	orDefault(&cfg.HubSocketMode, DefaultHubSocketMode)
+	orDefault(&cfg.HubWorkerBuffer, DefaultHubWorkerBuffer)
+	orDefault(&cfg.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	orDefault(&cfg.Heartbeat, DefaultHeartbeat)
+	orDefault(&cfg.Retry, DefaultRetry)
+	orDefault(&cfg.ReplayPoolSize, DefaultReplayPoolSize)
 	if cfg.MaxConnections == 0 {
 		limit := FDLimit()
 		if cfg.MaxConnections = MaxConnectionsFor(limit); cfg.MaxConnections < 1 {
@@ -162,4 +148,12 @@ func (cfg Config) withDefaults() (Config, error) {
 			" bytes) and at most " + strconv.Itoa(MaxHubWorkerBuffer))
 	}
 	return cfg, nil
+}
+
+// orDefault sets *field to def when it is the zero value.
+func orDefault[T comparable](field *T, def T) {
+	var zero T
+	if *field == zero {
+		*field = def
+	}
 }

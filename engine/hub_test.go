@@ -215,7 +215,7 @@ func TestHubSubscriptions(t *testing.T) {
 	})
 	sc.conn.Close()
 	waitFor(t, 5*time.Second, "all channels released", func() bool { return len(ts.channelNames()) == 0 })
-	waitFor(t, 5*time.Second, "session holds only the stream channel", func() bool { return ts.session.Channels() == 1 })
+	waitFor(t, 5*time.Second, "session holds only the stream channel", func() bool { return ts.listen.(*pglisten.Session).Channels() == 1 })
 }
 
 // TestHubBadInput: each kind of bad input gets PROTOCOL_ERROR (best effort) and closes that
@@ -323,7 +323,7 @@ func TestHubWedgedWorker(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 2.0, metricValue(t, ts.metrics.evictions), "the wake-mode worker is not evicted")
-	assert.Greater(t, metricValue(t, ts.metrics.dropped.WithLabelValues("hub_wake_coalesced")), 0.0)
+	assert.Greater(t, metricValue(t, ts.metrics.droppedWakeCoalesced), 0.0)
 	for range 50 { // more traffic while the wake worker is still stopped
 		pgNotify(t, pub, ch, append([]byte(fmt.Sprintf("%06d", sent)), big...))
 		sent++
