@@ -202,19 +202,6 @@ func (c *sseClient) expectSilence(d time.Duration) {
 	assert.Empty(c.t, evs, "no event expected")
 }
 
-// dialWith is dial with a custom dialer (e.g. a tiny receive buffer).
-func dialWith(t testing.TB, d *net.Dialer, addr, path string, headers ...string) *sseClient {
-	t.Helper()
-	conn, err := d.Dial("tcp", addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	_, err = conn.Write([]byte(request("GET", path, headers...)))
-	require.NoError(t, err)
-	c := &sseClient{t: t, conn: conn, r: bufio.NewReaderSize(conn, 4096)}
-	c.readHead()
-	return c
-}
-
 // tinyRcvBuf is a dialer whose sockets have a small SO_RCVBUF (set before connect, so
 // the TCP window is small from the start).
 func tinyRcvBuf(size int) *net.Dialer {
