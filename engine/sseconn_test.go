@@ -34,11 +34,14 @@ func (c *recordConn) Close() error                { c.closed = true; return nil 
 func (c *recordConn) SetContext(v any)            { c.ctx = v }
 func (c *recordConn) Context() any                { return c.ctx }
 
-func idleServer(t *testing.T) *Server {
+// openAt opens one SSE connection at nowMS on a Server that is not running.
+func openAt(t *testing.T, nowMS int64) (*Server, *recordConn, *sseConn) {
 	t.Helper()
 	s, err := New(Config{Heartbeat: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
-	return s
+	s.nowMS = nowMS
+	c := &recordConn{}
+	return s, c, s.openConn(c)
 }
 
 // Each state's time rule, on the loop clock (nowMS): the head deadline, the pending
@@ -47,10 +50,7 @@ func TestSweepConnsTimeRules(t *testing.T) {
 	const t0 = 1_000_000
 
 	t.Run("head", func(t *testing.T) {
-		s := idleServer(t)
-		s.nowMS = t0
-		c := &recordConn{}
-		sc := s.openConn(c)
+		s, c, sc := openAt(t, t0)
 		s.nowMS = t0 + headTimeoutMS - 1
 		s.sweepConns()
 		assert.Equal(t, stateHead, sc.state)
@@ -62,10 +62,7 @@ func TestSweepConnsTimeRules(t *testing.T) {
 	})
 
 	t.Run("pending", func(t *testing.T) {
-		s := idleServer(t)
-		s.nowMS = t0
-		c := &recordConn{}
-		sc := s.openConn(c)
+		s, c, sc := openAt(t, t0)
 		s.nowMS = t0 + 5_000 // the head took a while: the pending time counts from admission
 		s.admit(sc, nil, sse.CORS{})
 		s.nowMS += pendingTimeoutMS
@@ -80,10 +77,7 @@ func TestSweepConnsTimeRules(t *testing.T) {
 	})
 
 	t.Run("heartbeat and token expiry", func(t *testing.T) {
-		s := idleServer(t)
-		s.nowMS = t0
-		c := &recordConn{}
-		sc := s.openConn(c)
+		s, c, sc := openAt(t, t0)
 		s.admit(sc, &auth.Claims{Expires: time.UnixMilli(t0 + 5_000)}, sse.CORS{})
 		s.respond(sc, stateLive)
 		assert.Equal(t, int64(t0+5_000), sc.expiresMS)
