@@ -155,8 +155,8 @@ func TestMintVerifyRoundTrip(t *testing.T) {
 			assert.True(t, got.AllowsStream([]byte("chat/room/1")))
 			assert.False(t, got.AllowsStream([]byte("orders/4")))
 			assert.True(t, got.AllowsChannel([]byte("jobs")))
-			assert.True(t, got.HasTag([]byte("role:admin")))
-			assert.False(t, got.HasTag([]byte("role:")))
+			assert.True(t, InAudience(got.Tags, []string{"role:admin"}))
+			assert.False(t, InAudience(got.Tags, []string{"role:"}))
 		})
 	}
 }
@@ -423,14 +423,32 @@ func TestMatch(t *testing.T) {
 	assert.False(t, MatchAny(nil, []byte("x")))
 }
 
+func TestInAudience(t *testing.T) {
+	cases := []struct {
+		tags, audience []string
+		want           bool
+	}{
+		{nil, nil, true},
+		{nil, []string{}, true},
+		{[]string{"user:7"}, nil, true},
+		{[]string{"user:7", "role:admin"}, []string{"x", "role:admin"}, true},
+		{[]string{"user:70", "role"}, []string{"user:7", "role:admin"}, false},
+		{nil, []string{"user:7"}, false},
+		{[]string{""}, []string{"user:7"}, false},
+	}
+	for _, tc := range cases {
+		assert.Equal(t, tc.want, InAudience(tc.tags, tc.audience), "tags %q audience %q", tc.tags, tc.audience)
+	}
+}
+
 func TestMatchAllocs(t *testing.T) {
 	c := &Claims{Streams: []string{"orders/42", "chat/*"}, Channels: []string{"jobs"}, Tags: []string{"a", "user:7"}}
 	name := []byte("chat/room/9")
 	miss := []byte("billing/1")
 	ch := []byte("jobs")
-	tag := []byte("user:7")
+	audience := []string{"role:admin", "user:7"}
 	allocs := testing.AllocsPerRun(1000, func() {
-		if !c.AllowsStream(name) || c.AllowsStream(miss) || !c.AllowsChannel(ch) || !c.HasTag(tag) {
+		if !c.AllowsStream(name) || c.AllowsStream(miss) || !c.AllowsChannel(ch) || !InAudience(c.Tags, audience) {
 			panic("wrong answer")
 		}
 	})

@@ -51,14 +51,19 @@ func (c *Claims) AllowsPublish(stream []byte) bool {
 	return matchAny(c.Publish, stream)
 }
 
-// HasTag reports whether tag is among the token's tags. It does not allocate.
-func (c *Claims) HasTag(tag []byte) bool {
-	if c == nil {
-		return false
+// InAudience reports whether a connection whose token carries tags may see an event
+// addressed to audience (SPEC §3 "Audience"): the audience is empty (everyone), or it
+// shares a tag with tags. It is the one rule for live delivery; replay applies the same
+// in SQL (pgsse.replay). It does not allocate.
+func InAudience(tags, audience []string) bool {
+	if len(audience) == 0 {
+		return true
 	}
-	for _, t := range c.Tags {
-		if t == string(tag) {
-			return true
+	for _, a := range audience {
+		for _, t := range tags {
+			if a == t {
+				return true
+			}
 		}
 	}
 	return false

@@ -1,8 +1,17 @@
 package engine
 
 import (
+	"errors"
+
 	"github.com/pgsse/pgsse/sse"
 )
+
+// errReservedChannel refuses the stream channel as a raw channel, to SSE clients (403) and
+// hub workers (ACK BAD_CHANNEL) alike: its payloads are pgsse's own (store.ParsePayload).
+var errReservedChannel = errors.New("channel " + storeChannel + " is reserved for pgsse's streams")
+
+// reservedChannel reports whether name may not be subscribed to as a raw channel.
+func reservedChannel(name []byte) bool { return string(name) == storeChannel }
 
 // channel is one raw PostgreSQL channel with holders on this server: SSE /channels/
 // clients and hub workers share one LISTEN (one session reference) per channel.
@@ -38,9 +47,9 @@ func (s *Server) holdChannel(name string) *channel {
 	ch.holders++
 	if ch.holders == 1 {
 		s.metrics.listenChannels.Set(float64(len(s.channels)))
-		if s.session != nil {
+		if s.listen != nil {
 			ch.ref = refPending
-			s.session.Listen(name, func(err error) {
+			s.listen.Listen(name, func(err error) {
 				s.tasks.push(func() { s.onListened(ch, err) })
 			})
 		}
@@ -58,8 +67,8 @@ func (s *Server) releaseChannel(ch *channel) {
 		delete(s.channels, ch.name)
 		s.metrics.listenChannels.Set(float64(len(s.channels)))
 	}
-	if ch.ref == refHeld && s.session != nil {
-		s.session.Unlisten(ch.name)
+	if ch.ref == refHeld && s.listen != nil {
+		s.listen.Unlisten(ch.name)
 		ch.ref = refNone
 	}
 	// refPending: onListened drops the reference once PostgreSQL has answered.
@@ -77,8 +86,8 @@ func (s *Server) onListened(ch *channel, err error) {
 	if s.channels[ch.name] != ch || ch.holders == 0 {
 		// Every holder left while the LISTEN was in flight: give the reference back.
 		ch.ref = refNone
-		if s.session != nil {
-			s.session.Unlisten(ch.name)
+		if s.listen != nil {
+			s.listen.Unlisten(ch.name)
 		}
 		return
 	}
@@ -95,11 +104,10 @@ func (s *Server) channelLive(ch *channel) {
 	ch.listening = true
 	for _, sc := range ch.sse {
 		if sc.state == statePending && !sc.closed {
-			s.sendStreamHead(sc)
-			sc.state = stateLive
+			s.respond(sc, stateLive)
 		}
 	}
-	s.hubChannelLive(ch)
+	s.hub.channelLive(ch)
 }
 
 func (s *Server) channelFailed(ch *channel, err error) {
@@ -108,30 +116,19 @@ func (s *Server) channelFailed(ch *channel, err error) {
 			s.shed(sc)
 		}
 	}
-	s.hubChannelFailed(ch, err)
+	s.hub.channelFailed(ch, err)
 }
 
+// subscribeChannel registers an admitted (pending) connection on its channel; the response
+// head goes out once the LISTEN has completed (here, or in channelLive).
 func (s *Server) subscribeChannel(sc *sseConn, name string) {
 	ch := s.holdChannel(name)
 	sc.ch = ch
 	sc.subIdx = int32(len(ch.sse))
 	ch.sse = append(ch.sse, sc)
 	if ch.listening && s.listenUp {
-		s.sendStreamHead(sc)
-		sc.state = stateLive
-		return
+		s.respond(sc, stateLive)
 	}
-	sc.state = statePending
-}
-
-func (s *Server) unsubscribeChannel(sc *sseConn) {
-	ch := sc.ch
-	if ch == nil {
-		return
-	}
-	ch.sse = swapRemove(ch.sse, sc, subIndex)
-	sc.ch = nil
-	s.releaseChannel(ch)
 }
 
 // onChannelNotify queues a raw notification for the channel's SSE clients (encoded once)
@@ -144,7 +141,7 @@ func (s *Server) onChannelNotify(ch *channel, pid uint32, payload []byte) {
 			s.dirtyChannels = append(s.dirtyChannels, ch)
 		}
 	}
-	s.hubNotify(ch, pid, payload)
+	s.hub.notify(ch, pid, payload)
 }
 
 func (s *Server) flushChannels() {
@@ -158,8 +155,8 @@ func (s *Server) flushChannels() {
 			if sc.closed || sc.state != stateLive {
 				continue
 			}
-			if sc.c.OutboundBuffered() > ephemeralLimit {
-				s.metrics.dropped.WithLabelValues("slow_client").Inc()
+			if sc.c.OutboundBuffered() > ephemeralLimitBytes {
+				s.metrics.droppedSlowClient.Inc()
 				s.closeWithRetry(sc)
 				continue
 			}

@@ -2,20 +2,37 @@
 // (SPEC §3) and hub workers (SPEC §5), fed by one LISTEN session (pglisten) and a small
 // pool of replay connections (store).
 //
+// The parts, one file (or two) each:
+//
+//	config.go            Config, every default and bound, the descriptor budget (MaxConnectionsFor)
+//	server.go            Server: New, Run, drain, the probes (/healthz, /readyz)
+//	loop.go              the task queue, enter/leave around every loop entry, the ticker
+//	handler.go           the gnet callbacks, dispatching by connection kind
+//	request.go           HTTP request heads on the SSE port: routing, authorisation, CORS
+//	sseconn.go           the SSE connection state machine: states, transitions, time rules, writes
+//	streams.go           durable and ephemeral streams: fan-out, catch-up, lagging, gaps
+//	channels.go          raw channels: one LISTEN per channel, shared by SSE clients and workers
+//	hub.go, hubsocket.go the hub (its own type) and its socket file
+//	listen.go            the LISTEN source (pglisten.Session behind a narrow interface) and its events
+//	schema.go            the schema-version poller (/readyz)
+//	metrics.go           the Prometheus series, label values bound once
+//	writev.go            one allocation-free writev per connection
+//
 // Invariants (DESIGN.md):
 //   - One owner: every connection, stream, channel and worker is touched only on the loop
 //     goroutine. Other goroutines hand work over through taskQueue, a FIFO that gnet's
 //     Execute merely wakes, so order is ours, not gnet's.
 //   - Encode once, write many: a live event is encoded once (event.enc) and the same bytes
 //     go to every subscriber; the events a connection is owed in one loop pass leave in one
-//     write/writev.
-//   - Nothing unbounded: a durable subscriber over durableHigh stops taking live writes and
-//     is caught up from the table once it drains below durableLow; an ephemeral or channel
-//     subscriber over ephemeralLimit is closed; rings, pending lists and queues are capped.
+//     write/writev (sseConn.write, sseConn.writev: the only writes to an SSE client).
+//   - Nothing unbounded: a live durable subscriber over durableHighBytes stops taking live
+//     writes (lagging) and is caught up from the table once it drains below durableLowBytes;
+//     an ephemeral or channel subscriber over ephemeralLimitBytes is closed; a hub worker's
+//     ring follows SPEC §5; rings, pending lists and queues are capped.
 //   - No lost wake: a subscriber is registered before any history is read, the response
-//     head goes out only once the subscription is live, and live vs replayed events are
-//     deduplicated by id (per-connection cursor). After the LISTEN session comes back
-//     every active stream is read from the table again.
+//     head goes out only once the subscription is live (sseconn.go: respond), and live vs
+//     replayed events are deduplicated by id (per-connection cursor). After the LISTEN
+//     session comes back every active stream is read from the table again.
 //
 // A durable stream keeps a small ring of its most recent events so that a connection
 // that finished reading history close to the head joins the live set from memory rather

@@ -96,15 +96,8 @@ func migratedDB(t testing.TB) string {
 	return dsn
 }
 
-func connect(t testing.TB, dsn string) *pgconn.PgConn {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := pgconn.Connect(ctx, dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close(context.Background()) })
-	return c
-}
+// connect opens a connection closed at test end.
+var connect = pgtest.Connect
 
 // publish runs pgsse.publish and returns the id.
 func publish(t testing.TB, conn *pgconn.PgConn, stream, data, event string, audience []string) int64 {
@@ -154,21 +147,16 @@ type sseEvent struct {
 // response head. A non-200 response's body is read to EOF.
 func dial(t testing.TB, addr string, path string, headers ...string) *sseClient {
 	t.Helper()
-	return dialFrom(t, nil, addr, path, headers...)
+	return dialWith(t, &net.Dialer{Timeout: 10 * time.Second}, addr, path, headers...)
 }
 
-func dialFrom(t testing.TB, local net.Addr, addr string, path string, headers ...string) *sseClient {
+// dialWith is dial with a custom dialer (e.g. a tiny receive buffer, tinyRcvBuf).
+func dialWith(t testing.TB, d *net.Dialer, addr, path string, headers ...string) *sseClient {
 	t.Helper()
-	d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: local}
 	conn, err := d.Dial("tcp", addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
-	req := "GET " + path + " HTTP/1.1\r\nHost: pgsse.test\r\n"
-	for _, h := range headers {
-		req += h + "\r\n"
-	}
-	req += "\r\n"
-	_, err = conn.Write([]byte(req))
+	_, err = conn.Write([]byte(request("GET", path, headers...)))
 	require.NoError(t, err)
 	c := &sseClient{t: t, conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}
 	c.readHead()

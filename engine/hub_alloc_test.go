@@ -43,20 +43,20 @@ func hubFanout(tb testing.TB, n int) (*Server, *channel, []*sinkConn) {
 	conns := make([]*sinkConn, n)
 	for i := range conns {
 		conns[i] = &sinkConn{}
-		_, action := s.hubOpen(conns[i])
+		_, action := s.hub.accept(conns[i])
 		require.Equal(tb, gnet.None, action)
 		w := conns[i].ctx.(*worker)
 		w.hello = true
-		mode := uint8(framing.ModeLossless)
+		mode := framing.ModeLossless
 		if i%2 == 1 {
 			mode = framing.ModeWake
 		}
-		s.hubSub(w, 1, mode, []byte("fanout"))
+		s.hub.sub(w, 1, mode, []byte("fanout"))
 	}
 	ch := s.channels["fanout"]
 	require.NotNil(tb, ch)
 	s.channelLive(ch) // the LISTEN "completed": every SUB is ACKed
-	s.hubFlush()
+	s.hub.flush()
 	return s, ch, conns
 }
 
@@ -67,9 +67,9 @@ func TestHubNotifyAllocs(t *testing.T) {
 	payload := bytes.Repeat([]byte("p"), 200)
 	before := conns[0].written
 	allocs := testing.AllocsPerRun(200, func() {
-		s.hubNotify(ch, 42, payload)
-		s.hubNotify(ch, 42, payload)
-		s.hubFlush()
+		s.hub.notify(ch, 42, payload)
+		s.hub.notify(ch, 42, payload)
+		s.hub.flush()
 	})
 	assert.Zero(t, allocs, "allocations per batch of two notifications to 8 workers")
 	frame := framing.AppendNotify(nil, 42, []byte("fanout"), payload)
@@ -84,8 +84,8 @@ func BenchmarkHubNotify(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
-				s.hubNotify(ch, 42, payload)
-				s.hubFlush()
+				s.hub.notify(ch, 42, payload)
+				s.hub.flush()
 			}
 		})
 	}

@@ -35,14 +35,14 @@ func TestHubListenerDown(t *testing.T) {
 		startWorker(t, bin, "b", ts.cfg.HubSocket, ts.DSN, "wake", "fault_b"),
 	}
 	for _, w := range workers {
-		require.Equal(t, "hub", w.expectEv(15*time.Second, "ready").Mode)
+		require.Equal(t, "hub", w.expectEv(15*time.Second, "ready").Source)
 	}
 	pgtest.Exec(t, ts.DSN, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgsse-listen' AND datname = current_database()")
 	for _, w := range workers {
 		l := w.nextLine(15 * time.Second)
 		assert.Equal(t, "down", l.Ev, "worker %s: LISTENER_DOWN first (%+v)", w.name, l)
 		l = w.nextLine(20 * time.Second)
-		assert.Equal(t, hubLine{Ev: "resync", Mode: "hub"}, l, "worker %s: then RESYNC for all channels", w.name)
+		assert.Equal(t, hubLine{Ev: "resync", Source: "hub"}, l, "worker %s: then RESYNC for all channels", w.name)
 	}
 	pub := connect(t, ts.DSN)
 	pgNotify(t, pub, "fault_a", []byte("back a"))
@@ -51,7 +51,7 @@ func TestHubListenerDown(t *testing.T) {
 		l := w.nextLine(10 * time.Second)
 		assert.Equal(t, "notify", l.Ev)
 		assert.Equal(t, "back "+string(rune('a'+i)), string(l.Payload))
-		assert.Equal(t, "hub", l.Mode)
+		assert.Equal(t, "hub", l.Source)
 	}
 	assert.Equal(t, 1, listenBackends(t, ts.DSN))
 }
@@ -116,18 +116,18 @@ func TestHubServerKilled(t *testing.T) {
 		workers[i] = startWorker(t, bin, fmt.Sprintf("k%d", i), sock, dsn, "lossless", fmt.Sprintf("kill_%d", i), "kill_all")
 	}
 	for _, w := range workers {
-		require.Equal(t, "hub", w.expectEv(15*time.Second, "ready").Mode)
+		require.Equal(t, "hub", w.expectEv(15*time.Second, "ready").Source)
 	}
 	assert.Equal(t, 1, listenBackends(t, dsn))
 
 	require.NoError(t, helper.Process.Signal(syscall.SIGKILL))
 	killed.Store(true)
 	for _, w := range workers {
-		m := w.expectEv(20*time.Second, "mode")
-		assert.Equal(t, "direct", m.Mode)
+		m := w.expectEv(20*time.Second, "source")
+		assert.Equal(t, "direct", m.Source)
 		assert.Contains(t, m.Err, "closed the connection")
 		r := w.nextLine(20 * time.Second)
-		assert.Equal(t, hubLine{Ev: "resync", Mode: "direct"}, r, "worker %s: resync after the switch", w.name)
+		assert.Equal(t, hubLine{Ev: "resync", Source: "direct"}, r, "worker %s: resync after the switch", w.name)
 	}
 	pub := connect(t, dsn)
 	pgNotify(t, pub, "kill_all", []byte("after the kill"))
@@ -139,7 +139,7 @@ func TestHubServerKilled(t *testing.T) {
 		assert.Equal(t, "after the kill", string(l.Payload), "worker %d", i)
 		l = w.expectEv(10*time.Second, "notify")
 		assert.Equal(t, fmt.Sprint("own ", i), string(l.Payload), "worker %d", i)
-		assert.Equal(t, "direct", l.Mode)
+		assert.Equal(t, "direct", l.Source)
 	}
 	waitFor(t, 15*time.Second, "one LISTEN backend per worker", func() bool { return listenBackends(t, dsn) == n })
 }
@@ -155,7 +155,7 @@ func TestHubShutdown(t *testing.T) {
 	defer l.Close()
 	f := l.(*pglisten.Failover)
 	require.NoError(t, l.Listen(context.Background(), "bye"))
-	require.Equal(t, "hub", f.Mode())
+	require.Equal(t, pglisten.SourceHub, f.Source())
 	raw := dialHub(t, ts.cfg.HubSocket)
 	raw.hello("raw")
 
@@ -163,14 +163,14 @@ func TestHubShutdown(t *testing.T) {
 	frames, err := raw.untilClosed(10 * time.Second)
 	require.NoError(t, err)
 	require.NotEmpty(t, frames)
-	assert.Equal(t, uint8(framing.StatusShutdown), frames[len(frames)-1].Code)
+	assert.Equal(t, framing.StatusShutdown, frames[len(frames)-1].Status)
 	select {
 	case ev := <-l.Events():
 		assert.Equal(t, pglisten.Event{Kind: pglisten.KindResync}, ev)
 	case <-time.After(20 * time.Second):
 		t.Fatal("no resync after SHUTDOWN")
 	}
-	assert.Equal(t, "direct", f.Mode())
+	assert.Equal(t, pglisten.SourceDirect, f.Source())
 	assert.ErrorIs(t, f.Reason(), pglisten.ErrHubShutdown)
 	_, err = os.Lstat(ts.cfg.HubSocket)
 	assert.ErrorIs(t, err, os.ErrNotExist, "the socket is removed on exit")

@@ -88,7 +88,7 @@ func (r *rawWorker) hello(name string) {
 	r.send(framing.AppendHello(nil, uint32(os.Getpid()), []byte(name)))
 	f := r.next(5 * time.Second)
 	require.Equal(r.t, framing.TypeStatus, f.Type)
-	require.Equal(r.t, uint8(framing.StatusReady), f.Code)
+	require.Equal(r.t, framing.StatusReady, f.Status)
 }
 
 func (r *rawWorker) send(b []byte) {
@@ -131,7 +131,7 @@ func (r *rawWorker) next(timeout time.Duration) framing.Frame {
 	return f
 }
 
-func (r *rawWorker) sub(req uint32, mode uint8, ch string) framing.Frame {
+func (r *rawWorker) sub(req uint32, mode framing.Mode, ch string) framing.Frame {
 	r.t.Helper()
 	r.send(framing.AppendSub(nil, req, mode, []byte(ch)))
 	f := r.next(10 * time.Second)
@@ -164,7 +164,7 @@ type hubLine struct {
 	Ch      string `json:"ch"`
 	PID     uint32 `json:"pid"`
 	Payload []byte `json:"payload"`
-	Mode    string `json:"mode"`
+	Source  string `json:"source"` // hub or direct
 	Err     string `json:"err"`
 }
 

@@ -40,7 +40,7 @@ func TestHubCensus(t *testing.T) {
 	}
 	for _, w := range workers {
 		l := w.expectEv(15*time.Second, "ready")
-		require.Equal(t, "hub", l.Mode, "worker %s went direct: %s", w.name, l.Err)
+		require.Equal(t, "hub", l.Source, "worker %s went direct: %s", w.name, l.Err)
 	}
 	assert.Equal(t, 1, listenBackends(t, ts.DSN), "one LISTEN backend for the server and all workers")
 	waitFor(t, 5*time.Second, "8 workers counted", func() bool { return metricValue(t, ts.metrics.hubWorkers) == n })
@@ -66,7 +66,7 @@ func TestHubCensus(t *testing.T) {
 			}
 			assert.Equal(t, want, l.Ch, "worker %d notification %d: only its own channels, in order", i, j)
 			assert.Equal(t, append([]byte(fmt.Sprintf("%d/%d:", i, j)), p...), l.Payload, "worker %d payload %d byte-identical", i, j)
-			assert.Equal(t, "hub", l.Mode)
+			assert.Equal(t, "hub", l.Source)
 			assert.NotZero(t, l.PID, "the notifying backend's pid")
 			if pgPID == "" {
 				pgPID = fmt.Sprint(l.PID)
@@ -170,8 +170,8 @@ func TestHubSubscriptions(t *testing.T) {
 	w := dialHub(t, ts.cfg.HubSocket)
 	w.hello("subs")
 
-	assert.Equal(t, uint8(framing.AckOK), w.sub(1, framing.ModeLossless, "jobs").Code)
-	assert.Equal(t, uint8(framing.AckOK), w.sub(2, framing.ModeWake, "jobs").Code, "second SUB on the same channel just ACKs")
+	assert.Equal(t, framing.AckOK, w.sub(1, framing.ModeLossless, "jobs").Ack)
+	assert.Equal(t, framing.AckOK, w.sub(2, framing.ModeWake, "jobs").Ack, "second SUB on the same channel just ACKs")
 	pgNotify(t, pub, "jobs", []byte("once"))
 	f := w.next(5 * time.Second)
 	assert.Equal(t, framing.TypeNotify, f.Type)
@@ -183,12 +183,12 @@ func TestHubSubscriptions(t *testing.T) {
 	assert.Equal(t, uint64(0xdeadbeef), f.Token)
 
 	f = w.sub(3, framing.ModeLossless, "pgsse")
-	assert.Equal(t, uint8(framing.AckBadChannel), f.Code, "the stream channel is reserved")
+	assert.Equal(t, framing.AckBadChannel, f.Ack, "the stream channel is reserved")
 	w.send(framing.AppendSub(nil, 4, framing.ModeLossless, []byte("bad\x00name")))
 	f = w.next(5 * time.Second)
 	assert.Equal(t, framing.TypeAck, f.Type)
 	assert.Equal(t, uint32(4), f.Req)
-	assert.Equal(t, uint8(framing.AckBadChannel), f.Code, "a bad channel name is refused, the worker stays")
+	assert.Equal(t, framing.AckBadChannel, f.Ack, "a bad channel name is refused, the worker stays")
 
 	// Shared with the SSE bridge: the worker leaving does not UNLISTEN under the SSE client.
 	tok := token(t, authClaimsChannels("jobs"), time.Hour)
@@ -197,17 +197,17 @@ func TestHubSubscriptions(t *testing.T) {
 	w.send(framing.AppendUnsub(nil, 5, []byte("jobs")))
 	f = w.next(5 * time.Second)
 	assert.Equal(t, framing.TypeAck, f.Type)
-	assert.Equal(t, uint8(framing.AckOK), f.Code)
+	assert.Equal(t, framing.AckOK, f.Ack)
 	w.send(framing.AppendUnsub(nil, 6, []byte("jobs")))
 	f = w.next(5 * time.Second)
-	assert.Equal(t, uint8(framing.AckNotSubscribed), f.Code)
+	assert.Equal(t, framing.AckNotSubscribed, f.Ack)
 	pgNotify(t, pub, "jobs", []byte("for sse"))
 	assert.Equal(t, "for sse", sc.mustNextData(5*time.Second).Data, "SSE client still LISTENed after the worker's UNSUB")
 
 	// Resubscribe, then disconnect: the SSE client keeps the channel; when it leaves too, the
 	// channel is released.
-	assert.Equal(t, uint8(framing.AckOK), w.sub(7, framing.ModeLossless, "jobs").Code)
-	assert.Equal(t, uint8(framing.AckOK), w.sub(8, framing.ModeLossless, "other").Code)
+	assert.Equal(t, framing.AckOK, w.sub(7, framing.ModeLossless, "jobs").Ack)
+	assert.Equal(t, framing.AckOK, w.sub(8, framing.ModeLossless, "other").Ack)
 	w.conn.Close()
 	waitFor(t, 5*time.Second, "worker's channels released", func() bool {
 		n := ts.channelNames()
@@ -215,7 +215,7 @@ func TestHubSubscriptions(t *testing.T) {
 	})
 	sc.conn.Close()
 	waitFor(t, 5*time.Second, "all channels released", func() bool { return len(ts.channelNames()) == 0 })
-	waitFor(t, 5*time.Second, "session holds only the stream channel", func() bool { return ts.session.Channels() == 1 })
+	waitFor(t, 5*time.Second, "session holds only the stream channel", func() bool { return ts.listen.(*pglisten.Session).Channels() == 1 })
 }
 
 // TestHubBadInput: each kind of bad input gets PROTOCOL_ERROR (best effort) and closes that
@@ -225,7 +225,7 @@ func TestHubBadInput(t *testing.T) {
 	pub := connect(t, ts.DSN)
 	healthy := dialHub(t, ts.cfg.HubSocket)
 	healthy.hello("healthy")
-	require.Equal(t, uint8(framing.AckOK), healthy.sub(1, framing.ModeLossless, "steady").Code)
+	require.Equal(t, framing.AckOK, healthy.sub(1, framing.ModeLossless, "steady").Ack)
 
 	hello := framing.AppendHello(nil, 1, []byte("bad"))
 	cases := []struct {
@@ -267,7 +267,7 @@ func TestHubBadInput(t *testing.T) {
 				require.NotEmpty(t, frames)
 				last := frames[len(frames)-1]
 				assert.Equal(t, framing.TypeStatus, last.Type)
-				assert.Equal(t, uint8(framing.StatusProtocolError), last.Code, "last frame: %s", last.Text)
+				assert.Equal(t, framing.StatusProtocolError, last.Status, "last frame: %s", last.Text)
 				assert.NotEmpty(t, last.Text, "the reason is named")
 			}
 			payload := fmt.Sprint("after ", i)
@@ -292,11 +292,11 @@ func TestHubWedgedWorker(t *testing.T) {
 	lossless := startWorker(t, bin, "lossless", ts.cfg.HubSocket, ts.DSN, "lossless", ch)
 	wake := startWorker(t, bin, "wake", ts.cfg.HubSocket, ts.DSN, "wake", ch)
 	for _, w := range []*workerProc{healthy, lossless, wake} {
-		require.Equal(t, "hub", w.expectEv(15*time.Second, "ready").Mode)
+		require.Equal(t, "hub", w.expectEv(15*time.Second, "ready").Source)
 	}
 	raw := dialHub(t, ts.cfg.HubSocket)
 	raw.hello("raw-never-reads")
-	require.Equal(t, uint8(framing.AckOK), raw.sub(1, framing.ModeLossless, ch).Code)
+	require.Equal(t, framing.AckOK, raw.sub(1, framing.ModeLossless, ch).Ack)
 
 	lossless.signal(syscall.SIGSTOP)
 	wake.signal(syscall.SIGSTOP)
@@ -323,7 +323,7 @@ func TestHubWedgedWorker(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 2.0, metricValue(t, ts.metrics.evictions), "the wake-mode worker is not evicted")
-	assert.Greater(t, metricValue(t, ts.metrics.dropped.WithLabelValues("hub_wake_coalesced")), 0.0)
+	assert.Greater(t, metricValue(t, ts.metrics.droppedWakeCoalesced), 0.0)
 	for range 50 { // more traffic while the wake worker is still stopped
 		pgNotify(t, pub, ch, append([]byte(fmt.Sprintf("%06d", sent)), big...))
 		sent++
@@ -338,28 +338,28 @@ func TestHubWedgedWorker(t *testing.T) {
 	require.NotEmpty(t, frames)
 	last := frames[len(frames)-1]
 	assert.Equal(t, framing.TypeStatus, last.Type)
-	assert.Equal(t, uint8(framing.StatusEvicted), last.Code)
+	assert.Equal(t, framing.StatusEvicted, last.Status)
 
 	// The failover worker reads again: what it had, then the switch to its own session.
 	lossless.signal(syscall.SIGCONT)
-	m := lossless.expectEv(20*time.Second, "mode")
-	assert.Equal(t, "direct", m.Mode)
+	m := lossless.expectEv(20*time.Second, "source")
+	assert.Equal(t, "direct", m.Source)
 	assert.Contains(t, m.Err, "evicted")
 	r := lossless.expectEv(20*time.Second, "resync")
 	assert.Equal(t, "", r.Ch, "switch reported as a resync of everything")
-	assert.Equal(t, "direct", r.Mode)
+	assert.Equal(t, "direct", r.Source)
 
 	// The wake worker reads again: it gets RESYNC for the channel and stays on the hub.
 	wake.signal(syscall.SIGCONT)
 	rs := wake.expect(20*time.Second, "RESYNC wedge", func(l hubLine) bool {
-		return l.Ev == "resync" || l.Ev == "mode"
+		return l.Ev == "resync" || l.Ev == "source"
 	})
-	assert.Equal(t, hubLine{Ev: "resync", Ch: ch, Mode: "hub"}, rs)
+	assert.Equal(t, hubLine{Ev: "resync", Ch: ch, Source: "hub"}, rs)
 
 	pgNotify(t, pub, ch, []byte("after"))
 	for _, w := range []*workerProc{lossless, wake} {
 		l := w.expect(10*time.Second, "the next NOTIFY", func(l hubLine) bool { return l.Ev == "notify" && string(l.Payload) == "after" })
-		assert.Equal(t, map[*workerProc]string{lossless: "direct", wake: "hub"}[w], l.Mode)
+		assert.Equal(t, map[*workerProc]string{lossless: "direct", wake: "hub"}[w], l.Source)
 	}
 	l := healthy.nextLine(10 * time.Second) // nothing lost, nothing out of order, nothing extra
 	assert.Equal(t, "notify", l.Ev)

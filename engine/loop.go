@@ -4,9 +4,102 @@ import (
 	"context"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 )
+
+// What runs the loop: the task queue that hands work to the loop goroutine in order,
+// enter/leave around every entry into the loop's state, and the ticker that drives the
+// periodic work.
+
+// Tick periods. Waking the loop costs more than the tick's work — each wake pulls the
+// loop's thread out of epoll_wait — so an idle server wakes it 4 times a second, and 50
+// times a second only while a lagging client or hub worker waits for its socket to drain
+// (gnet has no writable callback).
+const (
+	tickFast = 20 * time.Millisecond
+	tickSlow = 250 * time.Millisecond
+)
+
+// enter/leave bracket every entry into the loop's state (gnet callbacks and each drain of
+// the task queue). On the way out of the outermost entry, everything the entry queued is
+// written — one write per connection for all of it — and connections closed meanwhile
+// (gnet closes a socket synchronously when a write fails) are removed from the tables,
+// so no slice changes under an iteration.
+func (s *Server) enter() { s.depth++ }
+
+func (s *Server) leave() {
+	if s.depth > 1 {
+		s.depth--
+		return
+	}
+	s.flushStreams()
+	s.flushChannels()
+	s.hub.flush()
+	for len(s.reap) > 0 {
+		sc := s.reap[len(s.reap)-1]
+		s.reap[len(s.reap)-1] = nil
+		s.reap = s.reap[:len(s.reap)-1]
+		s.removeConn(sc)
+	}
+	if poll := len(s.lagging) > 0 || s.hub.needsPoll(); poll != s.needPoll.Load() {
+		s.needPoll.Store(poll)
+		if poll {
+			select {
+			case s.pollNow <- struct{}{}:
+			default:
+			}
+		}
+	}
+	s.depth--
+}
+
+// ticker hands the loop its periodic work (tick): every tickSlow, and every tickFast only
+// while someone waits for a socket to drain.
+func (s *Server) ticker(ctx context.Context) {
+	t := time.NewTimer(tickSlow)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.pollNow:
+		case <-t.C:
+		}
+		now := time.Now()
+		if s.needPoll.Load() || now.Sub(last) >= tickSlow-tickFast {
+			last = now
+			s.tasks.push(s.tick)
+		}
+		d := tickSlow - now.Sub(last)
+		if s.needPoll.Load() || d < tickFast {
+			d = tickFast
+		}
+		t.Reset(d)
+	}
+}
+
+// tick is the loop's periodic work: the clock, lagging connections that drained, the hub's
+// flushing and deadlines, and — at most every sweepIntervalMS — failed reads to retry and
+// the connections' time rules (sweepConns).
+func (s *Server) tick() {
+	s.enter()
+	defer s.leave()
+	now := time.Now()
+	s.nowMS = now.UnixMilli()
+	s.healthyAt.Store(now.UnixNano())
+	s.resumeLagging()
+	s.hub.tick()
+	if s.nowMS-s.lastSweepMS < sweepIntervalMS {
+		return
+	}
+	s.lastSweepMS = s.nowMS
+	s.retryStreamFetches()
+	s.runReadRetries()
+	s.sweepConns()
+}
 
 // taskQueue hands work from other goroutines (the LISTEN session, replay reads, the
 // ticker, shutdown) to the loop goroutine, strictly in push order.

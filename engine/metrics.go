@@ -1,11 +1,16 @@
 package engine
 
 import (
+	"strconv"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 // metrics are the Prometheus series of SPEC §4. Counters are updated from the loop in
-// batches (one Add per fan-out, not per delivery).
+// batches (one Add per fan-out, not per delivery), and every label value is bound once
+// here: no call site looks a series up by its labels.
+//
+// A new metric: a field here, its registration in newMetrics, and its call site.
 type metrics struct {
 	sseConns       prometheus.Gauge
 	hubWorkers     prometheus.Gauge
@@ -13,15 +18,29 @@ type metrics struct {
 	lagging        prometheus.Gauge
 	notifications  prometheus.Counter
 	deliveries     prometheus.Counter
-	dropped        *prometheus.CounterVec
-	rejected       *prometheus.CounterVec
 	evictions      prometheus.Counter
 	reconnects     prometheus.Counter
 	replays        prometheus.Counter
 	lag            prometheus.Histogram
+
+	// pgsse_dropped_total{reason}
+	droppedSlowClient    prometheus.Counter // an ephemeral or channel subscriber over its buffer limit, closed
+	droppedOverCapacity  prometheus.Counter // a connection shed at --max-connections (or draining)
+	droppedBadPayload    prometheus.Counter // a payload on the stream channel that is not pgsse's
+	droppedWakeCoalesced prometheus.Counter // wake-mode hub notifications folded into a RESYNC
+
+	// pgsse_rejected_total{status}: one bound counter per status pgsse answers with;
+	// rejectedOther keeps the vector for any other.
+	rejected      map[int]prometheus.Counter
+	rejectedOther *prometheus.CounterVec
 }
 
+// rejectedStatuses are the error statuses the SSE port answers (SPEC §3).
+var rejectedStatuses = []int{400, 401, 403, 404, 405, 431}
+
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_dropped_total", Help: "Deliveries or connections dropped, by reason."}, []string{"reason"})
+	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_rejected_total", Help: "HTTP requests refused, by status."}, []string{"status"})
 	m := &metrics{
 		sseConns:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_sse_connections", Help: "Subscribed SSE connections."}),
 		hubWorkers:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_hub_workers", Help: "Worker processes connected to the hub socket."}),
@@ -29,8 +48,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		lagging:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_lagging_connections", Help: "Durable subscribers paused over the high watermark, waiting to drain."}),
 		notifications:  prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_notifications_total", Help: "Notifications received on the LISTEN session."}),
 		deliveries:     prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_deliveries_total", Help: "Events written to SSE clients and hub workers."}),
-		dropped:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_dropped_total", Help: "Deliveries or connections dropped, by reason."}, []string{"reason"}),
-		rejected:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_rejected_total", Help: "HTTP requests refused, by status."}, []string{"status"}),
 		evictions:      prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_evictions_total", Help: "Hub workers evicted for not reading."}),
 		reconnects:     prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_pg_reconnects_total", Help: "Times the LISTEN session was re-established."}),
 		replays:        prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_replay_reads_total", Help: "History reads issued for catching connections up."}),
@@ -39,15 +56,29 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Publish (commit) to write, per live event.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}),
+		droppedSlowClient:    dropped.WithLabelValues("slow_client"),
+		droppedOverCapacity:  dropped.WithLabelValues("over_capacity"),
+		droppedBadPayload:    dropped.WithLabelValues("bad_payload"),
+		droppedWakeCoalesced: dropped.WithLabelValues("hub_wake_coalesced"),
+		rejected:             make(map[int]prometheus.Counter, len(rejectedStatuses)),
+		rejectedOther:        rejected,
+	}
+	for _, status := range rejectedStatuses {
+		m.rejected[status] = rejected.WithLabelValues(strconv.Itoa(status))
 	}
 	for _, c := range []prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
-		m.deliveries, m.dropped, m.rejected, m.evictions, m.reconnects, m.replays, m.lag} {
+		m.deliveries, dropped, rejected, m.evictions, m.reconnects, m.replays, m.lag} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	for _, r := range []string{"slow_client", "over_capacity", "bad_payload", "hub_wake_coalesced"} {
-		m.dropped.WithLabelValues(r)
-	}
 	return m, nil
+}
+
+// rejectedFor is the pgsse_rejected_total counter of one status.
+func (m *metrics) rejectedFor(status int) prometheus.Counter {
+	if c, ok := m.rejected[status]; ok {
+		return c
+	}
+	return m.rejectedOther.WithLabelValues(strconv.Itoa(status))
 }

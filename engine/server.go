@@ -2,29 +2,31 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/panjf2000/gnet/v2"
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/auth"
-	"github.com/pgsse/pgsse/pglisten"
 	"github.com/pgsse/pgsse/sse"
 	"github.com/pgsse/pgsse/store"
 )
 
-// storeChannel is the one PostgreSQL channel all stream traffic travels on.
-const storeChannel = store.Channel
+// Shutdown and health timing.
+const (
+	drainTimeout      = 5 * time.Second       // told-to-retry clients and workers have this long to be flushed
+	drainAskTimeout   = time.Second           // one "how many are left" question to the loop
+	drainPollInterval = 20 * time.Millisecond // between those questions
+	stopTimeout       = 5 * time.Second       // gnet's own stop
+	healthyWithin     = 5 * time.Second       // /healthz: the loop ran a tick this recently
+	scratchBytes      = 64 << 10              // initial encoding scratch
+)
 
 // Server is one pgsse serve process: the gnet loop with its SSE listener and hub socket,
 // the LISTEN session, the replay pool and the retention job.
@@ -38,7 +40,7 @@ type Server struct {
 	verifier *auth.Verifier
 	tasks    *taskQueue
 
-	session  *pglisten.Session
+	listen   listenSource // the LISTEN session (listen.go)
 	replayer *store.Replayer
 
 	booted     chan struct{}
@@ -51,7 +53,7 @@ type Server struct {
 	anchorPeer net.Conn
 
 	healthyAt atomic.Int64  // unix nanoseconds of the last tick the loop ran
-	needPoll  atomic.Bool   // someone waits for a socket to drain: tick every 20 ms
+	needPoll  atomic.Bool   // someone waits for a socket to drain: tick fast (ticker)
 	pollNow   chan struct{} // wakes the ticker when needPoll turns on
 	listenOK  atomic.Bool
 	schemaOK  atomic.Bool
@@ -59,10 +61,10 @@ type Server struct {
 
 	// loop-owned
 	parser        sse.Parser
-	now           int64 // unix milliseconds, refreshed every tick
-	lastSweep     int64
+	nowMS         int64 // the loop clock: unix milliseconds, refreshed every tick
+	lastSweepMS   int64 // when sweepConns last ran
 	conns         []*sseConn
-	active        int // subscribed SSE connections
+	active        int // admitted SSE connections
 	streams       map[string]*stream
 	channels      map[string]*channel
 	dirtyStreams  []*stream
@@ -71,7 +73,7 @@ type Server struct {
 	retryFetch    []*stream
 	retryConns    []*sseConn
 	reap          []*sseConn
-	depth         int
+	depth         int // nesting of enter/leave
 	iov           [][]byte
 	iovecs        []unix.Iovec
 	iovCopy       [][]byte
@@ -80,50 +82,14 @@ type Server struct {
 	listenUp      bool
 	everUp        bool
 	draining      bool
-	hub           hubState
+	hub           hub
 }
 
 // New checks cfg and prepares a Server; nothing is started until Run.
 func New(cfg Config) (*Server, error) {
-	if cfg.Listen == "" {
-		cfg.Listen = ":8080"
-	}
-	if cfg.HubSocketMode == 0 {
-		cfg.HubSocketMode = 0o600
-	}
-	if cfg.HubWorkerBuffer == 0 {
-		cfg.HubWorkerBuffer = 1 << 20
-	}
-	if cfg.MaxHeaderBytes == 0 {
-		cfg.MaxHeaderBytes = 8192
-	}
-	if cfg.Heartbeat == 0 {
-		cfg.Heartbeat = 15 * time.Second
-	}
-	if cfg.Retry == 0 {
-		cfg.Retry = 2 * time.Second
-	}
-	if cfg.ReplayPoolSize == 0 {
-		cfg.ReplayPoolSize = 4
-	}
-	if cfg.MaxConnections == 0 {
-		cfg.MaxConnections = DefaultMaxConnections()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.Registry == nil {
-		cfg.Registry = prometheus.NewRegistry()
-	}
-	switch {
-	case cfg.MaxConnections < 1:
-		return nil, errors.New("--max-connections: must be at least 1")
-	case cfg.MaxHeaderBytes < 256:
-		return nil, errors.New("--max-header-bytes: must be at least 256")
-	case cfg.Heartbeat < 100*time.Millisecond:
-		return nil, errors.New("--heartbeat: must be at least 100ms")
-	case cfg.HubWorkerBuffer < 2*(4+65536):
-		return nil, errors.New("--hub-worker-buffer: must hold at least two maximal frames (128KiB)")
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	s := &Server{
 		cfg:        cfg,
@@ -134,9 +100,10 @@ func New(cfg Config) (*Server, error) {
 		pollNow:    make(chan struct{}, 1),
 		started:    make(chan struct{}),
 		streams:    make(map[string]*stream),
-		scratch:    make([]byte, 0, 64<<10),
+		scratch:    make([]byte, 0, scratchBytes),
 		channels:   make(map[string]*channel),
 	}
+	s.hub.srv = s
 	s.tasks.enter, s.tasks.leave = s.enter, s.leave
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
 		v, err := auth.NewVerifier(cfg.Auth)
@@ -154,26 +121,12 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// DefaultMaxConnections derives --max-connections from the file-descriptor limit, keeping
-// a reserve for PostgreSQL connections, hub workers, listeners and shedding.
-func DefaultMaxConnections() int {
-	var rl syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {
-		return 1000
-	}
-	n := int(rl.Cur) - 512 - shedSlack
-	if n < 16 {
-		n = 16
-	}
-	return n
-}
-
 // Run serves until ctx is cancelled, then shuts down gracefully (SPEC §3 "Shutdown") and
 // returns nil; it returns an error if the server cannot start or fails.
 func (s *Server) Run(ctx context.Context) error {
 	addrs := []string{"tcp://" + s.cfg.Listen}
 	if s.cfg.HubSocket != "" {
-		hubAddr, cleanup, err := s.prepareHubSocket()
+		hubAddr, cleanup, err := s.hub.socket.prepare(s.cfg.HubSocket, s.cfg.HubSocketMode, s.log)
 		if err != nil {
 			return err
 		}
@@ -181,19 +134,19 @@ func (s *Server) Run(ctx context.Context) error {
 		addrs = append(addrs, hubAddr)
 	}
 
-	// The session exists (not started) before the loop can accept anyone: a hub worker or
-	// /channels/ client that subscribes at once must reach session.Listen, not a nil session.
+	// The LISTEN source exists (not started) before the loop can accept anyone: a hub worker
+	// or /channels/ client that subscribes at once must reach Listen, not a nil source.
 	// Everything the loop reads must be in place before gnet accepts the first connection.
-	s.now = time.Now().UnixMilli()
+	s.nowMS = time.Now().UnixMilli()
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
-	s.session = pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log}, sessionEvents{s})
-	s.session.Listen(storeChannel, func(err error) {
+	s.listen = s.newListenSource()
+	s.listen.Listen(storeChannel, func(err error) {
 		if err != nil {
 			s.log.Error("LISTEN on the stream channel failed", "channel", storeChannel, "err", err)
 		}
 	})
 	abort := func(err error) error {
-		s.session.Close()
+		_ = s.listen.Close()
 		s.replayer.Close()
 		return err
 	}
@@ -218,7 +171,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return abort(fmt.Errorf("--listen %s: %w", s.cfg.Listen, err))
 	case <-s.booted:
 	}
-	s.afterHubBind()
+	s.hub.socket.bound(s.log)
 	select {
 	case err := <-gnetErr:
 		return abort(fmt.Errorf("--listen %s: %w", s.cfg.Listen, err))
@@ -234,7 +187,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.healthyAt.Store(time.Now().UnixNano())
 	s.tasks.start(anchor.EventLoop())
 
-	s.session.Start()
+	s.listen.Start()
 
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -259,11 +212,11 @@ func (s *Server) Run(ctx context.Context) error {
 		s.drain()
 	}
 	stopBG()
-	s.session.Close()
+	_ = s.listen.Close()
 	s.replayer.Close()
 	wg.Wait()
 	s.tasks.close()
-	stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	stopCtx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
 	_ = s.eng.Stop(stopCtx)
 	if runErr == nil {
@@ -274,8 +227,8 @@ func (s *Server) Run(ctx context.Context) error {
 	return runErr
 }
 
-// drain tells every client to come back later (jittered), flushes and closes, within a
-// bounded time.
+// drain tells every client to come back later (jittered) and every worker to fail over,
+// flushes and closes, within drainTimeout.
 func (s *Server) drain() {
 	done := make(chan struct{})
 	s.tasks.push(func() {
@@ -284,23 +237,16 @@ func (s *Server) drain() {
 		s.log.Info("shutting down: telling clients to retry", "connections", s.active, "hub_workers", s.hub.count())
 		s.draining = true
 		for _, sc := range s.conns {
-			switch sc.state {
-			case stateHead:
-				_ = sc.c.Close()
-			case statePending:
-				s.shed(sc)
-			default:
-				s.closeWithRetry(sc)
-			}
+			s.retryLater(sc)
 		}
-		s.hubShutdown()
+		s.hub.shutdown()
 		close(done)
 	})
 	select {
 	case <-done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(drainTimeout):
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(drainTimeout)
 	for time.Now().Before(deadline) {
 		left := make(chan int, 1)
 		if !s.tasks.push(func() { left <- len(s.conns) + s.hub.count() }) {
@@ -311,9 +257,9 @@ func (s *Server) drain() {
 			if n == 0 {
 				return
 			}
-		case <-time.After(time.Second):
+		case <-time.After(drainAskTimeout):
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(drainPollInterval)
 	}
 }
 
@@ -325,7 +271,7 @@ func (s *Server) Addr() net.Addr { return s.addr }
 
 // Healthy reports whether the event loop has run recently (/healthz).
 func (s *Server) Healthy() bool {
-	return time.Now().UnixNano()-s.healthyAt.Load() < int64(5*time.Second)
+	return time.Now().UnixNano()-s.healthyAt.Load() < int64(healthyWithin)
 }
 
 // Ready reports whether the LISTEN session is up and the schema is at the expected
@@ -360,202 +306,4 @@ func (s *Server) boundAddr() net.Addr {
 		return &net.TCPAddr{IP: net.IP(a.Addr[:]), Port: a.Port}
 	}
 	return &net.TCPAddr{}
-}
-
-// ticker hands the loop its periodic work: heartbeats, deadlines and retries every
-// 250 ms, and every 20 ms only while a lagging client or hub worker waits for its socket
-// to drain (gnet has no writable callback). Waking the loop costs more than the tick's
-// work — each wake pulls the loop's thread out of epoll_wait — so an idle server wakes
-// it 4 times a second, not 50.
-func (s *Server) ticker(ctx context.Context) {
-	const fast, slow = 20 * time.Millisecond, 250 * time.Millisecond
-	t := time.NewTimer(slow)
-	defer t.Stop()
-	last := time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.pollNow:
-		case <-t.C:
-		}
-		now := time.Now()
-		if s.needPoll.Load() || now.Sub(last) >= slow-fast {
-			last = now
-			s.tasks.push(s.tick)
-		}
-		d := slow - now.Sub(last)
-		if s.needPoll.Load() || d < fast {
-			d = fast
-		}
-		t.Reset(d)
-	}
-}
-
-func (s *Server) tick() {
-	s.enter()
-	defer s.leave()
-	now := time.Now()
-	s.now = now.UnixMilli()
-	s.healthyAt.Store(now.UnixNano())
-	s.resumeLagging()
-	s.hubTick()
-	if s.now-s.lastSweep < 240 {
-		return
-	}
-	s.lastSweep = s.now
-	if len(s.retryFetch) > 0 {
-		retry := s.retryFetch
-		s.retryFetch = nil
-		for _, st := range retry {
-			if s.streams[st.name] == st {
-				s.startFetch(st)
-			}
-		}
-	}
-	s.runReadRetries()
-	hb := s.cfg.Heartbeat.Milliseconds()
-	nowSec := now.Unix()
-	for _, sc := range s.conns {
-		if sc.closed {
-			continue
-		}
-		switch sc.state {
-		case stateHead:
-			if s.now >= sc.deadline*1000 {
-				sc.state = stateClosing
-				_ = sc.c.Close()
-			}
-		case statePending:
-			if s.now-sc.lastWrite > 30_000 && sc.lastWrite > 0 {
-				s.shed(sc)
-			} else if sc.lastWrite == 0 {
-				sc.lastWrite = s.now
-			}
-		case stateLive, stateCatchUp, stateLagging:
-			if sc.deadline > 0 && nowSec >= sc.deadline {
-				s.closeWithRetry(sc) // token expired
-				continue
-			}
-			if s.now-sc.lastWrite >= hb {
-				sc.write(s, heartbeat)
-			}
-		}
-	}
-}
-
-var heartbeat = []byte(":\n")
-
-func (s *Server) checkSchema(ctx context.Context) {
-	check := func() {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		conn, err := pgconn.Connect(cctx, s.cfg.DatabaseURL)
-		if err != nil {
-			s.schemaMsg.Store("cannot check schema: " + firstLine(err.Error()))
-			return
-		}
-		defer conn.Close(context.Background())
-		v, err := store.Version(cctx, conn)
-		switch {
-		case err != nil:
-			s.schemaMsg.Store("cannot check schema: " + firstLine(err.Error()))
-		case v != store.SchemaVersion:
-			msg := fmt.Sprintf("schema at version %d, expected %d: run `pgsse migrate`", v, store.SchemaVersion)
-			if s.schemaOK.Swap(false) || s.schemaMsg.Load() != msg {
-				s.log.Error("not ready: " + msg)
-			}
-			s.schemaMsg.Store(msg)
-			return
-		default:
-			s.schemaOK.Store(true)
-			s.schemaMsg.Store("")
-			return
-		}
-	}
-	check()
-	t := time.NewTicker(10 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if !s.schemaOK.Load() {
-				check()
-			}
-		}
-	}
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
-	}
-	return s
-}
-
-// sessionEvents hands the LISTEN session's callbacks to the loop, in order.
-type sessionEvents struct{ s *Server }
-
-func (e sessionEvents) Notifications(b *pglisten.Batch) {
-	if !e.s.tasks.push(func() { e.s.onBatch(b) }) {
-		b.Release()
-	}
-}
-func (e sessionEvents) Down(err error) { e.s.tasks.push(func() { e.s.onDown(err) }) }
-func (e sessionEvents) Resynced()      { e.s.tasks.push(e.s.onResynced) }
-
-func (s *Server) onBatch(b *pglisten.Batch) {
-	s.enter()
-	defer s.leave()
-	s.metrics.notifications.Add(float64(len(b.Notes)))
-	for i := range b.Notes {
-		n := &b.Notes[i]
-		if string(n.Channel) == storeChannel {
-			if err := store.ParsePayload(n.Payload, &s.payload); err != nil {
-				s.metrics.dropped.WithLabelValues("bad_payload").Inc()
-				s.log.Debug("ignoring a payload on the stream channel that is not pgsse's", "err", err, "pid", n.PID)
-			} else {
-				s.onPayload(&s.payload)
-			}
-		}
-		if ch := s.channels[string(n.Channel)]; ch != nil {
-			s.onChannelNotify(ch, n.PID, n.Payload)
-		}
-	}
-	b.Release() // everything above copied what it keeps; leave() writes it out
-}
-
-func (s *Server) onDown(err error) {
-	s.enter()
-	defer s.leave()
-	s.listenUp = false
-	s.listenOK.Store(false)
-	s.log.Warn("LISTEN session lost; clients keep their connections and will be caught up", "err", err)
-	for _, ch := range s.channels {
-		ch.listening = false
-	}
-	s.hubListenerDown()
-}
-
-func (s *Server) onResynced() {
-	s.enter()
-	defer s.leave()
-	wasUp := s.everUp
-	s.listenUp, s.everUp = true, true
-	s.listenOK.Store(true)
-	if wasUp {
-		s.metrics.reconnects.Inc()
-		s.log.Info("LISTEN session back; catching streams up from the table", "streams", len(s.streams), "channels", len(s.channels))
-	}
-	for _, ch := range s.channels {
-		if ch.ref == refHeld { // a failed or still-pending LISTEN is not live
-			s.channelLive(ch)
-		}
-	}
-	s.resyncStreams()
-	if wasUp {
-		s.hubResync()
-	}
 }

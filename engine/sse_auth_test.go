@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -70,7 +71,7 @@ func TestSSEPublicStreams(t *testing.T) {
 		require.Equal(t, 200, c.Status, "%s: %s", s, c.Body)
 		id := publish(t, pub, s, "hello "+s, "", nil)
 		ev := c.mustNextData(5 * time.Second)
-		assert.Equal(t, sseEvent{HasID: true, IDValue: itoa(int(id)), Data: "hello " + s}, ev)
+		assert.Equal(t, sseEvent{HasID: true, IDValue: strconv.FormatInt(id, 10), Data: "hello " + s}, ev)
 	}
 	for _, s := range []string{"newsx", "publicx", "other"} {
 		r := get(t, addr, "/streams/"+s)

@@ -162,6 +162,9 @@ func TestSSELargeEvents(t *testing.T) {
 	ts := startServer(t, "", nil)
 	addr := ts.Addr().String()
 	pub := connect(t, ts.DSN)
+	// Above the 1 MiB default of pgsse.max_event_bytes (SPEC §3b), as a database can allow.
+	_, err := pub.Exec(context.Background(), "SET pgsse.max_event_bytes = 4194304").ReadAll()
+	require.NoError(t, err)
 	tok := bearerH(allStreams(t))
 	c := dial(t, addr, "/streams/big", tok)
 	require.Equal(t, 200, c.Status)
@@ -514,9 +517,9 @@ func TestSSESubscribeRace(t *testing.T) {
 			wg.Add(1)
 			go func(round int, c *sseClient) {
 				defer wg.Done()
-				evs := c.events(100, 300*time.Millisecond)
+				evs := c.eventsSoon(100, 300*time.Millisecond)
 				if len(evs) == 0 {
-					errs <- fmt.Sprintf("round %d: no events in 300ms", round)
+					errs <- fmt.Sprintf("round %d: no event within 10s", round)
 					return
 				}
 				if evs[0].id() > after+1 {
@@ -541,9 +544,9 @@ func TestSSESubscribeRace(t *testing.T) {
 		wg.Add(1)
 		go func(round int, c *sseClient, cursor int64) {
 			defer wg.Done()
-			evs := c.events(100, 300*time.Millisecond)
+			evs := c.eventsSoon(100, 300*time.Millisecond)
 			if len(evs) == 0 {
-				errs <- fmt.Sprintf("round %d: no events in 300ms", round)
+				errs <- fmt.Sprintf("round %d: no event within 10s", round)
 				return
 			}
 			want := cursor + 1

@@ -250,11 +250,11 @@ func TestSSEFaultListenTerminated(t *testing.T) {
 
 	for round := 0; round < 3; round++ {
 		if round == 1 {
-			// Held down for a second: ~20 events are committed while nobody listens.
+			// Held down while events are committed and nobody listens.
 			release := holdListenDown(t, ts)
 			before := p.last.Load()
-			time.Sleep(time.Second)
-			require.Greater(t, p.last.Load(), before+5, "events committed during the outage")
+			waitFor(t, 20*time.Second, "events committed during the outage", func() bool { return p.last.Load() > before+5 })
+			require.False(t, ts.listenOK.Load(), "the LISTEN session is still down")
 			release()
 		} else {
 			require.Equal(t, 1, terminateListen(t, ts.DSN), "one LISTEN backend in our database")
@@ -286,9 +286,8 @@ func TestSSEFaultOutageCatchUpWithoutLaterTraffic(t *testing.T) {
 	c.readIDs(1, 1, 5*time.Second)
 
 	release := holdListenDown(t, ts)
-	publishN(t, pub, "o", "during", 5)
+	publishN(t, pub, "o", "during", 5) // committed when it returns
 	require.NoError(t, store.Broadcast(context.Background(), pub, "o", "lost ephemeral", "", nil))
-	time.Sleep(200 * time.Millisecond)
 	require.False(t, ts.listenOK.Load(), "the LISTEN session is still down")
 	release()
 	c.readIDs(2, 6, 20*time.Second)

@@ -409,6 +409,8 @@ func TestSSEGracefulStop(t *testing.T) {
 	start0 := time.Now()
 	var hung atomic.Int64
 	stopDialing := make(chan struct{})
+	dialing := make(chan struct{}) // closed once the first newcomer has sent its request
+	var dialingOnce sync.Once
 	dialProblems := make(chan string, 100)
 	var dialWG sync.WaitGroup
 	dialWG.Add(1)
@@ -428,6 +430,7 @@ func TestSSEGracefulStop(t *testing.T) {
 			_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
 			began := time.Now()
 			_, _ = conn.Write([]byte(request("GET", "/streams/stop", tok)))
+			dialingOnce.Do(func() { close(dialing) })
 			b, err := io.ReadAll(conn)
 			conn.Close()
 			if isTimeout(err) {
@@ -446,7 +449,18 @@ func TestSSEGracefulStop(t *testing.T) {
 			}
 		}
 	}()
-	time.Sleep(50 * time.Millisecond)
+	// Stop once newcomers are arriving and the server holds every connection, the half-open
+	// one included.
+	select {
+	case <-dialing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dialer sent no request within 10s")
+	}
+	waitFor(t, 10*time.Second, "the clients, the half-open connection and a newcomer registered", func() bool {
+		var n int
+		ts.onLoop(t, func() { n = len(ts.conns) })
+		return n >= len(clients)+2
+	})
 	start := time.Now()
 	t.Logf("stop begins at %v", start.Sub(start0))
 	ts.Stop(t)

@@ -3,6 +3,7 @@ package engine
 import (
 	"time"
 
+	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/sse"
 	"github.com/pgsse/pgsse/store"
 )
@@ -35,15 +36,18 @@ type stream struct {
 	dirty    bool
 }
 
+// Limits of the stream state and the backpressure policy (DESIGN invariant 3). Buffered
+// bytes are what gnet holds for the socket (OutboundBuffered).
 const (
-	ringMaxEvents  = 512
-	ringMaxBytes   = 1 << 20
-	pendingMax     = 4096
-	replayBatch    = 200       // events per catch-up read for one connection
-	fetchBatch     = 500       // events per stream-level read
-	durableHigh    = 256 << 10 // stop live writes above this many buffered bytes
-	durableLow     = 64 << 10  // resume (catch up) once drained below this
-	ephemeralLimit = 1 << 20   // an ephemeral/channel subscriber over this is closed
+	ringMaxEvents       = 512       // recent events a stream keeps for joining connections
+	ringMaxBytes        = 1 << 20   // and their encoded bytes
+	pendingMaxEvents    = 4096      // live events held beyond a gap while the table is read
+	replayBatchEvents   = 200       // events per catch-up read for one connection
+	fetchBatchEvents    = 500       // events per stream-level read
+	durableHighBytes    = 256 << 10 // a live durable subscriber buffering more is paused (lagging)
+	durableLowBytes     = 64 << 10  // a lagging one catches up once drained below this
+	ephemeralLimitBytes = 1 << 20   // an ephemeral or channel subscriber buffering more is closed
+	scratchKeepBytes    = 1 << 20   // a replay scratch buffer grown beyond this is not kept
 )
 
 func (s *Server) streamFor(name string) *stream {
@@ -92,7 +96,7 @@ func (s *Server) onPayload(p *store.Payload) {
 			s.appendLive(st, ev)
 			return
 		}
-		if len(st.pending) < pendingMax {
+		if len(st.pending) < pendingMaxEvents {
 			st.pending = append(st.pending, ev)
 		}
 		s.startFetch(st)
@@ -173,18 +177,13 @@ func (s *Server) flushStreams() {
 // ephemeral ones (their durable events come from the table), unless they are over the
 // ephemeral limit, which closes them.
 func (s *Server) writeItems(sc *sseConn, items []*event) int {
-	if sc.closed {
-		return 0
-	}
-	switch sc.state {
-	case stateLive, stateCatchUp, stateLagging:
-	default:
+	if !sc.streaming() {
 		return 0
 	}
 	buffered := sc.c.OutboundBuffered()
 	live := sc.state == stateLive
-	if live && buffered > durableHigh {
-		s.setLagging(sc)
+	if live && buffered > durableHighBytes {
+		s.pause(sc)
 		live = false
 	}
 	iov := s.iov[:0]
@@ -195,11 +194,11 @@ func (s *Server) writeItems(sc *sseConn, items []*event) int {
 			}
 			sc.cursor = ev.id
 		}
-		if !sc.visible(ev.audience) {
+		if !auth.InAudience(sc.tags, ev.audience) {
 			continue
 		}
-		if ev.id == 0 && buffered > ephemeralLimit {
-			s.metrics.dropped.WithLabelValues("slow_client").Inc()
+		if ev.id == 0 && buffered > ephemeralLimitBytes {
+			s.metrics.droppedSlowClient.Inc()
 			s.closeWithRetry(sc)
 			return 0
 		}
@@ -220,12 +219,6 @@ func (s *Server) writeItems(sc *sseConn, items []*event) int {
 	return len(iov)
 }
 
-func (s *Server) setLagging(sc *sseConn) {
-	sc.state = stateLagging
-	s.lagging = append(s.lagging, sc)
-	s.metrics.lagging.Inc()
-}
-
 // startFetch reads the stream from the table after st.last, for the whole live set.
 func (s *Server) startFetch(st *stream) {
 	if st.fetching || s.replayer == nil {
@@ -233,7 +226,7 @@ func (s *Server) startFetch(st *stream) {
 	}
 	st.fetching = true
 	after := st.last
-	ok := s.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: fetchBatch},
+	ok := s.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: fetchBatchEvents},
 		func(res store.ReadResult) { s.tasks.push(func() { s.onFetch(st, after, res) }) })
 	if !ok {
 		st.fetching = false
@@ -296,30 +289,28 @@ func (s *Server) onFetch(st *stream, after int64, res store.ReadResult) {
 	}
 }
 
-// subscribeStream registers sc on its stream and starts its catch-up; hasCursor tells
-// whether the client sent Last-Event-ID/since.
+// subscribeStream registers an admitted (pending) connection on its stream and starts its
+// catch-up; hasCursor tells whether the client sent Last-Event-ID/since. Without a cursor
+// the connection starts at the stream's head: known (and the session up) means live at
+// once, else the head is read from the table first (readHead).
 func (s *Server) subscribeStream(sc *sseConn, name string, cursor int64, hasCursor bool) {
 	st := s.streamFor(name)
 	sc.stream = st
 	sc.subIdx = int32(len(st.subs))
 	st.subs = append(st.subs, sc)
 	if !hasCursor {
+		sc.gapChecked = true
 		if st.last >= 0 && s.listenUp {
 			sc.cursor = st.last
-			sc.gapChecked = true
-			s.sendStreamHead(sc)
-			sc.state = stateLive
+			s.respond(sc, stateLive)
 			return
 		}
-		sc.state = statePending
-		sc.gapChecked = true
 		s.readHead(sc)
 		return
 	}
 	sc.cursor = cursor
 	sc.gapChecked = cursor == 0
-	s.sendStreamHead(sc)
-	sc.state = stateCatchUp
+	s.respond(sc, stateCatchUp)
 	s.replay(sc)
 }
 
@@ -347,8 +338,7 @@ func (s *Server) onHead(sc *sseConn, res store.ReadResult) {
 	}
 	sc.retries = 0
 	sc.cursor = res.Head
-	s.sendStreamHead(sc)
-	sc.state = stateCatchUp
+	s.respond(sc, stateCatchUp)
 	s.tryJoin(sc)
 }
 
@@ -359,7 +349,7 @@ func (s *Server) replay(sc *sseConn) {
 	}
 	sc.replaying = true
 	s.metrics.replays.Inc()
-	ok := s.replayer.Read(store.ReadRequest{Stream: sc.stream.name, After: sc.cursor, Tags: sc.tags, Limit: replayBatch},
+	ok := s.replayer.Read(store.ReadRequest{Stream: sc.stream.name, After: sc.cursor, Tags: sc.tags, Limit: replayBatchEvents},
 		func(res store.ReadResult) { s.tasks.push(func() { s.onReplay(sc, res) }) })
 	if !ok {
 		sc.replaying = false
@@ -405,7 +395,7 @@ func (s *Server) onReplay(sc *sseConn, res store.ReadResult) {
 	if len(buf) > 0 {
 		sc.write(s, buf)
 	}
-	if cap(buf) <= 1<<20 {
+	if cap(buf) <= scratchKeepBytes {
 		s.scratch = buf[:0]
 	}
 	s.metrics.deliveries.Add(float64(n))
@@ -416,15 +406,15 @@ func (s *Server) onReplay(sc *sseConn, res store.ReadResult) {
 		s.tryJoin(sc)
 		return
 	}
-	if sc.c.OutboundBuffered() > durableHigh {
-		s.setLagging(sc)
+	if sc.c.OutboundBuffered() > durableHighBytes {
+		s.pause(sc)
 		return
 	}
 	s.replay(sc)
 }
 
-// tryJoin moves a connection that has read the table up to its cursor into the live set,
-// bridging from the ring when the live set is ahead; otherwise it reads on.
+// tryJoin moves a catching-up connection that has read the table up to its cursor into the
+// live set, bridging from the ring when the live set is ahead; otherwise it reads on.
 func (s *Server) tryJoin(sc *sseConn) {
 	st := sc.stream
 	c := sc.cursor
@@ -437,7 +427,7 @@ func (s *Server) tryJoin(sc *sseConn) {
 	case len(st.ring) > 0 && c >= st.ring[0].id-1, len(st.ring) == 0 && c >= st.last:
 		var iov [][]byte
 		for _, ev := range st.ring {
-			if ev.id > c && sc.visible(ev.audience) {
+			if ev.id > c && auth.InAudience(sc.tags, ev.audience) {
 				iov = append(iov, ev.enc)
 			}
 		}
@@ -448,11 +438,10 @@ func (s *Server) tryJoin(sc *sseConn) {
 			sc.cursor = st.last
 		}
 	default:
-		sc.state = stateCatchUp
 		s.replay(sc)
 		return
 	}
-	sc.state = stateLive
+	s.goLive(sc)
 }
 
 // resumeLagging is called from the tick for connections whose buffers have drained.
@@ -466,12 +455,12 @@ func (s *Server) resumeLagging() {
 			s.metrics.lagging.Dec()
 			continue
 		}
-		if sc.c.OutboundBuffered() > durableLow {
+		if sc.c.OutboundBuffered() > durableLowBytes {
 			keep = append(keep, sc)
 			continue
 		}
 		s.metrics.lagging.Dec()
-		sc.state = stateCatchUp
+		s.resume(sc)
 		st := sc.stream // only durable subscribers lag; channel ones are closed instead
 		if len(st.ring) > 0 && sc.cursor >= st.ring[0].id-1 {
 			s.tryJoin(sc)
@@ -495,18 +484,8 @@ func (s *Server) resyncStreams() {
 	}
 }
 
-func (s *Server) unsubscribeStream(sc *sseConn) {
-	st := sc.stream
-	if st == nil {
-		return
-	}
-	st.subs = swapRemove(st.subs, sc, subIndex)
-	sc.stream = nil
-	s.maybeDropStream(st)
-}
-
-// maxReadRetries bounds how long (× 250 ms ticks) a connection waits for the table to
-// become readable again before it is told to reconnect later.
+// maxReadRetries bounds how long (× sweepIntervalMS, about 15 s) a connection waits for the
+// table to become readable again before it is told to reconnect later.
 const maxReadRetries = 60
 
 // retryRead schedules a failed history read again on a later tick: a PostgreSQL restart
@@ -515,11 +494,7 @@ func (s *Server) retryRead(sc *sseConn, err error) {
 	sc.retries++
 	if sc.retries > maxReadRetries {
 		s.log.Warn("history read keeps failing; client told to retry later", "stream", sc.stream.name, "err", err)
-		if sc.state == statePending {
-			s.shed(sc)
-		} else {
-			s.closeWithRetry(sc)
-		}
+		s.retryLater(sc)
 		return
 	}
 	if sc.retries == 1 {
@@ -528,6 +503,21 @@ func (s *Server) retryRead(sc *sseConn, err error) {
 	s.retryConns = append(s.retryConns, sc)
 }
 
+// retryStreamFetches restarts the stream-level reads that failed (from the tick).
+func (s *Server) retryStreamFetches() {
+	if len(s.retryFetch) == 0 {
+		return
+	}
+	retry := s.retryFetch
+	s.retryFetch = nil
+	for _, st := range retry {
+		if s.streams[st.name] == st {
+			s.startFetch(st)
+		}
+	}
+}
+
+// runReadRetries reissues the connections' failed history reads (from the tick).
 func (s *Server) runReadRetries() {
 	if len(s.retryConns) == 0 {
 		return

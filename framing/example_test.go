@@ -90,7 +90,7 @@ func ExampleDecoder() {
 			}
 			switch f.Type {
 			case framing.TypeSub:
-				fmt.Println(f.Type, f.Req, framing.Mode(f.Mode), string(f.Channel))
+				fmt.Println(f.Type, f.Req, f.Mode, string(f.Channel))
 			case framing.TypePing:
 				fmt.Println(f.Type, f.Token)
 			}

@@ -59,83 +59,79 @@ func IsWorkerType(t Type) bool { return t >= TypeHello && t <= TypePing }
 // IsHubType reports whether t is a frame the hub sends (ACK, NOTIFY, STATUS, PONG).
 func IsHubType(t Type) bool { return t >= TypeAck && t <= TypePong }
 
-// SUB modes (Frame.Mode). Untyped so they compare with uint8 fields directly;
-// convert to Mode for a name.
-const (
-	ModeLossless = 0 // every notification is delivered, or the worker is evicted
-	ModeWake     = 1 // notifications may collapse into one STATUS RESYNC for the channel
-)
-
-// Mode names a SUB mode for logs.
+// Mode is how the hub delivers a channel's notifications to one worker: the SUB frame's mode
+// byte (SPEC §5). It is the one name for this idea: the hub (engine) and the worker client
+// (pglisten.HubConfig.Mode) both use it.
 type Mode uint8
 
-func (m Mode) String() string {
-	switch m {
-	case ModeLossless:
-		return "LOSSLESS"
-	case ModeWake:
-		return "WAKE"
-	}
-	return unknown("Mode", uint8(m))
-}
-
-// ACK codes (Frame.Code of an ACK). Untyped; convert to AckCode for a name.
+// SUB modes.
 const (
-	AckOK            = 0
-	AckBadChannel    = 1
-	AckListenFailed  = 2
-	AckLimit         = 3
-	AckNotSubscribed = 4
+	// ModeLossless: every notification is delivered; a worker that cannot keep up is evicted.
+	ModeLossless Mode = 0
+	// ModeWake: when the worker falls behind, a channel's notifications collapse into one
+	// STATUS RESYNC for that channel, queued once the worker has caught up. Never evicted for lag.
+	ModeWake Mode = 1
 )
 
-// AckCode names an ACK code for logs.
+// String returns the mode's name ("LOSSLESS", "WAKE"), or "Mode(0x..)" if unknown.
+func (m Mode) String() string { return name(modeNames[:], "Mode", uint8(m)) }
+
+var modeNames = [...]string{ModeLossless: "LOSSLESS", ModeWake: "WAKE"}
+
+// AckCode is an ACK frame's code (Frame.Ack): how the hub answered a SUB or UNSUB.
 type AckCode uint8
 
-func (c AckCode) String() string {
-	switch c {
-	case AckOK:
-		return "OK"
-	case AckBadChannel:
-		return "BAD_CHANNEL"
-	case AckListenFailed:
-		return "LISTEN_FAILED"
-	case AckLimit:
-		return "LIMIT"
-	case AckNotSubscribed:
-		return "NOT_SUBSCRIBED"
-	}
-	return unknown("AckCode", uint8(c))
-}
-
-// STATUS codes (Frame.Code of a STATUS). Untyped; convert to StatusCode for a name.
+// ACK codes.
 const (
-	StatusReady         = 1
-	StatusListenerDown  = 2
-	StatusResync        = 3
-	StatusShutdown      = 4
-	StatusEvicted       = 5
-	StatusProtocolError = 6
+	AckOK            AckCode = 0
+	AckBadChannel    AckCode = 1
+	AckListenFailed  AckCode = 2
+	AckLimit         AckCode = 3
+	AckNotSubscribed AckCode = 4
 )
 
-// StatusCode names a STATUS code for logs.
+// String returns the code's protocol name ("BAD_CHANNEL"), or "AckCode(0x..)" if unknown.
+func (c AckCode) String() string { return name(ackNames[:], "AckCode", uint8(c)) }
+
+var ackNames = [...]string{
+	AckOK:            "OK",
+	AckBadChannel:    "BAD_CHANNEL",
+	AckListenFailed:  "LISTEN_FAILED",
+	AckLimit:         "LIMIT",
+	AckNotSubscribed: "NOT_SUBSCRIBED",
+}
+
+// StatusCode is a STATUS frame's code (Frame.Status): what the hub tells a worker.
 type StatusCode uint8
 
-func (c StatusCode) String() string {
-	switch c {
-	case StatusReady:
-		return "READY"
-	case StatusListenerDown:
-		return "LISTENER_DOWN"
-	case StatusResync:
-		return "RESYNC"
-	case StatusShutdown:
-		return "SHUTDOWN"
-	case StatusEvicted:
-		return "EVICTED"
-	case StatusProtocolError:
-		return "PROTOCOL_ERROR"
+// STATUS codes.
+const (
+	StatusReady         StatusCode = 1
+	StatusListenerDown  StatusCode = 2
+	StatusResync        StatusCode = 3
+	StatusShutdown      StatusCode = 4
+	StatusEvicted       StatusCode = 5
+	StatusProtocolError StatusCode = 6
+)
+
+// String returns the code's protocol name ("RESYNC"), or "StatusCode(0x..)" if unknown.
+func (c StatusCode) String() string { return name(statusNames[:], "StatusCode", uint8(c)) }
+
+var statusNames = [...]string{
+	StatusReady:         "READY",
+	StatusListenerDown:  "LISTENER_DOWN",
+	StatusResync:        "RESYNC",
+	StatusShutdown:      "SHUTDOWN",
+	StatusEvicted:       "EVICTED",
+	StatusProtocolError: "PROTOCOL_ERROR",
+}
+
+// name is names[v], or "kind(0x..)" when v has no name.
+func name(names []string, kind string, v uint8) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
 	}
-	return unknown("StatusCode", uint8(c))
+	return unknown(kind, v)
 }
 
 func unknown(kind string, v uint8) string {
@@ -163,15 +159,16 @@ var (
 // input (see Decode and Decoder.Next for their lifetime); copy them to keep them.
 type Frame struct {
 	Type    Type
-	Version uint8  // HELLO
-	PID     uint32 // HELLO, NOTIFY
-	Req     uint32 // SUB, UNSUB, ACK
-	Mode    uint8  // SUB
-	Code    uint8  // ACK, STATUS
-	Token   uint64 // PING, PONG
-	Channel []byte // SUB, UNSUB, NOTIFY, STATUS   (view)
-	Name    []byte // HELLO                        (view)
-	Text    []byte // ACK message, STATUS text, NOTIFY payload (view)
+	Version uint8      // HELLO
+	PID     uint32     // HELLO, NOTIFY
+	Req     uint32     // SUB, UNSUB, ACK
+	Mode    Mode       // SUB
+	Ack     AckCode    // ACK
+	Status  StatusCode // STATUS
+	Token   uint64     // PING, PONG
+	Channel []byte     // SUB, UNSUB, NOTIFY, STATUS   (view)
+	Name    []byte     // HELLO                        (view)
+	Text    []byte     // ACK message, STATUS text, NOTIFY payload (view)
 }
 
 // Append re-encodes f and appends it to dst. A frame returned by Decode
@@ -189,11 +186,11 @@ func (f *Frame) Append(dst []byte) []byte {
 	case TypePing:
 		return AppendPing(dst, f.Token)
 	case TypeAck:
-		return AppendAck(dst, f.Req, f.Code, f.Text)
+		return AppendAck(dst, f.Req, f.Ack, f.Text)
 	case TypeNotify:
 		return AppendNotify(dst, f.PID, f.Channel, f.Text)
 	case TypeStatus:
-		return AppendStatus(dst, f.Code, f.Channel, f.Text)
+		return AppendStatus(dst, f.Status, f.Channel, f.Text)
 	case TypePong:
 		return AppendPong(dst, f.Token)
 	}

@@ -66,16 +66,16 @@ func roundTripCases() []struct {
 		{"ping", AppendPing(nil, 0x0102030405060708), Frame{Type: TypePing, Token: 0x0102030405060708}},
 		{"ping max", AppendPing(nil, math.MaxUint64), Frame{Type: TypePing, Token: math.MaxUint64}},
 		{"pong", AppendPong(nil, 99), Frame{Type: TypePong, Token: 99}},
-		{"ack ok", AppendAck(nil, 7, AckOK, nil), Frame{Type: TypeAck, Req: 7, Code: AckOK}},
-		{"ack msg", AppendAck(nil, 8, AckNotSubscribed, []byte("not subscribed")), Frame{Type: TypeAck, Req: 8, Code: AckNotSubscribed, Text: []byte("not subscribed")}},
-		{"ack max body", AppendAck(nil, 1, AckLimit, bigTxt), Frame{Type: TypeAck, Req: 1, Code: AckLimit, Text: bigTxt}},
+		{"ack ok", AppendAck(nil, 7, AckOK, nil), Frame{Type: TypeAck, Req: 7, Ack: AckOK}},
+		{"ack msg", AppendAck(nil, 8, AckNotSubscribed, []byte("not subscribed")), Frame{Type: TypeAck, Req: 8, Ack: AckNotSubscribed, Text: []byte("not subscribed")}},
+		{"ack max body", AppendAck(nil, 1, AckLimit, bigTxt), Frame{Type: TypeAck, Req: 1, Ack: AckLimit, Text: bigTxt}},
 		{"notify", AppendNotify(nil, 31337, []byte("pgsse"), []byte(`{"s":"orders/42"}`)), Frame{Type: TypeNotify, PID: 31337, Channel: []byte("pgsse"), Text: []byte(`{"s":"orders/42"}`)}},
 		{"notify empty payload", AppendNotify(nil, 1, max63, nil), Frame{Type: TypeNotify, PID: 1, Channel: max63}},
 		{"notify binary payload", AppendNotify(nil, 1, []byte("c"), []byte{0, 0xff, '\n'}), Frame{Type: TypeNotify, PID: 1, Channel: []byte("c"), Text: []byte{0, 0xff, '\n'}}},
-		{"status ready", AppendStatus(nil, StatusReady, nil, nil), Frame{Type: TypeStatus, Code: StatusReady}},
-		{"status resync chan", AppendStatus(nil, StatusResync, []byte("jobs"), []byte("ring overflow")), Frame{Type: TypeStatus, Code: StatusResync, Channel: []byte("jobs"), Text: []byte("ring overflow")}},
-		{"status protocol error", AppendStatus(nil, StatusProtocolError, nil, []byte("bad")), Frame{Type: TypeStatus, Code: StatusProtocolError, Text: []byte("bad")}},
-		{"status max chan", AppendStatus(nil, StatusEvicted, max63, nil), Frame{Type: TypeStatus, Code: StatusEvicted, Channel: max63}},
+		{"status ready", AppendStatus(nil, StatusReady, nil, nil), Frame{Type: TypeStatus, Status: StatusReady}},
+		{"status resync chan", AppendStatus(nil, StatusResync, []byte("jobs"), []byte("ring overflow")), Frame{Type: TypeStatus, Status: StatusResync, Channel: []byte("jobs"), Text: []byte("ring overflow")}},
+		{"status protocol error", AppendStatus(nil, StatusProtocolError, nil, []byte("bad")), Frame{Type: TypeStatus, Status: StatusProtocolError, Text: []byte("bad")}},
+		{"status max chan", AppendStatus(nil, StatusEvicted, max63, nil), Frame{Type: TypeStatus, Status: StatusEvicted, Channel: max63}},
 	}
 }
 
@@ -183,8 +183,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"notify chanlen past end", raw(byte(TypeNotify), 0, 0, 0, 1, 5, 'a', 'b'), ErrTruncated},
 		{"notify chanlen 255 past end", raw(append([]byte{byte(TypeNotify), 0, 0, 0, 1, 255}, long64...)...), ErrTruncated},
 		{"status empty", raw(byte(TypeStatus)), ErrTruncated},
-		{"status no chanlen", raw(byte(TypeStatus), StatusReady), ErrTruncated},
-		{"status chanlen past end", raw(byte(TypeStatus), StatusResync, 3, 'a'), ErrTruncated},
+		{"status no chanlen", raw(byte(TypeStatus), byte(StatusReady)), ErrTruncated},
+		{"status chanlen past end", raw(byte(TypeStatus), byte(StatusResync), 3, 'a'), ErrTruncated},
 
 		// Field values.
 		{"hello version 0", raw(byte(TypeHello), 0, 0, 0, 0, 1), ErrBadVersion},
@@ -209,8 +209,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"notify empty channel", raw(byte(TypeNotify), 0, 0, 0, 1, 0, 'p'), names.ErrChannelEmpty},
 		{"notify channel 64", raw(append([]byte{byte(TypeNotify), 0, 0, 0, 1, 64}, long64...)...), names.ErrChannelLength},
 		{"notify channel NUL", raw(byte(TypeNotify), 0, 0, 0, 1, 2, 'a', 0, 'p'), names.ErrChannelNUL},
-		{"status channel 64", raw(append([]byte{byte(TypeStatus), StatusResync, 64}, long64...)...), names.ErrChannelLength},
-		{"status channel NUL", raw(byte(TypeStatus), StatusResync, 1, 0), names.ErrChannelNUL},
+		{"status channel 64", raw(append([]byte{byte(TypeStatus), byte(StatusResync), 64}, long64...)...), names.ErrChannelLength},
+		{"status channel NUL", raw(byte(TypeStatus), byte(StatusResync), 1, 0), names.ErrChannelNUL},
 
 		// Precedence: the first violation in wire order wins.
 		{"length before type", hdr(MaxBody+1, 0xff), ErrLength},
@@ -249,8 +249,8 @@ func TestStrings(t *testing.T) {
 	assert.Equal(t, "PONG", TypePong.String())
 	assert.Equal(t, "Type(0x05)", Type(5).String())
 	assert.Equal(t, "Type(0xff)", Type(0xff).String())
-	assert.Equal(t, "LOSSLESS", Mode(ModeLossless).String())
-	assert.Equal(t, "WAKE", Mode(ModeWake).String())
+	assert.Equal(t, "LOSSLESS", ModeLossless.String())
+	assert.Equal(t, "WAKE", ModeWake.String())
 	assert.Equal(t, "Mode(0x02)", Mode(2).String())
 	for c, s := range []string{"OK", "BAD_CHANNEL", "LISTEN_FAILED", "LIMIT", "NOT_SUBSCRIBED", "AckCode(0x05)"} {
 		assert.Equal(t, s, AckCode(c).String())

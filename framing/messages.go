@@ -58,10 +58,10 @@ func decodeHello(f *Frame, b []byte) error {
 
 // AppendSub appends a SUB frame: subscribe to channel in mode ModeLossless or
 // ModeWake; req is echoed in the ACK.
-func AppendSub(dst []byte, req uint32, mode uint8, channel []byte) []byte {
+func AppendSub(dst []byte, req uint32, mode Mode, channel []byte) []byte {
 	dst, start := begin(dst, TypeSub)
 	dst = binary.BigEndian.AppendUint32(dst, req)
-	dst = append(dst, mode)
+	dst = append(dst, byte(mode))
 	dst = append(dst, channel...)
 	return finish(dst, start)
 }
@@ -70,14 +70,14 @@ func decodeSub(f *Frame, b []byte) error {
 	if len(b) < 5 {
 		return ErrTruncated
 	}
-	if b[4] > ModeWake {
+	if Mode(b[4]) > ModeWake {
 		return ErrBadMode
 	}
 	if err := checkChannel(b[5:]); err != nil {
 		return err
 	}
 	f.Req = binary.BigEndian.Uint32(b)
-	f.Mode = b[4]
+	f.Mode = Mode(b[4])
 	f.Channel = b[5:len(b):len(b)]
 	return nil
 }
@@ -135,10 +135,10 @@ func decodeToken(f *Frame, b []byte) error {
 
 // AppendAck appends an ACK frame answering request req with code (AckOK …
 // AckNotSubscribed) and a human-readable msg (may be empty).
-func AppendAck(dst []byte, req uint32, code uint8, msg []byte) []byte {
+func AppendAck(dst []byte, req uint32, code AckCode, msg []byte) []byte {
 	dst, start := begin(dst, TypeAck)
 	dst = binary.BigEndian.AppendUint32(dst, req)
-	dst = append(dst, code)
+	dst = append(dst, byte(code))
 	dst = append(dst, msg...)
 	return finish(dst, start)
 }
@@ -147,11 +147,11 @@ func decodeAck(f *Frame, b []byte) error {
 	if len(b) < 5 {
 		return ErrTruncated
 	}
-	if b[4] > AckNotSubscribed {
+	if AckCode(b[4]) > AckNotSubscribed {
 		return ErrBadCode
 	}
 	f.Req = binary.BigEndian.Uint32(b)
-	f.Code = b[4]
+	f.Ack = AckCode(b[4])
 	f.Text = b[5:len(b):len(b)]
 	return nil
 }
@@ -191,9 +191,9 @@ func decodeNotify(f *Frame, b []byte) error {
 // AppendStatus appends a STATUS frame with code (StatusReady …
 // StatusProtocolError), the channel it concerns (empty = all, ≤ 63 bytes)
 // and a human-readable text (may be empty).
-func AppendStatus(dst []byte, code uint8, channel, text []byte) []byte {
+func AppendStatus(dst []byte, code StatusCode, channel, text []byte) []byte {
 	dst, start := begin(dst, TypeStatus)
-	dst = append(dst, code, byte(len(channel)))
+	dst = append(dst, byte(code), byte(len(channel)))
 	dst = append(dst, channel...)
 	dst = append(dst, text...)
 	return finish(dst, start)
@@ -203,7 +203,7 @@ func decodeStatus(f *Frame, b []byte) error {
 	if len(b) < 2 {
 		return ErrTruncated
 	}
-	if b[0] < StatusReady || b[0] > StatusProtocolError {
+	if c := StatusCode(b[0]); c < StatusReady || c > StatusProtocolError {
 		return ErrBadCode
 	}
 	end := 2 + int(b[1])
@@ -215,7 +215,7 @@ func decodeStatus(f *Frame, b []byte) error {
 			return err
 		}
 	}
-	f.Code = b[0]
+	f.Status = StatusCode(b[0])
 	f.Channel = b[2:end:end]
 	f.Text = b[end:len(b):len(b)]
 	return nil

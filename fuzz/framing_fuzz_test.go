@@ -15,6 +15,13 @@ func decodeAll(t *testing.T, src []byte) ([]byte, error) {
 	var out []byte
 	for {
 		f, n, err := framing.Decode(src)
+		peekReq, peekN, peekOK := framing.PeekRequest(src)
+		if peekOK && (peekN < framing.HeaderLen+5 || peekN > len(src)) {
+			t.Fatalf("PeekRequest n=%d out of range (len %d)", peekN, len(src))
+		}
+		if err == nil && (f.Type == framing.TypeSub || f.Type == framing.TypeUnsub) && (!peekOK || peekReq != f.Req || peekN != n) {
+			t.Fatalf("PeekRequest = %d,%d,%v; Decode read req %d, n %d", peekReq, peekN, peekOK, f.Req, n)
+		}
 		if err != nil {
 			if n != 0 {
 				t.Fatalf("error %v with n=%d", err, n)
@@ -30,6 +37,9 @@ func decodeAll(t *testing.T, src []byte) ([]byte, error) {
 		}
 		if !framing.IsWorkerType(f.Type) && !framing.IsHubType(f.Type) {
 			t.Fatalf("decoded unknown type %v", f.Type)
+		}
+		if w := framing.WholeFrames(src[:n/2], src[n/2:n], n); w != n {
+			t.Fatalf("WholeFrames over one %d-byte frame split in two = %d", n, w)
 		}
 		out = append(out, re...)
 		src = src[n:]

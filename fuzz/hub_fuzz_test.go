@@ -155,7 +155,7 @@ func newFuzzWorker(f *testing.F, sock string) *fuzzWorker {
 	if _, err := c.Write(framing.AppendHello(nil, 2, []byte("healthy"))); err != nil {
 		f.Fatal(err)
 	}
-	if fr, err := w.next(); err != nil || fr.Type != framing.TypeStatus || fr.Code != framing.StatusReady {
+	if fr, err := w.next(); err != nil || fr.Type != framing.TypeStatus || fr.Status != framing.StatusReady {
 		f.Fatalf("no READY: %v %v", fr.Type, err)
 	}
 	return w

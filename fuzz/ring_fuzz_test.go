@@ -9,9 +9,10 @@ import (
 
 // FuzzRing interprets ops as a program against a Ring and a plain []byte
 // queue: each op byte picks an operation (low 2 bits) and, with the next
-// byte(s), its size. Contents, Len and Free must always match the model.
+// byte(s), its size. Contents, Len, Free and the watermark tests must always
+// match the model.
 func FuzzRing(f *testing.F) {
-	f.Add(uint16(8), []byte{0, 6, 2, 5, 1, 2, 4})                   // push, partial consume, wrapping PushParts
+	f.Add(uint16(8), []byte{0, 6, 2, 5, 1, 2, 4, 0, 6})             // push, partial consume, watermarks, wrapping push
 	f.Add(uint16(1), []byte{0, 1, 0, 1, 2, 1, 0, 0})                // capacity 1
 	f.Add(uint16(0), []byte{0, 0, 0, 1, 1, 0, 0, 2, 0})             // capacity 0
 	f.Add(uint16(16), []byte{0, 16, 0, 1, 2, 15, 0, 15, 3, 2, 255}) // fill, refuse, wrap, reset
@@ -20,8 +21,9 @@ func FuzzRing(f *testing.F) {
 		capacity %= 4097
 		r := ring.New(int(capacity))
 		var model []byte
+		low, high := 0, int(capacity)
 		var seq byte
-		var scratch [2][256]byte
+		var scratch [1][256]byte
 		gen := func(slot, k int) []byte {
 			p := scratch[slot][:k]
 			for i := range p {
@@ -49,16 +51,11 @@ func FuzzRing(f *testing.F) {
 				if ok {
 					model = append(model, p...)
 				}
-			case 1: // push parts a, b
-				a, b := gen(0, arg(i+1)), gen(1, arg(i+2))
+			case 1: // set watermarks: low = a mod (Cap+1), high = low + b mod (Cap-low+1)
+				low = arg(i+1) % (int(capacity) + 1)
+				high = low + arg(i+2)%(int(capacity)-low+1)
 				i += 3
-				ok := r.PushParts(a, b)
-				if ok != (len(model)+len(a)+len(b) <= int(capacity)) {
-					t.Fatalf("PushParts(%d,%d) = %v with %d of %d used", len(a), len(b), ok, len(model), capacity)
-				}
-				if ok {
-					model = append(append(model, a...), b...)
-				}
+				r.SetWatermarks(low, high)
 			case 2: // consume k mod (Len+1)
 				k := arg(i+1) % (len(model) + 1)
 				i += 2
@@ -73,6 +70,9 @@ func FuzzRing(f *testing.F) {
 			}
 			if r.Len() != len(model) || r.Free() != int(capacity)-len(model) || r.Cap() != int(capacity) {
 				t.Fatalf("Len %d Free %d Cap %d, model %d of %d", r.Len(), r.Free(), r.Cap(), len(model), capacity)
+			}
+			if r.AboveHigh() != (len(model) > high) || r.BelowLow() != (len(model) < low) {
+				t.Fatalf("AboveHigh %v BelowLow %v with %d buffered, watermarks %d/%d", r.AboveHigh(), r.BelowLow(), len(model), low, high)
 			}
 			a, b := r.Peek()
 			if len(a) == 0 && len(b) != 0 {

@@ -30,7 +30,7 @@ type Failover struct {
 	log *slog.Logger
 
 	mu        sync.Mutex
-	mode      string // "hub" or "direct"
+	source    Source // where notifications come from: SourceHub, then SourceDirect
 	hub       *hubClient
 	direct    Listener
 	chans     map[string]struct{} // recorded: Listen called (and not failed or Unlistened)
@@ -45,10 +45,13 @@ type Failover struct {
 	wg        sync.WaitGroup
 }
 
-// Failover modes (Failover.Mode).
+// Source is where a Failover's notifications come from (Failover.Source).
+type Source string
+
+// Failover sources.
 const (
-	ModeHub    = "hub"
-	ModeDirect = "direct"
+	SourceHub    Source = "hub"    // pgsse's hub socket
+	SourceDirect Source = "direct" // a PostgreSQL session of its own, after the switch
 )
 
 // NewFailover starts a failover Listener. It fails only for a configuration that cannot work
@@ -73,7 +76,7 @@ func NewFailover(cfg FailoverConfig) (Listener, error) {
 	f := &Failover{
 		cfg:      cfg,
 		log:      cfg.Logger,
-		mode:     ModeHub,
+		source:   SourceHub,
 		chans:    make(map[string]struct{}),
 		switched: make(chan struct{}),
 		events:   make(chan Event),
@@ -90,18 +93,18 @@ func NewFailover(cfg FailoverConfig) (Listener, error) {
 	return f, nil
 }
 
-// Mode is "hub" while notifications come from the hub, "direct" once switched.
-func (f *Failover) Mode() string {
+// Source is SourceHub while notifications come from the hub, SourceDirect once switched.
+func (f *Failover) Source() Source {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.mode
+	return f.source
 }
 
 // Reason is why the Listener switched to direct (nil while on the hub).
 func (f *Failover) Reason() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.mode == ModeHub {
+	if f.source == SourceHub {
 		return nil
 	}
 	return f.reason
@@ -212,7 +215,7 @@ func (f *Failover) switchToDirect() Listener {
 		}
 		return nil
 	}
-	f.direct, f.mode = d, ModeDirect
+	f.direct, f.source = d, SourceDirect
 	f.hub = nil
 	todo := make([]string, 0, len(f.chans))
 	for c := range f.chans {

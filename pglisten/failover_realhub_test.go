@@ -70,7 +70,7 @@ func TestFailoverRealHubOneResync(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	require.NoError(t, l.Listen(ctx, "work"))
-	require.Equal(t, ModeHub, f.Mode())
+	require.Equal(t, SourceHub, f.Source())
 	pgExec(t, dsn, "NOTIFY work, 'via the hub'")
 	assert.Equal(t, "via the hub", string(nextHubEvent(t, l).Payload))
 
@@ -80,7 +80,7 @@ func TestFailoverRealHubOneResync(t *testing.T) {
 		// The hub may report its own LISTEN session going down while it stops.
 	}
 	assert.Equal(t, Event{Kind: KindResync}, ev, "the switch is one resync of everything")
-	assert.Equal(t, ModeDirect, f.Mode())
+	assert.Equal(t, SourceDirect, f.Source())
 	assert.ErrorIs(t, f.Reason(), ErrHubShutdown)
 
 	pgExec(t, dsn, "NOTIFY work, 'direct'")

@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
 func TestMain(m *testing.M) {
@@ -125,12 +127,7 @@ type notifier struct {
 
 func newNotifier(t *testing.T, dsn string) *notifier {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	c, err := pgconn.Connect(ctx, dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return &notifier{t: t, c: c}
+	return &notifier{t: t, c: pgtest.Connect(t, dsn)}
 }
 
 // notify sends pg_notify(channel, payload) with both as bound parameters; returns the pid of

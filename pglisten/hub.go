@@ -17,22 +17,11 @@ import (
 	"github.com/pgsse/pgsse/names"
 )
 
-// HubMode is how the hub delivers a channel's notifications to this worker (SPEC §5 SUB mode).
-type HubMode uint8
-
-const (
-	// HubLossless: every notification is delivered; a worker that cannot keep up is evicted.
-	HubLossless HubMode = framing.ModeLossless
-	// HubWake: when the worker falls behind, notifications on a channel collapse into one
-	// KindResync for that channel, delivered once it has caught up. Never evicted for lag.
-	HubWake HubMode = framing.ModeWake
-)
-
 // HubConfig configures a hub client (NewHub). Zero fields take the defaults named.
 type HubConfig struct {
 	Socket       string        // path of pgsse's hub socket (--hub-socket); required
 	Name         string        // worker name sent in HELLO (≤ 64 bytes), default the program's name
-	Mode         HubMode       // SUB mode for every Listen, default HubLossless
+	Mode         framing.Mode  // SUB mode for every Listen: framing.ModeLossless (default) or framing.ModeWake (a lagging channel's notifications collapse into one KindResync for it)
 	DialTimeout  time.Duration // connect + HELLO → READY, default 2s
 	AckTimeout   time.Duration // SUB/UNSUB → ACK, default 5s; a missed deadline fails the client
 	WriteTimeout time.Duration // one frame write, default 5s; a missed deadline fails the client
@@ -97,12 +86,12 @@ func (e *HubFailure) Unwrap() error { return e.Reason }
 // stays usable.
 type AckError struct {
 	Channel string
-	Code    uint8 // framing.Ack*
+	Code    framing.AckCode
 	Message string
 }
 
 func (e *AckError) Error() string {
-	return fmt.Sprintf("pglisten: hub refused %q: %s: %s", e.Channel, framing.AckCode(e.Code), e.Message)
+	return fmt.Sprintf("pglisten: hub refused %q: %s: %s", e.Channel, e.Code, e.Message)
 }
 
 // isHubFailure reports whether err means the hub client is gone (as opposed to a refused SUB,
@@ -113,7 +102,7 @@ func isHubFailure(err error) bool {
 }
 
 type ackResult struct {
-	code uint8
+	code framing.AckCode
 	msg  string
 }
 
@@ -215,7 +204,7 @@ func (h *hubClient) handshake(dec *framing.Decoder, buf []byte) error {
 			case derr == framing.ErrIncomplete:
 			case derr != nil:
 				return &HubFailure{Reason: ErrHubProtocol, Detail: derr.Error()}
-			case f.Type == framing.TypeStatus && f.Code == framing.StatusReady:
+			case f.Type == framing.TypeStatus && f.Status == framing.StatusReady:
 				return nil // frames after READY stay in dec for the reader
 			case f.Type == framing.TypeStatus:
 				return statusFailure(f)
@@ -234,7 +223,7 @@ func (h *hubClient) handshake(dec *framing.Decoder, buf []byte) error {
 
 func statusFailure(f framing.Frame) *HubFailure {
 	detail := string(f.Text)
-	switch f.Code {
+	switch f.Status {
 	case framing.StatusEvicted:
 		return &HubFailure{Reason: ErrHubEvicted, Detail: detail}
 	case framing.StatusShutdown:
@@ -242,7 +231,7 @@ func statusFailure(f framing.Frame) *HubFailure {
 	case framing.StatusProtocolError:
 		return &HubFailure{Reason: ErrHubProtocol, Detail: "hub says: " + detail}
 	}
-	return &HubFailure{Reason: ErrHubProtocol, Detail: "unexpected STATUS " + framing.StatusCode(f.Code).String()}
+	return &HubFailure{Reason: ErrHubProtocol, Detail: "unexpected STATUS " + f.Status.String()}
 }
 
 // fail stops the client for err (the first reason wins) and closes the socket, which ends the
@@ -323,7 +312,7 @@ func (h *hubClient) handle(f framing.Frame) bool {
 		p := h.pending[f.Req]
 		delete(h.pending, f.Req)
 		undo := false
-		if p != nil && !p.unsub && f.Code == framing.AckOK {
+		if p != nil && !p.unsub && f.Ack == framing.AckOK {
 			// Subscribed from this frame on: a NOTIFY right behind the ACK must not be dropped
 			// while the Listen caller is still waking up.
 			if p.abandoned {
@@ -336,7 +325,7 @@ func (h *hubClient) handle(f framing.Frame) bool {
 		if p == nil {
 			return true
 		}
-		p.c <- ackResult{code: f.Code, msg: string(f.Text)}
+		p.c <- ackResult{code: f.Ack, msg: string(f.Text)}
 		if undo {
 			h.wg.Add(1) // the reader holds the group, so this Add cannot race Close's Wait
 			go func() {
@@ -346,7 +335,7 @@ func (h *hubClient) handle(f framing.Frame) bool {
 		}
 		return true
 	case framing.TypeStatus:
-		switch f.Code {
+		switch f.Status {
 		case framing.StatusListenerDown:
 			return h.deliver(Event{Kind: KindDown})
 		case framing.StatusResync:
@@ -457,7 +446,7 @@ func (h *hubClient) write(enc func([]byte) []byte) error {
 
 // request sends SUB (or UNSUB) for channel and waits for its ACK, the ACK deadline, the
 // caller's context or the client's end.
-func (h *hubClient) request(ctx context.Context, channel string, unsub bool, mode HubMode) (ackResult, error) {
+func (h *hubClient) request(ctx context.Context, channel string, unsub bool, mode framing.Mode) (ackResult, error) {
 	h.mu.Lock()
 	if h.err != nil {
 		err := h.err
@@ -473,7 +462,7 @@ func (h *hubClient) request(ctx context.Context, channel string, unsub bool, mod
 		if unsub {
 			return framing.AppendUnsub(b, req, []byte(channel))
 		}
-		return framing.AppendSub(b, req, uint8(mode), []byte(channel))
+		return framing.AppendSub(b, req, mode, []byte(channel))
 	})
 	if err != nil {
 		return ackResult{}, err

@@ -113,7 +113,7 @@ func (c *fakeConn) send(b []byte) {
 }
 
 // ackNext reads a SUB/UNSUB and answers it with code.
-func (c *fakeConn) ackNext(want framing.Type, channel string, code uint8) framing.Frame {
+func (c *fakeConn) ackNext(want framing.Type, channel string, code framing.AckCode) framing.Frame {
 	c.t.Helper()
 	f := c.read()
 	require.Equal(c.t, want, f.Type)
@@ -147,7 +147,7 @@ func TestHubClientFrames(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		l, err = NewHub(HubConfig{Socket: hub.path, Name: "unit", PingInterval: 50 * time.Millisecond, Mode: HubWake})
+		l, err = NewHub(HubConfig{Socket: hub.path, Name: "unit", PingInterval: 50 * time.Millisecond, Mode: framing.ModeWake})
 	}()
 	c := hub.accept()
 	<-done
@@ -156,7 +156,7 @@ func TestHubClientFrames(t *testing.T) {
 
 	errc := listenAsync(l, "a")
 	f := c.ackNext(framing.TypeSub, "a", framing.AckOK)
-	assert.Equal(t, uint8(framing.ModeWake), f.Mode)
+	assert.Equal(t, framing.ModeWake, f.Mode)
 	require.NoError(t, <-errc)
 	require.NoError(t, l.Listen(context.Background(), "a"), "idempotent: no second SUB needed")
 
@@ -191,7 +191,7 @@ func TestHubClientFrames(t *testing.T) {
 	err = <-errc
 	var ae *AckError
 	require.ErrorAs(t, err, &ae)
-	assert.Equal(t, uint8(framing.AckLimit), ae.Code)
+	assert.Equal(t, framing.AckLimit, ae.Code)
 	assert.Equal(t, "too many", ae.Message)
 	assert.False(t, isHubFailure(err), "a refused SUB does not fail the client")
 
@@ -345,7 +345,7 @@ func TestFailoverSwitches(t *testing.T) {
 			if tc.hub && tc.fail != nil {
 				c.ackNext(framing.TypeSub, "fo", framing.AckOK)
 				require.NoError(t, <-errc)
-				assert.Equal(t, ModeHub, f.Mode())
+				assert.Equal(t, SourceHub, f.Source())
 				c.send(framing.AppendNotify(nil, 1, []byte("fo"), []byte("from the hub")))
 				assert.Equal(t, "from the hub", string(nextHubEvent(t, l).Payload))
 				c.send(framing.AppendNotify(nil, 1, []byte("fo"), []byte("last from the hub")))
@@ -356,7 +356,7 @@ func TestFailoverSwitches(t *testing.T) {
 			}
 			ev := nextHubEvent(t, l)
 			assert.Equal(t, Event{Kind: KindResync}, ev, "the switch is reported as a resync of everything")
-			assert.Equal(t, ModeDirect, f.Mode())
+			assert.Equal(t, SourceDirect, f.Source())
 			assert.ErrorIs(t, f.Reason(), tc.want)
 
 			// One switch, one KindResync: the direct session's own first resync is not
@@ -391,7 +391,7 @@ func TestFailoverFailedSwitch(t *testing.T) {
 	c.ackNext(framing.TypeSub, "x", framing.AckOK)
 	require.NoError(t, <-errc)
 	c.c.Close()
-	waitMode(t, l.(*Failover), ModeDirect)
+	waitSource(t, l.(*Failover), SourceDirect)
 	pending := listenAsync(l, "y") // cannot complete: no PostgreSQL there
 	select {
 	case err := <-pending:
@@ -415,12 +415,12 @@ func TestFailoverFailedSwitch(t *testing.T) {
 	assert.Error(t, err, "a DSN that cannot work is refused up front")
 }
 
-func waitMode(t *testing.T, f *Failover, mode string) {
+func waitSource(t *testing.T, f *Failover, want Source) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for f.Mode() != mode {
+	for f.Source() != want {
 		if time.Now().After(deadline) {
-			t.Fatalf("mode still %s", f.Mode())
+			t.Fatalf("source still %s", f.Source())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

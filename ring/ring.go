@@ -6,18 +6,19 @@ type Ring struct {
 	buf  []byte
 	head int // index of the first buffered byte
 	n    int // number of buffered bytes
-	soft int
-	hard int
+	low  int // watermarks (SetWatermarks)
+	high int
 }
 
 // New returns a ring holding up to capacity bytes, allocating them once.
-// Both watermarks start at capacity, so AboveSoft and AboveHard are false
-// until SetWatermarks lowers them. It panics if capacity is negative.
+// The watermarks start at 0 (low) and capacity (high), so BelowLow and
+// AboveHigh are false until SetWatermarks moves them. It panics if capacity
+// is negative.
 func New(capacity int) *Ring {
 	if capacity < 0 {
 		panic("ring: negative capacity")
 	}
-	return &Ring{buf: make([]byte, capacity), soft: capacity, hard: capacity}
+	return &Ring{buf: make([]byte, capacity), high: capacity}
 }
 
 // Len returns the number of buffered bytes.
@@ -39,17 +40,6 @@ func (r *Ring) Push(frame []byte) bool {
 	return true
 }
 
-// PushParts appends a then b as one unit (a frame header and its payload
-// without a scratch copy): both are written, or neither is and it returns false.
-func (r *Ring) PushParts(a, b []byte) bool {
-	if len(a)+len(b) > r.Free() {
-		return false
-	}
-	r.write(a)
-	r.write(b)
-	return true
-}
-
 // write copies p to the tail; the caller has checked that it fits.
 func (r *Ring) write(p []byte) {
 	if len(p) == 0 {
@@ -66,8 +56,8 @@ func (r *Ring) write(p []byte) {
 
 // Peek returns every buffered byte, in order, as at most two contiguous
 // views into the ring: second is non-empty only when the data wraps around
-// the end of the buffer. The views are valid until the next Push, PushParts,
-// Consume or Reset; they suit a vectored write (writev).
+// the end of the buffer. The views are valid until the next Push, Consume or
+// Reset; they suit a vectored write (writev).
 func (r *Ring) Peek() (first, second []byte) {
 	end := r.head + r.n
 	if end <= len(r.buf) {
@@ -97,17 +87,17 @@ func (r *Ring) Consume(n int) {
 // Reset drops all buffered bytes. Capacity and watermarks are kept.
 func (r *Ring) Reset() { r.head, r.n = 0, 0 }
 
-// SetWatermarks sets the soft and hard watermarks in bytes. It panics unless
-// 0 ≤ soft ≤ hard ≤ Cap().
-func (r *Ring) SetWatermarks(soft, hard int) {
-	if soft < 0 || soft > hard || hard > len(r.buf) {
-		panic("ring: watermarks must satisfy 0 <= soft <= hard <= Cap()")
+// SetWatermarks sets the low and high watermarks in bytes. It panics unless
+// 0 ≤ low ≤ high ≤ Cap().
+func (r *Ring) SetWatermarks(low, high int) {
+	if low < 0 || low > high || high > len(r.buf) {
+		panic("ring: watermarks must satisfy 0 <= low <= high <= Cap()")
 	}
-	r.soft, r.hard = soft, hard
+	r.low, r.high = low, high
 }
 
-// AboveSoft reports whether more than the soft watermark is buffered.
-func (r *Ring) AboveSoft() bool { return r.n > r.soft }
+// AboveHigh reports whether more than the high watermark is buffered.
+func (r *Ring) AboveHigh() bool { return r.n > r.high }
 
-// AboveHard reports whether more than the hard watermark is buffered.
-func (r *Ring) AboveHard() bool { return r.n > r.hard }
+// BelowLow reports whether less than the low watermark is buffered.
+func (r *Ring) BelowLow() bool { return r.n < r.low }

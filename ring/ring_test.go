@@ -22,8 +22,8 @@ func TestNew(t *testing.T) {
 	a, b := r.Peek()
 	assert.Empty(t, a)
 	assert.Empty(t, b)
-	assert.False(t, r.AboveSoft())
-	assert.False(t, r.AboveHard())
+	assert.False(t, r.AboveHigh())
+	assert.False(t, r.BelowLow())
 	assert.Panics(t, func() { New(-1) })
 }
 
@@ -39,22 +39,11 @@ func TestPushAllOrNothing(t *testing.T) {
 	assert.Equal(t, "abcdefghij", string(contents(r)))
 }
 
-func TestPushParts(t *testing.T) {
-	r := New(10)
-	require.True(t, r.PushParts([]byte("hdr:"), []byte("body")))
-	assert.False(t, r.PushParts([]byte("h"), []byte("23")), "3 > 2 free: neither part written")
-	assert.Equal(t, "hdr:body", string(contents(r)))
-	assert.True(t, r.PushParts([]byte("x"), nil))
-	assert.True(t, r.PushParts(nil, []byte("y")))
-	assert.Equal(t, "hdr:bodyxy", string(contents(r)))
-	assert.True(t, r.PushParts(nil, nil))
-}
-
 func TestWrap(t *testing.T) {
 	r := New(8)
 	require.True(t, r.Push([]byte("012345")))
-	r.Consume(5)                                               // head at 5, "5" left
-	require.True(t, r.PushParts([]byte("ab"), []byte("cdef"))) // wraps inside the second part
+	r.Consume(5)                              // head at 5, "5" left
+	require.True(t, r.Push([]byte("abcdef"))) // wraps after "ab"
 	a, b := r.Peek()
 	assert.Equal(t, "5ab", string(a))
 	assert.Equal(t, "cdef", string(b))
@@ -103,26 +92,27 @@ func TestReset(t *testing.T) {
 	r.Reset()
 	assert.Equal(t, 0, r.Len())
 	assert.Equal(t, 8, r.Free())
-	assert.False(t, r.AboveSoft())
-	require.True(t, r.Push([]byte("abc")))
-	assert.True(t, r.AboveSoft(), "watermarks kept")
-	assert.Equal(t, "abc", string(contents(r)))
+	assert.True(t, r.BelowLow())
+	require.True(t, r.Push([]byte("abcde")))
+	assert.True(t, r.AboveHigh(), "watermarks kept")
+	assert.Equal(t, "abcde", string(contents(r)))
 }
 
 func TestWatermarks(t *testing.T) {
 	r := New(100)
-	r.SetWatermarks(50, 90)
-	require.True(t, r.Push(make([]byte, 50)))
-	assert.False(t, r.AboveSoft(), "exactly at soft is not above")
+	r.SetWatermarks(25, 50)
+	assert.True(t, r.BelowLow(), "empty")
+	require.True(t, r.Push(make([]byte, 24)))
+	assert.True(t, r.BelowLow())
 	require.True(t, r.Push(make([]byte, 1)))
-	assert.True(t, r.AboveSoft())
-	assert.False(t, r.AboveHard())
-	require.True(t, r.Push(make([]byte, 39)))
-	assert.False(t, r.AboveHard(), "exactly at hard is not above")
+	assert.False(t, r.BelowLow(), "exactly at low is not below")
+	require.True(t, r.Push(make([]byte, 25)))
+	assert.False(t, r.AboveHigh(), "exactly at high is not above")
 	require.True(t, r.Push(make([]byte, 1)))
-	assert.True(t, r.AboveHard())
-	r.Consume(41)
-	assert.False(t, r.AboveSoft())
+	assert.True(t, r.AboveHigh())
+	r.Consume(27)
+	assert.False(t, r.AboveHigh())
+	assert.True(t, r.BelowLow())
 
 	assert.Panics(t, func() { r.SetWatermarks(-1, 10) })
 	assert.Panics(t, func() { r.SetWatermarks(20, 10) })
@@ -149,6 +139,7 @@ func TestModel(t *testing.T) {
 		rng := rand.New(rand.NewPCG(uint64(capacity), 99))
 		r := New(capacity)
 		var model []byte
+		low, high := 0, capacity
 		next := byte(0)
 		gen := func(k int) []byte {
 			p := make([]byte, k)
@@ -168,12 +159,9 @@ func TestModel(t *testing.T) {
 					model = append(model, p...)
 				}
 			case op < 6:
-				a, b := gen(rng.IntN(capacity/2+2)), gen(rng.IntN(capacity/2+2))
-				ok := r.PushParts(a, b)
-				assert.Equal(t, len(model)+len(a)+len(b) <= capacity, ok)
-				if ok {
-					model = append(append(model, a...), b...)
-				}
+				low = rng.IntN(capacity + 1)
+				high = low + rng.IntN(capacity-low+1)
+				r.SetWatermarks(low, high)
 			case op < 9:
 				k := rng.IntN(len(model) + 1)
 				r.Consume(k)
@@ -187,6 +175,8 @@ func TestModel(t *testing.T) {
 			require.Equal(t, len(model), r.Len(), "cap %d step %d", capacity, step)
 			require.Equal(t, capacity-len(model), r.Free())
 			require.Equal(t, capacity, r.Cap())
+			require.Equal(t, len(model) > high, r.AboveHigh(), "cap %d step %d", capacity, step)
+			require.Equal(t, len(model) < low, r.BelowLow(), "cap %d step %d", capacity, step)
 			a, b := r.Peek()
 			if len(a) == 0 {
 				require.Empty(t, b, "second view only on wrap")
@@ -196,15 +186,19 @@ func TestModel(t *testing.T) {
 	}
 }
 
-var sinkA, sinkB []byte
+var (
+	sinkA, sinkB []byte
+	sinkBool     bool
+)
 
 func TestZeroAllocs(t *testing.T) {
 	r := New(4096)
 	frame := make([]byte, 100)
-	hdr := make([]byte, 9)
+	r.SetWatermarks(1024, 2048)
 	assert.Zero(t, testing.AllocsPerRun(1000, func() {
 		r.Push(frame)
-		r.PushParts(hdr, frame)
+		r.Push(frame[:9])
+		sinkBool = r.AboveHigh() || r.BelowLow()
 		sinkA, sinkB = r.Peek()
 		r.Consume(r.Len() - 3) // leave a partial so positions drift and wrap
 	}))
@@ -220,19 +214,5 @@ func BenchmarkPushConsume(b *testing.B) {
 		sinkA, sinkB = r.Peek()
 		r.Consume(len(frame) - 1)
 		r.Consume(1)
-	}
-}
-
-func BenchmarkPushPartsConsume(b *testing.B) {
-	r := New(1000)
-	hdr, payload := make([]byte, 14), make([]byte, 300)
-	b.ReportAllocs()
-	b.SetBytes(int64(len(hdr) + len(payload)))
-	for b.Loop() {
-		if !r.PushParts(hdr, payload) {
-			b.Fatal("full")
-		}
-		sinkA, sinkB = r.Peek()
-		r.Consume(len(hdr) + len(payload))
 	}
 }

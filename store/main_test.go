@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
@@ -15,15 +14,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // connect opens a connection closed at test end.
-func connect(t testing.TB, dsn string) *pgconn.PgConn {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := pgconn.Connect(ctx, dsn)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return c
-}
+var connect = pgtest.Connect
 
 // migrated returns the DSN of a fresh database with the schema installed.
 func migrated(t testing.TB) string {

@@ -196,25 +196,6 @@ func (p *Payload) Tags(yield func(tag []byte) bool) {
 	}
 }
 
-// VisibleTo reports whether a connection with the given tags may see the event: the
-// audience is empty, or one of its tags equals one of tags.
-func (p *Payload) VisibleTo(tags []string) bool {
-	if p.NTags == 0 {
-		return true
-	}
-	visible := false
-	p.Tags(func(tag []byte) bool {
-		for _, t := range tags {
-			if string(tag) == t {
-				visible = true
-				return false
-			}
-		}
-		return true
-	})
-	return visible
-}
-
 // AppendPayload appends the encoding of p to dst. The audience is tags when tags is
 // non-nil, otherwise p's own (as parsed; p.NTags is then taken as is). It encodes what
 // it is given: a caller that needs a valid payload checks names and limits first.

@@ -100,16 +100,6 @@ func TestParsePayloadInvalid(t *testing.T) {
 	}
 }
 
-func TestPayloadVisibleTo(t *testing.T) {
-	var p Payload
-	require.NoError(t, ParsePayload([]byte("D1 1 s 1  2 6:user:7 10:role:admin\n"), &p))
-	assert.True(t, p.VisibleTo([]string{"x", "role:admin"}))
-	assert.False(t, p.VisibleTo([]string{"user:70", "role"}))
-	assert.False(t, p.VisibleTo(nil))
-	require.NoError(t, ParsePayload([]byte("D1 1 s 1  0\n"), &p))
-	assert.True(t, p.VisibleTo(nil), "no audience = everyone")
-}
-
 func TestAppendPayloadTags(t *testing.T) {
 	p := Payload{Kind: KindEphemeral, TimeUS: 12, Stream: []byte("a/b"), ID: 3, Event: []byte("ev"), Data: []byte("x\ny")}
 	got := AppendPayload([]byte("prefix:"), &p, [][]byte{[]byte("t1"), []byte("tag two")})
@@ -120,9 +110,8 @@ var benchPayload = []byte("D1 1700000000000000 orders/42 12345 order.created 2 6
 
 func TestParsePayloadAllocs(t *testing.T) {
 	var p Payload
-	tags := []string{"role:admin"}
 	allocs := testing.AllocsPerRun(1000, func() {
-		if ParsePayload(benchPayload, &p) != nil || !p.VisibleTo(tags) {
+		if ParsePayload(benchPayload, &p) != nil {
 			t.Fatal("parse failed")
 		}
 		n := 0

@@ -31,8 +31,6 @@ const (
 var (
 	// ErrClosed is the result of requests still queued or running when the Replayer closes.
 	ErrClosed = errors.New("store: replayer closed")
-	// ErrQueueFull is returned by CatchUp when the request queue is full.
-	ErrQueueFull = errors.New("store: replay queue full")
 	// ErrBadRequest wraps what is wrong with a ReadRequest.
 	ErrBadRequest = errors.New("store: bad replay request")
 )
@@ -132,39 +130,6 @@ func (r *Replayer) Read(req ReadRequest, done func(ReadResult)) bool {
 		return true
 	default:
 		return false
-	}
-}
-
-// CatchUp reads batches from req.After until a batch is Done or batch returns false,
-// passing each to batch in order; after each, the next batch starts after its last
-// event, so a backlog larger than one batch drains without any further wake. It
-// returns the first error (a result's Err, ErrQueueFull, ErrClosed or ctx's error);
-// batch never sees a result with Err set.
-func (r *Replayer) CatchUp(ctx context.Context, req ReadRequest, batch func(ReadResult) bool) error {
-	results := make(chan ReadResult, 1)
-	for {
-		if !r.Read(req, func(res ReadResult) { results <- res }) {
-			r.mu.RLock()
-			closed := r.closed
-			r.mu.RUnlock()
-			if closed {
-				return ErrClosed
-			}
-			return ErrQueueFull
-		}
-		var res ReadResult
-		select {
-		case res = <-results:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		if res.Err != nil {
-			return res.Err
-		}
-		if !batch(res) || res.Done || len(res.Events) == 0 {
-			return nil
-		}
-		req.After = res.Events[len(res.Events)-1].ID
 	}
 }
 

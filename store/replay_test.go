@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +37,21 @@ func readSync(t *testing.T, r *Replayer, req ReadRequest) ReadResult {
 	}
 }
 
+// readAll reads batches from req.After as the engine's catch-up does — each batch after the
+// last event of the one before — until a batch is Done or batch returns false; every result
+// must succeed.
+func readAll(t *testing.T, r *Replayer, req ReadRequest, batch func(ReadResult) bool) {
+	t.Helper()
+	for {
+		res := readSync(t, r, req)
+		require.NoError(t, res.Err)
+		if !batch(res) || res.Done || len(res.Events) == 0 {
+			return
+		}
+		req.After = res.Events[len(res.Events)-1].ID
+	}
+}
+
 func ids(events []Event) []int64 {
 	out := make([]int64, len(events))
 	for i, e := range events {
@@ -56,7 +70,7 @@ func TestReplayCatchUpBacklog(t *testing.T) {
 	var got []int64
 	batches := 0
 	var last ReadResult
-	err := r.CatchUp(context.Background(), ReadRequest{Stream: "backlog", Limit: 500}, func(res ReadResult) bool {
+	readAll(t, r, ReadRequest{Stream: "backlog", Limit: 500}, func(res ReadResult) bool {
 		batches++
 		assert.LessOrEqual(t, len(res.Events), 500)
 		assert.EqualValues(t, n, res.Head)
@@ -70,7 +84,6 @@ func TestReplayCatchUpBacklog(t *testing.T) {
 		last = res
 		return true
 	})
-	require.NoError(t, err)
 	require.Len(t, got, n)
 	for i, id := range got {
 		require.EqualValues(t, i+1, id, "in order, no duplicates, no gaps")
@@ -80,8 +93,8 @@ func TestReplayCatchUpBacklog(t *testing.T) {
 
 	// A batch function may stop early.
 	batches = 0
-	require.NoError(t, r.CatchUp(context.Background(), ReadRequest{Stream: "backlog", After: 4000, Limit: 100},
-		func(res ReadResult) bool { batches++; return batches < 3 }))
+	readAll(t, r, ReadRequest{Stream: "backlog", After: 4000, Limit: 100},
+		func(res ReadResult) bool { batches++; return batches < 3 })
 	assert.Equal(t, 3, batches)
 }
 
@@ -172,10 +185,10 @@ func TestReplayBatchBytes(t *testing.T) {
 	pgtest.Exec(t, dsn, "SELECT pgsse.publish('bytes', repeat('x', 1024*1024)) FROM generate_series(1, 6)")
 	r := newTestReplayer(t, dsn, 1)
 	var sizes []int
-	require.NoError(t, r.CatchUp(context.Background(), ReadRequest{Stream: "bytes"}, func(res ReadResult) bool {
+	readAll(t, r, ReadRequest{Stream: "bytes"}, func(res ReadResult) bool {
 		sizes = append(sizes, len(res.Events))
 		return true
-	}))
+	})
 	assert.Equal(t, []int{4, 2}, sizes, "≤ 4 MiB of data per batch")
 }
 
@@ -292,7 +305,6 @@ func TestReplayerQueueFullAndClose(t *testing.T) {
 		require.True(t, r.Read(ReadRequest{Stream: "s"}, func(res ReadResult) { results[i] = res; wg.Done() }))
 	}
 	assert.False(t, r.Read(ReadRequest{Stream: "s"}, func(ReadResult) { t.Error("a refused request must not call done") }), "queue full")
-	assert.ErrorIs(t, r.CatchUp(context.Background(), ReadRequest{Stream: "s"}, func(ReadResult) bool { return true }), ErrQueueFull)
 
 	closed := make(chan struct{})
 	go func() { r.Close(); close(closed) }()
@@ -308,19 +320,5 @@ func TestReplayerQueueFullAndClose(t *testing.T) {
 	assert.NoError(t, results[0].Err)
 	assert.ErrorIs(t, results[1].Err, ErrClosed)
 	assert.ErrorIs(t, results[2].Err, ErrClosed)
-	assert.ErrorIs(t, r.CatchUp(context.Background(), ReadRequest{Stream: "s"}, func(ReadResult) bool { return true }), ErrClosed)
 	r.Close() // idempotent
-}
-
-func TestCatchUpContext(t *testing.T) {
-	dsn := migrated(t)
-	r := newReplayer(dsn, 1, nil, 4)
-	defer r.Close()
-	release := make(chan struct{})
-	require.True(t, r.Read(ReadRequest{Stream: "s"}, func(ReadResult) { <-release }))
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	err := r.CatchUp(ctx, ReadRequest{Stream: "s"}, func(ReadResult) bool { return true })
-	assert.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
-	close(release)
 }

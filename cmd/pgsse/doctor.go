@@ -14,11 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgsse/pgsse/engine"
 	"github.com/pgsse/pgsse/store"
 )
-
-// replayPoolSize is the engine's default replay pool (engine.Config.ReplayPoolSize).
-const replayPoolSize = 4
 
 // Thresholds for NOTIFY queue usage (a full queue makes every NOTIFY fail at commit).
 const (
@@ -44,7 +42,7 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	dbURL := c.dbFlag()
 	maxConns := c.Int("max-connections", 0, "the value pgsse serve will use (default: from the fd limit)")
 	hubSocket := c.String("hub-socket", "", "hub socket `PATH` to inspect")
-	hubMode := c.Mode("hub-socket-mode", 0o600, "expected permissions of the hub socket, octal")
+	hubMode := c.Mode("hub-socket-mode", engine.DefaultHubSocketMode, "expected permissions of the hub socket, octal")
 	workers := c.Int("workers", 0, "worker processes on this host that LISTEN, for the connection budget")
 	pos, err := c.parse(args)
 	if err != nil {
@@ -131,18 +129,18 @@ func (d *doctor) queue(ctx context.Context, conn *pgconn.PgConn) {
 }
 
 func (d *doctor) fdLimit(maxConns int, set bool, src string) {
-	limit := fdLimit()
+	limit := engine.FDLimit()
 	if limit == 0 {
 		d.report("warn", "fd limit", "cannot read RLIMIT_NOFILE")
 		return
 	}
-	allowed := defaultMaxConnections(limit)
+	allowed := engine.MaxConnectionsFor(limit)
 	switch {
 	case set && maxConns > allowed:
 		d.report("FAIL", "fd limit", "%s %d exceeds RLIMIT_NOFILE %d − %d reserved = %d: raise the limit (ulimit -n, LimitNOFILE=)",
-			src, maxConns, limit, fdReserve, allowed)
+			src, maxConns, limit, engine.FDReserve, allowed)
 	case allowed < 1:
-		d.report("FAIL", "fd limit", "RLIMIT_NOFILE %d leaves no room for connections after the %d reserved", limit, fdReserve)
+		d.report("FAIL", "fd limit", "RLIMIT_NOFILE %d leaves no room for connections after the %d reserved", limit, engine.FDReserve)
 	case limit < 4096:
 		d.report("warn", "fd limit", "RLIMIT_NOFILE %d allows only %d SSE connections: raise it (ulimit -n, LimitNOFILE=)", limit, allowed)
 	case set:
@@ -214,8 +212,8 @@ func readBudget(ctx context.Context, conn *pgconn.PgConn) *serverBudget {
 // that share its one LISTEN session instead of holding one each. Without a hub (and no
 // --workers given) it claims nothing about workers.
 func (d *doctor) budget(workers int, workersSet, hub bool, server *serverBudget) {
-	ours := 1 + replayPoolSize
-	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay)", ours, replayPoolSize)
+	ours := 1 + engine.DefaultReplayPoolSize
+	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay)", ours, engine.DefaultReplayPoolSize)
 	switch {
 	case hub && workersSet:
 		msg += fmt.Sprintf(" for all %d workers (--workers); without the hub they would hold %d LISTEN sessions", workers, workers)

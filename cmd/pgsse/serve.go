@@ -21,24 +21,9 @@ import (
 	"github.com/pgsse/pgsse/engine"
 )
 
-// Limits on serve's configuration.
-const (
-	// fdReserve is kept back from RLIMIT_NOFILE for what is not an admitted SSE
-	// connection: the LISTEN session, the replay pool, hub workers, listeners, the admin
-	// server, files (512), and the connections the engine accepts only to shed them (256).
-	// The same reserve as engine.DefaultMaxConnections.
-	fdReserve = 512 + 256
-	// minWorkerBuffer holds two maximum hub frames (u32 length + 65536 bytes each), the
-	// engine's minimum.
-	minWorkerBuffer = 2 * (4 + 65536)
-	minHeartbeat    = 100 * time.Millisecond
-	maxWorkerBuffer = 1 << 30
-	minHeaderBytes  = 1024
-	maxHeaderBytes  = 1 << 20
-	maxDuration     = 24 * time.Hour
-	// shortSecret is the length below which an HS256 secret is logged as weak.
-	shortSecret = 32
-)
+// shortSecret is the length below which an HS256 secret is logged as weak. The defaults and
+// bounds of the other flags are the engine's (engine.Default*, engine.Min*, engine.Max*).
+const shortSecret = 32
 
 // serveSetup is serve's validated configuration: everything that can be wrong with the
 // flags is found while building it, before anything starts.
@@ -52,28 +37,14 @@ type serveSetup struct {
 	algorithms  []string
 }
 
-// defaultMaxConnections derives --max-connections from the fd limit.
-func defaultMaxConnections(limit uint64) int {
-	if limit == 0 {
-		return 10000 // limit unknown
-	}
-	if limit > 1<<24 { // RLIM_INFINITY or close to it
-		limit = 1 << 24
-	}
-	if limit <= fdReserve {
-		return 0
-	}
-	return int(limit - fdReserve)
-}
-
 func parseServe(args []string, env func(string) (string, bool), stdout, stderr io.Writer) (*serveSetup, error) {
 	c := newCLI("serve", "[flags]", env)
 	dbURL := c.dbFlag()
-	listen := c.String("listen", ":8080", "SSE listen `ADDR`")
+	listen := c.String("listen", engine.DefaultListen, "SSE listen `ADDR`")
 	adminListen := c.String("admin-listen", "127.0.0.1:9090", "admin `ADDR` for /metrics, /healthz, /readyz (empty = off)")
 	hubSocket := c.String("hub-socket", "", "Unix socket `PATH` for worker processes (empty = no hub)")
-	hubMode := c.Mode("hub-socket-mode", 0o600, "permissions of the hub socket, octal")
-	hubBuffer := c.Size("hub-worker-buffer", 1<<20, "outbound buffer per hub worker")
+	hubMode := c.Mode("hub-socket-mode", engine.DefaultHubSocketMode, "permissions of the hub socket, octal")
+	hubBuffer := c.Size("hub-worker-buffer", engine.DefaultHubWorkerBuffer, "outbound buffer per hub worker")
 	jwtSecret := c.String("jwt-secret", "", "HS256 `SECRET` (prefer --jwt-secret-file or the variable)")
 	jwtSecretFile := c.String("jwt-secret-file", "", "`FILE` holding the HS256 secret")
 	jwtPubFile := c.String("jwt-public-key-file", "", "PEM public key `FILE` for RS256, ES256 (P-256) or EdDSA tokens")
@@ -82,12 +53,12 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	jwtNoExp := c.Bool("jwt-allow-no-exp", "accept tokens without exp")
 	publicStreams := c.List("public-streams", "stream patterns readable without a token, comma-separated")
 	corsOrigins := c.List("cors-origins", "exact origins allowed cross-origin, comma-separated")
-	limit := fdLimit()
-	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: RLIMIT_NOFILE − %d = %d)", fdReserve, defaultMaxConnections(limit)))
-	maxHeader := c.Size("max-header-bytes", 8192, "request head limit")
-	heartbeat := c.Duration("heartbeat", 15*time.Second, "comment line after this long without writes")
-	retry := c.Duration("retry", 2*time.Second, "the SSE retry: value sent first")
-	retention := c.Duration("retention", 24*time.Hour, "prune durable events older than this (0 = keep)")
+	limit := engine.FDLimit()
+	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: RLIMIT_NOFILE − %d = %d)", engine.FDReserve, engine.MaxConnectionsFor(limit)))
+	maxHeader := c.Size("max-header-bytes", engine.DefaultMaxHeaderBytes, "request head limit")
+	heartbeat := c.Duration("heartbeat", engine.DefaultHeartbeat, "comment line after this long without writes")
+	retry := c.Duration("retry", engine.DefaultRetry, "the SSE retry: value sent first")
+	retention := c.Duration("retention", engine.DefaultRetention, "prune durable events older than this (0 = keep)")
 	pprofOn := c.Bool("pprof", "serve /debug/pprof/ on the admin address")
 	logLevel := c.String("log-level", "info", "`LEVEL`: debug, info, warn or error")
 	logFormat := c.String("log-format", "text", "`FORMAT`: text or json")
@@ -145,11 +116,11 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	if *hubSocket != "" && len(*hubSocket) > 107 {
 		return nil, configErrorf("%s: path is %d bytes; Unix socket paths are limited to 107", c.source("hub-socket"), len(*hubSocket))
 	}
-	if *hubBuffer < minWorkerBuffer || *hubBuffer > maxWorkerBuffer {
-		return nil, configErrorf("%s: must be between %d (two maximum frames) and %s", c.source("hub-worker-buffer"), minWorkerBuffer, formatSize(maxWorkerBuffer))
+	if *hubBuffer < engine.MinHubWorkerBuffer || *hubBuffer > engine.MaxHubWorkerBuffer {
+		return nil, configErrorf("%s: must be between %d (two maximum frames) and %s", c.source("hub-worker-buffer"), engine.MinHubWorkerBuffer, formatSize(engine.MaxHubWorkerBuffer))
 	}
-	if *maxHeader < minHeaderBytes || *maxHeader > maxHeaderBytes {
-		return nil, configErrorf("%s: must be between %d and %d", c.source("max-header-bytes"), minHeaderBytes, maxHeaderBytes)
+	if *maxHeader < engine.MinMaxHeaderBytes || *maxHeader > engine.MaxMaxHeaderBytes {
+		return nil, configErrorf("%s: must be between %d and %d", c.source("max-header-bytes"), engine.MinMaxHeaderBytes, engine.MaxMaxHeaderBytes)
 	}
 	for _, d := range []struct {
 		name string
@@ -159,17 +130,17 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		switch {
 		case d.v < 0 || (d.v == 0 && !d.zero):
 			return nil, configErrorf("%s: must be positive", c.source(d.name))
-		case d.name == "retry" && d.v < time.Millisecond:
-			return nil, configErrorf("%s: must be at least 1ms", c.source(d.name))
-		case d.name == "heartbeat" && d.v < minHeartbeat:
-			return nil, configErrorf("%s: must be at least %s", c.source(d.name), minHeartbeat)
-		case d.name != "retention" && d.v > maxDuration:
-			return nil, configErrorf("%s: must be at most %s", c.source(d.name), maxDuration)
+		case d.name == "retry" && d.v < engine.MinRetry:
+			return nil, configErrorf("%s: must be at least %s", c.source(d.name), engine.MinRetry)
+		case d.name == "heartbeat" && d.v < engine.MinHeartbeat:
+			return nil, configErrorf("%s: must be at least %s", c.source(d.name), engine.MinHeartbeat)
+		case d.name != "retention" && d.v > engine.MaxInterval:
+			return nil, configErrorf("%s: must be at most %s", c.source(d.name), engine.MaxInterval)
 		}
 	}
 
 	// The connection limit: what the fd limit allows after the reserve.
-	allowed := defaultMaxConnections(limit)
+	allowed := engine.MaxConnectionsFor(limit)
 	conns := *maxConns
 	if c.isSet("max-connections") {
 		switch {
@@ -177,11 +148,11 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 			return nil, configErrorf("%s: must be at least 1", c.source("max-connections"))
 		case limit > 0 && conns > allowed:
 			return nil, configErrorf("%s: %d exceeds what the file-descriptor limit allows (RLIMIT_NOFILE %d − %d reserved = %d); raise the limit (ulimit -n, LimitNOFILE=)",
-				c.source("max-connections"), conns, limit, fdReserve, allowed)
+				c.source("max-connections"), conns, limit, engine.FDReserve, allowed)
 		}
 	} else {
 		if allowed < 1 {
-			return nil, configErrorf("file-descriptor limit %d is too low: need more than %d (ulimit -n, LimitNOFILE=)", limit, fdReserve)
+			return nil, configErrorf("file-descriptor limit %d is too low: need more than %d (ulimit -n, LimitNOFILE=)", limit, engine.FDReserve)
 		}
 		conns = allowed
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgsse/pgsse/engine"
 	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
@@ -76,7 +77,7 @@ func TestServeEndToEnd(t *testing.T) {
 		}
 		return false
 	})
-	assert.Equal(t, defaultMaxConnections(fdLimit()), start.MaxConnections)
+	assert.Equal(t, engine.MaxConnectionsFor(engine.FDLimit()), start.MaxConnections)
 	assert.Equal(t, 8192, start.MaxHeaderBytes)
 	assert.Equal(t, "HS256", start.JWT)
 	assert.Equal(t, "1s", start.Heartbeat)

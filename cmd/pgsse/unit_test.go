@@ -14,6 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/engine"
 )
 
 func TestParseSize(t *testing.T) {
@@ -80,13 +82,6 @@ func TestCheckOrigin(t *testing.T) {
 	}
 }
 
-func TestDefaultMaxConnections(t *testing.T) {
-	assert.Equal(t, 20000-fdReserve, defaultMaxConnections(20000))
-	assert.Equal(t, 0, defaultMaxConnections(fdReserve))
-	assert.Equal(t, 1<<24-fdReserve, defaultMaxConnections(1<<62), "RLIM_INFINITY is capped")
-	assert.Equal(t, 10000, defaultMaxConnections(0), "unknown limit")
-}
-
 func envMap(m map[string]string) func(string) (string, bool) {
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
@@ -146,7 +141,7 @@ func TestParseServeConfig(t *testing.T) {
 	assert.Equal(t, 15*time.Second, c.Heartbeat)
 	assert.Equal(t, 2*time.Second, c.Retry)
 	assert.Equal(t, 24*time.Hour, c.Retention)
-	assert.Equal(t, defaultMaxConnections(fdLimit()), c.MaxConnections)
+	assert.Equal(t, engine.MaxConnectionsFor(engine.FDLimit()), c.MaxConnections)
 	assert.Equal(t, "", c.DatabaseURL, "libpq environment")
 	assert.Contains(t, stderr.String(), "the HS256 secret is short")
 }

@@ -77,6 +77,20 @@ func WithDatabase(t testing.TB, dsn, name string) string {
 	return u.String()
 }
 
+// Connect opens a connection to dsn, closed when the test ends; it fails the test if
+// PostgreSQL cannot be reached within 30 s.
+func Connect(t testing.TB, dsn string) *pgconn.PgConn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
 // Exec runs sql (simple protocol, may hold several statements) on a new connection.
 func Exec(t testing.TB, dsn, sql string) []*pgconn.Result {
 	t.Helper()

@@ -16,24 +16,25 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgsse/pgsse/framing"
 	"github.com/pgsse/pgsse/pglisten"
 )
 
 // line is one output record. Payload is base64 in JSON, so bytes survive exactly.
 type line struct {
-	Ev      string `json:"ev"` // ready, listened, error, notify, down, resync, mode, closed
-	Ch      string `json:"ch,omitempty"`
-	PID     uint32 `json:"pid,omitempty"`
-	Payload []byte `json:"payload,omitempty"`
-	Mode    string `json:"mode"`
-	Err     string `json:"err,omitempty"`
+	Ev      string          `json:"ev"` // ready, listened, error, notify, down, resync, source, closed
+	Ch      string          `json:"ch,omitempty"`
+	PID     uint32          `json:"pid,omitempty"`
+	Payload []byte          `json:"payload,omitempty"`
+	Source  pglisten.Source `json:"source"` // hub or direct
+	Err     string          `json:"err,omitempty"`
 }
 
 func main() {
 	socket := flag.String("socket", "", "hub socket")
 	dsn := flag.String("dsn", "", "database URL for the direct session")
 	channels := flag.String("channels", "", "comma-separated channels to listen to at start")
-	mode := flag.String("mode", "lossless", "lossless or wake")
+	mode := flag.String("mode", "lossless", "SUB mode: lossless or wake")
 	name := flag.String("name", "hubworker", "worker name")
 	flag.Parse()
 
@@ -44,7 +45,7 @@ func main() {
 		Logger: log,
 	}
 	if *mode == "wake" {
-		cfg.Hub.Mode = pglisten.HubWake
+		cfg.Hub.Mode = framing.ModeWake
 	}
 	l, err := pglisten.NewFailover(cfg)
 	if err != nil {
@@ -56,19 +57,19 @@ func main() {
 	var mu sync.Mutex
 	out := bufio.NewWriter(os.Stdout)
 	enc := json.NewEncoder(out)
-	lastMode := f.Mode()
+	lastSource := f.Source()
 	emit := func(r line) {
 		mu.Lock()
 		defer mu.Unlock()
-		if m := f.Mode(); m != lastMode {
-			lastMode = m
+		if src := f.Source(); src != lastSource {
+			lastSource = src
 			reason := ""
 			if err := f.Reason(); err != nil {
 				reason = err.Error()
 			}
-			_ = enc.Encode(line{Ev: "mode", Mode: m, Err: reason})
+			_ = enc.Encode(line{Ev: "source", Source: src, Err: reason})
 		}
-		r.Mode = lastMode
+		r.Source = lastSource
 		_ = enc.Encode(r)
 		_ = out.Flush()
 	}

@@ -1,0 +1,102 @@
+package engine
+
+import (
+	"github.com/pgsse/pgsse/pglisten"
+	"github.com/pgsse/pgsse/store"
+)
+
+// storeChannel is the one PostgreSQL channel all stream traffic travels on.
+const storeChannel = store.Channel
+
+// listenSource is where the loop's notifications come from: today the process's own LISTEN
+// session (pglisten.Session). The loop uses nothing else of it: Listen/Unlisten for each
+// channel it holds (done reports once the LISTEN completed, or failed), Start and Close, and
+// the pglisten.Events callbacks below (sessionEvents) — so another source, e.g. a secondary
+// process of --procs reading the first process's hub, can take its place.
+type listenSource interface {
+	Start()
+	Listen(channel string, done func(error))
+	Unlisten(channel string)
+	Close() error
+}
+
+var _ listenSource = (*pglisten.Session)(nil)
+
+// newListenSource opens (not starts) the process's own LISTEN session.
+func (s *Server) newListenSource() listenSource {
+	return pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log}, sessionEvents{s})
+}
+
+// sessionEvents hands the LISTEN source's callbacks to the loop, in order.
+type sessionEvents struct{ s *Server }
+
+var _ pglisten.Events = sessionEvents{}
+
+func (e sessionEvents) Notifications(b *pglisten.Batch) {
+	if !e.s.tasks.push(func() { e.s.onBatch(b) }) {
+		b.Release()
+	}
+}
+func (e sessionEvents) Down(err error) { e.s.tasks.push(func() { e.s.onDown(err) }) }
+func (e sessionEvents) Resynced()      { e.s.tasks.push(e.s.onResynced) }
+
+// onBatch routes one batch of notifications: the stream channel's payloads to the streams,
+// raw channels to their SSE clients and hub workers.
+func (s *Server) onBatch(b *pglisten.Batch) {
+	s.enter()
+	defer s.leave()
+	s.metrics.notifications.Add(float64(len(b.Notes)))
+	for i := range b.Notes {
+		n := &b.Notes[i]
+		if string(n.Channel) == storeChannel {
+			if err := store.ParsePayload(n.Payload, &s.payload); err != nil {
+				s.metrics.droppedBadPayload.Inc()
+				s.log.Debug("ignoring a payload on the stream channel that is not pgsse's", "err", err, "pid", n.PID)
+			} else {
+				s.onPayload(&s.payload)
+			}
+		}
+		if ch := s.channels[string(n.Channel)]; ch != nil {
+			s.onChannelNotify(ch, n.PID, n.Payload)
+		}
+	}
+	b.Release() // everything above copied what it keeps; leave() writes it out
+}
+
+// onDown: the session was lost. Connections stay; raw channels are no longer listening and
+// workers are told (LISTENER_DOWN).
+func (s *Server) onDown(err error) {
+	s.enter()
+	defer s.leave()
+	s.listenUp = false
+	s.listenOK.Store(false)
+	s.log.Warn("LISTEN session lost; clients keep their connections and will be caught up", "err", err)
+	for _, ch := range s.channels {
+		ch.listening = false
+	}
+	s.hub.listenerDown()
+}
+
+// onResynced: the session is (back) up with every channel LISTENed again. Raw channels go
+// live, every stream is caught up from the table (DESIGN invariant 4) and, after a loss,
+// workers are told to RESYNC.
+func (s *Server) onResynced() {
+	s.enter()
+	defer s.leave()
+	wasUp := s.everUp
+	s.listenUp, s.everUp = true, true
+	s.listenOK.Store(true)
+	if wasUp {
+		s.metrics.reconnects.Inc()
+		s.log.Info("LISTEN session back; catching streams up from the table", "streams", len(s.streams), "channels", len(s.channels))
+	}
+	for _, ch := range s.channels {
+		if ch.ref == refHeld { // a failed or still-pending LISTEN is not live
+			s.channelLive(ch)
+		}
+	}
+	s.resyncStreams()
+	if wasUp {
+		s.hub.resync()
+	}
+}

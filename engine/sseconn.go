@@ -1,0 +1,312 @@
+package engine
+
+import (
+	"math/rand/v2"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/sse"
+)
+
+// The SSE connection state machine (SPEC §3). A connection on the SSE port moves through
+//
+//	head ─► pending ─► catch-up ◄─► live
+//	                      ▲    ╲     │
+//	                      │     ▼    ▼
+//	                      └──── lagging          and from any state ─► closing
+//
+//   - head: reading the request head (headTimeoutMS from the accept);
+//   - pending: authorised and registered on its stream or channel, waiting for the LISTEN
+//     or the head read before the response head goes out (pendingTimeoutMS);
+//   - catch-up: the response head is sent; history is read from the table, live durable
+//     events are not written (ephemeral ones are);
+//   - live: taking live writes;
+//   - lagging: over durableHigh buffered; waits to drain below durableLow, then catches up;
+//   - closing: the last bytes are queued and the socket closes once gnet has flushed them.
+//
+// The helpers in this file are the only code that assigns sseConn.state. Each says which
+// transition it makes and does what that transition owes: admit counts the connection and
+// records its token, respond writes the response head, pause enrols a lagging connection for
+// the tick, finish writes the last bytes and closes. sweepConns (from the tick) applies the
+// time rules of each state. Every byte to an SSE client goes out through write or writev.
+//
+// Times are the loop clock, Server.nowMS (unix milliseconds, refreshed every tick).
+
+// connState is where an SSE connection is in its life.
+type connState uint8
+
+const (
+	stateHead    connState = iota // reading the request head
+	statePending                  // authorised and registered; no response head yet
+	stateCatchUp                  // response sent; reading history from the table
+	stateLive                     // taking live writes
+	stateLagging                  // over the high watermark; waiting to drain
+	stateClosing                  // a final write is queued; the socket closes once it is flushed
+)
+
+// Time rules of the states.
+const (
+	headTimeoutMS    = 10_000 // a complete request head within this (SPEC §3)
+	pendingTimeoutMS = 30_000 // a subscription whose LISTEN or head read takes longer is shed
+	sweepIntervalMS  = 240    // sweepConns runs at most this often: just under tickSlow, so every slow tick sweeps
+)
+
+// The retry: value a client gets when it is sent away (SPEC §3: 2000–10000 ms, jittered, so
+// that clients told to go away do not come back in one herd).
+const (
+	retryJitterMinMS = 2_000
+	retryJitterMaxMS = 10_000
+)
+
+// sseConn is one SSE client. It lives on the loop goroutine only. Kept small: an idle
+// connection should cost well under 1 KiB including gnet's own state.
+type sseConn struct {
+	c      gnet.Conn
+	state  connState
+	closed bool // OnClose ran: late replay results are ignored
+	// replaying is set while a replay read for this connection is in flight.
+	replaying bool
+	// gapChecked is set once the client's cursor has been checked against the table.
+	gapChecked bool
+	counted    bool  // counted in Server.active (admitted)
+	retries    uint8 // consecutive failed history reads
+
+	all    int32 // index in Server.conns
+	subIdx int32 // index in stream.subs or channel.sse (a connection is on one of them at most)
+
+	cursor      int64 // last durable id written (or skipped) for this connection
+	enteredMS   int64 // when the connection entered its state (head and pending time rules)
+	lastWriteMS int64 // when it was last written to (heartbeats)
+	expiresMS   int64 // the token's exp, unix ms; 0 = none
+
+	stream *stream
+	ch     *channel
+	tags   []string // token tags (audience)
+	cors   []byte   // allowed Origin to echo in the response head, until it is sent
+}
+
+// to is the one assignment of a state; only the transition helpers below call it.
+func (sc *sseConn) to(state connState, nowMS int64) {
+	sc.state = state
+	sc.enteredMS = nowMS
+}
+
+// streaming reports whether the response head has been sent and the connection is open
+// for events (catch-up, live, lagging).
+func (sc *sseConn) streaming() bool {
+	return !sc.closed && sc.state >= stateCatchUp && sc.state <= stateLagging
+}
+
+// --- transitions --------------------------------------------------------------------------
+
+// openConn registers a new connection on the SSE port: → head.
+func (s *Server) openConn(c gnet.Conn) *sseConn {
+	sc := &sseConn{c: c, all: int32(len(s.conns))}
+	sc.to(stateHead, s.nowMS)
+	s.conns = append(s.conns, sc)
+	c.SetContext(sc)
+	return sc
+}
+
+// admit makes an authorised request a subscriber: head → pending. It counts the connection
+// against MaxConnections and keeps what the rest of its life needs from the request: the
+// token's tags (audience) and exp, and the Origin to echo. The caller then registers it on
+// its stream or channel, which moves it on with respond when the subscription is live.
+func (s *Server) admit(sc *sseConn, claims *auth.Claims, cors sse.CORS) {
+	sc.keepOrigin(cors)
+	sc.expiresMS = 0
+	if claims != nil {
+		sc.tags = claims.Tags
+		if !claims.Expires.IsZero() {
+			sc.expiresMS = claims.Expires.UnixMilli()
+		}
+	}
+	sc.counted = true
+	s.active++
+	s.metrics.sseConns.Set(float64(s.active))
+	sc.to(statePending, s.nowMS)
+}
+
+// respond writes the response head — 200, the retry field and a comment, at once — once the
+// subscription is live (SPEC §3): pending → catch-up or live.
+func (s *Server) respond(sc *sseConn, next connState) {
+	b := sse.AppendStreamHead(s.scratch[:0], s.connCORS(sc))
+	b = sse.AppendRetry(b, s.cfg.Retry.Milliseconds())
+	b = sse.AppendComment(b, []byte("pgsse"))
+	b = append(b, '\n')
+	sc.write(s, b)
+	sc.cors = nil
+	sc.to(next, s.nowMS)
+}
+
+// goLive moves a connection that has caught up into the live set: catch-up → live.
+func (s *Server) goLive(sc *sseConn) { sc.to(stateLive, s.nowMS) }
+
+// pause stops live writes to a connection over the high watermark: live or catch-up →
+// lagging. The tick resumes it (resume) once its buffer has drained.
+func (s *Server) pause(sc *sseConn) {
+	sc.to(stateLagging, s.nowMS)
+	s.lagging = append(s.lagging, sc)
+	s.metrics.lagging.Inc()
+}
+
+// resume sends a drained connection back to reading the table: lagging → catch-up.
+func (s *Server) resume(sc *sseConn) { sc.to(stateCatchUp, s.nowMS) }
+
+// finish writes a connection's last bytes (if any) and closes it (gnet flushes what the
+// socket takes before closing): → closing.
+func (s *Server) finish(sc *sseConn, last []byte) {
+	sc.to(stateClosing, s.nowMS)
+	if len(last) > 0 {
+		sc.write(s, last)
+	}
+	_ = sc.c.Close()
+}
+
+// shed answers 200 with a jittered retry and closes: EventSource treats any non-200 as
+// final, so load shedding must not use 503. For a connection whose response head has not
+// been sent (head, pending).
+func (s *Server) shed(sc *sseConn) {
+	b := sse.AppendStreamHead(s.scratch[:0], s.connCORS(sc))
+	b = sse.AppendRetry(b, jitteredRetryMS())
+	b = sse.AppendComment(b, []byte("over capacity, retry later"))
+	b = append(b, '\n')
+	s.finish(sc, b)
+}
+
+// closeWithRetry ends a streaming connection with a jittered retry field (shutdown, token
+// expiry, too slow for ephemeral traffic).
+func (s *Server) closeWithRetry(sc *sseConn) {
+	if sc.closed || sc.state == stateClosing {
+		return
+	}
+	b := sse.AppendRetry(s.scratch[:0], jitteredRetryMS())
+	s.finish(sc, append(b, '\n'))
+}
+
+// retryLater sends a connection away, whatever its state: one still sending its head is
+// closed, one without a response head is shed, a streaming one gets a retry field.
+func (s *Server) retryLater(sc *sseConn) {
+	switch {
+	case sc.closed || sc.state == stateClosing:
+	case sc.state == stateHead:
+		s.finish(sc, nil)
+	case sc.state == statePending:
+		s.shed(sc)
+	default:
+		s.closeWithRetry(sc)
+	}
+}
+
+// connClosed runs from OnClose: the connection is removed from the tables on the way out of
+// the current loop entry (leave), so no slice changes under an iteration.
+func (s *Server) connClosed(sc *sseConn) {
+	if sc.closed {
+		return
+	}
+	sc.closed = true
+	s.reap = append(s.reap, sc)
+	if s.depth == 0 {
+		s.enter()
+		s.leave()
+	}
+}
+
+// removeConn drops a closed connection from every table (from leave).
+func (s *Server) removeConn(sc *sseConn) {
+	if sc.counted {
+		sc.counted = false
+		s.active--
+		s.metrics.sseConns.Set(float64(s.active))
+	}
+	switch {
+	case sc.stream != nil:
+		st := sc.stream
+		st.subs = swapRemove(st.subs, sc, subIndex)
+		sc.stream = nil
+		s.maybeDropStream(st)
+	case sc.ch != nil:
+		ch := sc.ch
+		ch.sse = swapRemove(ch.sse, sc, subIndex)
+		sc.ch = nil
+		s.releaseChannel(ch)
+	}
+	s.conns = swapRemove(s.conns, sc, connIndex)
+	sc.c = nil
+	sc.tags = nil
+}
+
+// connIndex is sc's position in Server.conns.
+func connIndex(sc *sseConn) *int32 { return &sc.all }
+
+// subIndex is sc's position in its stream's or channel's subscriber list.
+func subIndex(sc *sseConn) *int32 { return &sc.subIdx }
+
+// --- time rules ---------------------------------------------------------------------------
+
+// sweepConns applies each state's time rule, at most every sweepIntervalMS: a head not
+// complete within headTimeoutMS is closed, a subscription pending longer than
+// pendingTimeoutMS is shed, a streaming connection whose token expired is closed with a
+// retry, and one without a write for --heartbeat gets a comment line.
+func (s *Server) sweepConns() {
+	heartbeatMS := s.cfg.Heartbeat.Milliseconds()
+	for _, sc := range s.conns {
+		if sc.closed {
+			continue
+		}
+		switch sc.state {
+		case stateHead:
+			if s.nowMS-sc.enteredMS >= headTimeoutMS {
+				s.finish(sc, nil)
+			}
+		case statePending:
+			if s.nowMS-sc.enteredMS > pendingTimeoutMS {
+				s.shed(sc)
+			}
+		case stateCatchUp, stateLive, stateLagging:
+			if sc.expiresMS > 0 && s.nowMS >= sc.expiresMS {
+				s.closeWithRetry(sc) // token expired
+				continue
+			}
+			if s.nowMS-sc.lastWriteMS >= heartbeatMS {
+				sc.write(s, heartbeat)
+			}
+		}
+	}
+}
+
+var heartbeat = []byte(":\n")
+
+// --- writes -------------------------------------------------------------------------------
+
+// write and writev are the only paths from the engine to an SSE client's socket.
+func (sc *sseConn) write(s *Server, b []byte) {
+	_, _ = sc.c.Write(b)
+	sc.lastWriteMS = s.nowMS
+}
+
+func (sc *sseConn) writev(s *Server, bs [][]byte) {
+	s.writevConn(sc.c, bs)
+	sc.lastWriteMS = s.nowMS
+}
+
+// keepOrigin remembers the allowed Origin until the response head is written.
+func (sc *sseConn) keepOrigin(cors sse.CORS) {
+	if cors.Origin != nil {
+		sc.cors = append([]byte(nil), cors.Origin...)
+	}
+}
+
+// connCORS is the CORS part of the response head: the request's Origin when it is allowed.
+func (s *Server) connCORS(sc *sseConn) sse.CORS {
+	if sc.cors == nil {
+		return sse.CORS{}
+	}
+	return sse.CORS{Origin: sc.cors, Credentials: true}
+}
+
+// jitteredRetryMS is a retry: value between retryJitterMinMS and retryJitterMaxMS.
+func jitteredRetryMS() int64 {
+	return retryJitterMinMS + rand.Int64N(retryJitterMaxMS-retryJitterMinMS+1)
+}
