@@ -46,7 +46,7 @@ func (s *Server) holdChannel(name string) *channel {
 	}
 	ch.holders++
 	if ch.holders == 1 {
-		s.metrics.listenChannels.Set(float64(len(s.channels)))
+		s.countChannels()
 		if s.listen != nil {
 			ch.ref = refPending
 			s.listen.Listen(name, func(err error) {
@@ -57,6 +57,16 @@ func (s *Server) holdChannel(name string) *channel {
 	return ch
 }
 
+// countChannels sets pgsse_listen_channels: the raw channels held, not the stream channel
+// (which sibling processes of --procs hold through the hub).
+func (s *Server) countChannels() {
+	n := len(s.channels)
+	if s.channels[storeChannel] != nil {
+		n--
+	}
+	s.metrics.listenChannels.Set(float64(n))
+}
+
 // releaseChannel drops a holder; the last one UNLISTENs.
 func (s *Server) releaseChannel(ch *channel) {
 	ch.holders--
@@ -65,7 +75,7 @@ func (s *Server) releaseChannel(ch *channel) {
 	}
 	if s.channels[ch.name] == ch {
 		delete(s.channels, ch.name)
-		s.metrics.listenChannels.Set(float64(len(s.channels)))
+		s.countChannels()
 	}
 	if ch.ref == refHeld && s.listen != nil {
 		s.listen.Unlisten(ch.name)

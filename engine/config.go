@@ -3,7 +3,9 @@ package engine
 import (
 	"errors"
 	"log/slog"
+	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -37,6 +39,16 @@ type Config struct {
 
 	ReplayPoolSize int // replay connections (application_name pgsse-replay), default DefaultReplayPoolSize
 
+	// Several processes on one port (--procs, SPEC §6 "Every core of a host"; cmd/pgsse
+	// procs.go starts them). ReusePort binds Listen with SO_REUSEPORT, in every process of
+	// the group. SiblingHub makes this server a sibling: instead of a LISTEN session of its
+	// own it reads the first process's hub over this already-connected socket (one end of
+	// a socketpair the first process made, so no outside worker can present it), failing
+	// over to an own session if the first process goes away (listenhub.go). The first
+	// process enrols the other end with AddSibling.
+	ReusePort  bool
+	SiblingHub net.Conn
+
 	Logger   *slog.Logger          // default slog.Default()
 	Registry prometheus.Registerer // where metrics are registered; nil = a private registry
 }
@@ -51,6 +63,7 @@ const (
 	DefaultRetry                       = 2 * time.Second
 	DefaultRetention                   = 24 * time.Hour
 	DefaultReplayPoolSize              = 4
+	DefaultProcs                       = 1 // --procs: processes serving the port; "auto" = ProcsAuto()
 )
 
 // Bounds on Config values. New refuses values outside them; the CLI checks the same bounds
@@ -63,7 +76,11 @@ const (
 	MinHeartbeat       = 100 * time.Millisecond
 	MinRetry           = time.Millisecond
 	MaxInterval        = 24 * time.Hour // the longest --heartbeat and --retry
+	MaxProcs           = 256            // the most --procs
 )
+
+// ProcsAuto is --procs auto: one process per CPU this process may run on, at most MaxProcs.
+func ProcsAuto() int { return min(max(runtime.NumCPU(), 1), MaxProcs) }
 
 // The descriptor budget (SPEC §3b "Descriptors"). Of RLIMIT_NOFILE, FDReserve descriptors
 // are kept for everything that is not an admitted SSE connection; the rest is the default

@@ -54,3 +54,12 @@ func TestListenAddressInUse(t *testing.T) {
 	assert.Contains(t, err.Error(), "--listen "+busy.Addr().String())
 	assert.Contains(t, err.Error(), "address already in use")
 }
+
+// TestLoopAnchorIsNoClient: the loopback connection the engine enrols to hold its event loop
+// is not mistaken for an SSE client (which its head timeout would close after 10 s).
+func TestLoopAnchorIsNoClient(t *testing.T) {
+	ts := startServer(t, "", nil)
+	conns := -1
+	ts.onLoop(t, func() { conns = len(ts.conns) })
+	assert.Equal(t, 0, conns)
+}

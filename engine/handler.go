@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -11,8 +10,13 @@ import (
 // SSE connection (sseconn.go, request.go), a hub worker (hub.go) or the loop's private anchor
 // (loop.go) — from the connection's context, and hands it to that part.
 
-// anchorMark is the context of the anchor connection.
-type anchorMark struct{}
+// anchorMark and siblingMark are the contexts (gnet.NewContext) of the connections the
+// engine enrols itself with Engine.Register: the loop's anchor (loop.go) and a sibling
+// process's hub connection (AddSibling, hub.go).
+type (
+	anchorMark  struct{}
+	siblingMark struct{}
+)
 
 // OnBoot implements gnet.EventHandler.
 func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
@@ -23,14 +27,17 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 
 // OnOpen implements gnet.EventHandler.
 func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
-	if ctx, ok := c.Context().(context.Context); ok && ctx.Value(anchorKey{}) != nil {
-		c.SetContext(anchorMark{})
+	var sibling bool
+	switch c.Context().(type) {
+	case anchorMark:
 		return nil, gnet.None
+	case siblingMark:
+		sibling = true
 	}
 	s.enter()
 	defer s.leave()
-	if s.hub.owns(c) {
-		return s.hub.accept(c)
+	if sibling || s.hub.owns(c) {
+		return s.hub.accept(c, sibling)
 	}
 	if len(s.conns) >= s.cfg.MaxConnections+shedSlack {
 		// Far over the limit: do not even read the request; keep descriptors for others.

@@ -1,7 +1,10 @@
 package engine
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"net"
 	"strconv"
 	"time"
 
@@ -33,6 +36,9 @@ const (
 	hubHelloTimeoutMS     = 10_000   // a worker must say HELLO within this
 	hubFinalGraceMS       = 10_000   // an evicted or failed worker has this long to read its last STATUS
 	hubControlTextMaxLen  = 1024     // bytes of text in an ACK or STATUS frame we send
+	// hubSiblingBufferBytes is the least outbound ring a sibling process gets (it takes every
+	// stream notification of the host, in bursts while its own loop is busy fanning out).
+	hubSiblingBufferBytes = 4 << 20
 )
 
 // hub is the hub's loop-owned state: the workers, their subscriptions (on the shared channel
@@ -44,6 +50,7 @@ type hub struct {
 	socket    hubSocket // the Unix socket's file (hubsocket.go)
 	workers   []*worker
 	open      int       // workers whose socket is not closed yet (drain waits for 0)
+	siblings  int       // of them, sibling processes (--procs): not counted as hub workers
 	pending   []*worker // workers with ring bytes not yet handed to gnet
 	spare     []*worker
 	dead      []*worker // closed during an iteration; removed on the way out
@@ -60,6 +67,7 @@ type worker struct {
 	c        gnet.Conn
 	pid      uint32
 	name     string
+	sibling  bool // a sibling process (--procs) on a socket this process handed it: may SUB the stream channel
 	hello    bool // HELLO received, READY queued
 	gone     bool // OnClose ran
 	closing  bool // Close requested: no more frames are queued or read
@@ -132,20 +140,50 @@ func (h *hub) leave() {
 
 // --- connection life --------------------------------------------------------------------
 
-// accept admits a worker's connection (OnOpen); it must say HELLO first.
-func (h *hub) accept(c gnet.Conn) ([]byte, gnet.Action) {
+// AddSibling enrols c — this process's end of a socketpair whose other end a sibling
+// process of --procs inherited (Config.SiblingHub there) — as a hub worker allowed to
+// subscribe to the stream channel. Nothing but that socket carries the privilege: an outside
+// worker can only reach the hub through --hub-socket. Call it after Started; c is closed
+// (gnet keeps a duplicate).
+func (s *Server) AddSibling(c net.Conn) error {
+	select {
+	case <-s.started:
+	default:
+		_ = c.Close()
+		return errors.New("engine: AddSibling before the server started")
+	}
+	res, err := s.eng.Register(gnet.NewContext(gnet.NewNetConnContext(context.Background(), c), siblingMark{}))
+	if err != nil {
+		_ = c.Close()
+		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", err)
+	}
+	if r := <-res; r.Err != nil {
+		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", r.Err)
+	}
+	return nil
+}
+
+// accept admits a worker's connection (OnOpen); it must say HELLO first. sibling marks a
+// sibling process of --procs, on a socket this process made and handed it (AddSibling):
+// the only kind of worker that may subscribe to the stream channel.
+func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 	s := h.srv
 	if s.draining {
 		return framing.AppendStatus(nil, framing.StatusShutdown, nil, []byte("pgsse is shutting down")), gnet.Close
 	}
-	if len(h.workers) >= hubMaxWorkers {
+	if !sibling && len(h.workers)-h.siblings >= hubMaxWorkers {
 		s.log.Warn("hub: refusing a worker: too many workers", "limit", hubMaxWorkers)
 		return framing.AppendStatus(nil, framing.StatusShutdown, nil, []byte("too many workers (limit "+strconv.Itoa(hubMaxWorkers)+")")), gnet.Close
 	}
+	size := s.cfg.HubWorkerBuffer
+	if sibling {
+		size = max(size, hubSiblingBufferBytes)
+	}
 	w := &worker{
 		c:        c,
+		sibling:  sibling,
 		openedMS: time.Now().UnixMilli(),
-		out:      ring.New(s.cfg.HubWorkerBuffer),
+		out:      ring.New(size),
 		subs:     make(map[string]*hubSub),
 		idx:      int32(len(h.workers)),
 	}
@@ -153,7 +191,10 @@ func (h *hub) accept(c gnet.Conn) ([]byte, gnet.Action) {
 	w.out.SetWatermarks(w.out.Cap()/4, w.out.Cap()/2)
 	h.workers = append(h.workers, w)
 	h.open++
-	s.metrics.hubWorkers.Set(float64(h.open))
+	if sibling {
+		h.siblings++
+	}
+	s.metrics.hubWorkers.Set(float64(h.open - h.siblings))
 	c.SetContext(w)
 	return nil, gnet.None
 }
@@ -165,7 +206,10 @@ func (h *hub) closed(w *worker) {
 	}
 	w.gone, w.closing = true, true
 	h.open--
-	h.srv.metrics.hubWorkers.Set(float64(h.open))
+	if w.sibling {
+		h.siblings--
+	}
+	h.srv.metrics.hubWorkers.Set(float64(h.open - h.siblings))
 	if h.iter > 0 {
 		h.dead = append(h.dead, w)
 		return
@@ -262,7 +306,7 @@ func (h *hub) frame(w *worker, f *framing.Frame) {
 		w.hello = true
 		w.pid = f.PID
 		w.name = string(f.Name)
-		h.srv.log.Debug("hub: worker connected", "pid", w.pid, "name", w.name)
+		h.srv.log.Debug("hub: worker connected", "pid", w.pid, "name", w.name, "sibling", w.sibling)
 		h.push(w, h.status(framing.StatusReady, nil, ""))
 		return
 	}
@@ -292,7 +336,7 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 		}
 		return
 	}
-	if reservedChannel(channel) {
+	if reservedChannel(channel) && !w.sibling {
 		h.ack(w, req, framing.AckBadChannel, errReservedChannel.Error())
 		return
 	}
@@ -553,7 +597,9 @@ func (h *hub) notify(ch *channel, pid uint32, payload []byte) {
 				continue
 			}
 		}
-		delivered++
+		if !w.sibling { // a sibling's own deliveries are counted by the sibling
+			delivered++
+		}
 		h.queue(w)
 	}
 	if delivered > 0 {

@@ -144,7 +144,8 @@ func TestHubServerKilled(t *testing.T) {
 	waitFor(t, 15*time.Second, "one LISTEN backend per worker", func() bool { return listenBackends(t, dsn) == n })
 }
 
-// TestHubShutdown: a graceful stop sends SHUTDOWN; the failover Listener switches.
+// TestHubShutdown: a graceful stop sends SHUTDOWN; the failover Listener switches (KindDown,
+// then KindResync once its own session LISTENs).
 func TestHubShutdown(t *testing.T) {
 	ts := startHub(t, nil)
 	l, err := pglisten.NewFailover(pglisten.FailoverConfig{
@@ -164,11 +165,13 @@ func TestHubShutdown(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, frames)
 	assert.Equal(t, framing.StatusShutdown, frames[len(frames)-1].Status)
-	select {
-	case ev := <-l.Events():
-		assert.Equal(t, pglisten.Event{Kind: pglisten.KindResync}, ev)
-	case <-time.After(20 * time.Second):
-		t.Fatal("no resync after SHUTDOWN")
+	for _, want := range []pglisten.EventKind{pglisten.KindDown, pglisten.KindResync} {
+		select {
+		case ev := <-l.Events():
+			assert.Equal(t, pglisten.Event{Kind: want}, ev, "a switch is a loss: down, then resync")
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no %s after SHUTDOWN", want)
+		}
 	}
 	assert.Equal(t, pglisten.SourceDirect, f.Source())
 	assert.ErrorIs(t, f.Reason(), pglisten.ErrHubShutdown)

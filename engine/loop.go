@@ -227,9 +227,7 @@ func registerAnchor(eng gnet.Engine) (gnet.Conn, net.Conn, error) {
 		dialed.Close()
 		return nil, nil, net.ErrClosed
 	}
-	ctx := gnet.NewNetConnContext(context.Background(), dialed)
-	ctx = context.WithValue(ctx, anchorKey{}, true)
-	res, err := eng.Register(ctx)
+	res, err := eng.Register(gnet.NewContext(gnet.NewNetConnContext(context.Background(), dialed), anchorMark{}))
 	if err != nil {
 		dialed.Close()
 		peer.Close()
@@ -243,5 +241,3 @@ func registerAnchor(eng gnet.Engine) (gnet.Conn, net.Conn, error) {
 	}
 	return r.Conn, peer, nil
 }
-
-type anchorKey struct{}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -125,6 +126,11 @@ func New(cfg Config) (*Server, error) {
 // returns nil; it returns an error if the server cannot start or fails.
 func (s *Server) Run(ctx context.Context) error {
 	addrs := []string{"tcp://" + s.cfg.Listen}
+	if s.cfg.ReusePort && s.cfg.HubSocket != "" {
+		// gnet sets SO_REUSEPORT on no listener when one of them is a Unix socket.
+		// TODO(procs): lift once the engine accepts connections itself (issue 11 part A).
+		return errors.New("--hub-socket: not supported together with --procs > 1 yet (the siblings share the hub without it)")
+	}
 	if s.cfg.HubSocket != "" {
 		hubAddr, cleanup, err := s.hub.socket.prepare(s.cfg.HubSocket, s.cfg.HubSocketMode, s.log)
 		if err != nil {
@@ -158,6 +164,7 @@ func (s *Server) Run(ctx context.Context) error {
 			gnet.WithNumEventLoop(1),
 			gnet.WithLoadBalancing(gnet.LeastConnections),
 			gnet.WithReuseAddr(true),
+			gnet.WithReusePort(s.cfg.ReusePort), // --procs: the sibling processes bind the same address
 			// No gnet.WithTCPKeepAlive: gnet v2.9.7 applies it to the listener even when
 			// the bind failed, replacing "address already in use" with EBADF. Heartbeat
 			// writes find dead SSE peers anyway.
