@@ -160,6 +160,10 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("--retry: must be between " + MinRetry.String() + " and " + MaxInterval.String())
 	case cfg.Retention < 0:
 		return cfg, errors.New("--retention: must not be negative")
+	case cfg.ReusePort && cfg.HubSocket != "":
+		// gnet sets SO_REUSEPORT on no listener when one of them is a Unix socket.
+		// TODO(procs): lift once the engine accepts connections itself (issue 11 part A).
+		return cfg, errors.New("--hub-socket: not supported together with --procs > 1 yet (the processes share the first one's LISTEN session without it)")
 	case cfg.HubWorkerBuffer < MinHubWorkerBuffer || cfg.HubWorkerBuffer > MaxHubWorkerBuffer:
 		return cfg, errors.New("--hub-worker-buffer: must hold at least two maximal frames (" + strconv.Itoa(MinHubWorkerBuffer) +
 			" bytes) and at most " + strconv.Itoa(MaxHubWorkerBuffer))

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -126,11 +125,6 @@ func New(cfg Config) (*Server, error) {
 // returns nil; it returns an error if the server cannot start or fails.
 func (s *Server) Run(ctx context.Context) error {
 	addrs := []string{"tcp://" + s.cfg.Listen}
-	if s.cfg.ReusePort && s.cfg.HubSocket != "" {
-		// gnet sets SO_REUSEPORT on no listener when one of them is a Unix socket.
-		// TODO(procs): lift once the engine accepts connections itself (issue 11 part A).
-		return errors.New("--hub-socket: not supported together with --procs > 1 yet (the siblings share the hub without it)")
-	}
 	if s.cfg.HubSocket != "" {
 		hubAddr, cleanup, err := s.hub.socket.prepare(s.cfg.HubSocket, s.cfg.HubSocketMode, s.log)
 		if err != nil {

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -35,6 +37,8 @@ type serveSetup struct {
 	logger      *slog.Logger
 	fdLimit     uint64
 	algorithms  []string
+	procs       int            // --procs: processes serving --listen (procs.go)
+	sibling     *siblingMarker // this process is a sibling of --procs (set by asSibling)
 }
 
 func parseServe(args []string, env func(string) (string, bool), stdout, stderr io.Writer) (*serveSetup, error) {
@@ -63,6 +67,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	logLevel := c.String("log-level", "info", "`LEVEL`: debug, info, warn or error")
 	logFormat := c.String("log-format", "text", "`FORMAT`: text or json")
 	demo := c.Bool("demo", "serve a demo page at /")
+	procs := c.Procs("processes serving --listen (SO_REUSEPORT), each with its own event loop and replay pool, sharing one LISTEN session; auto = one per CPU")
 	c.exclusive("jwt-secret", "jwt-secret-file")
 
 	pos, err := c.parse(args)
@@ -73,7 +78,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		return nil, err
 	}
 
-	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit}
+	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit, procs: *procs}
 
 	var level slog.Level
 	switch strings.ToLower(*logLevel) {
@@ -216,6 +221,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		Retry:           *retry,
 		Retention:       *retention,
 		Demo:            *demo,
+		ReusePort:       *procs > 1,
 		Logger:          s.logger,
 		Registry:        s.registry,
 	}
@@ -282,11 +288,20 @@ func adminHandler(p probe, g prometheus.Gatherer, withPprof bool) http.Handler {
 	return mux
 }
 
-// cmdServe runs `pgsse serve`: 0 after a graceful stop, 1 on a runtime error.
+// cmdServe runs `pgsse serve`: 0 after a graceful stop, 1 on a runtime error. With --procs
+// N > 1 it also supervises N−1 sibling processes; in a sibling (siblingEnv set) it serves
+// without an admin endpoint, fed by the first process's hub (procs.go).
 func cmdServe(ctx context.Context, args []string, env func(string) (string, bool), stdout, stderr io.Writer) error {
 	s, err := parseServe(args, env, stdout, stderr)
 	if err != nil {
 		return err
+	}
+	marker, err := readSiblingMarker(env)
+	if err == nil && marker != nil {
+		err = s.asSibling(marker)
+	}
+	if err != nil {
+		return configErrorf("%v", err)
 	}
 	log := s.logger
 	slog.SetDefault(log)
@@ -299,6 +314,17 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
+	var sup *supervisor
+	gatherer := prometheus.Gatherer(s.registry)
+	if s.procs > 1 {
+		if sup, err = newSupervisor(s.procs, args, os.Environ(), stdout, stderr, log, s.registry); err != nil {
+			log.Error("cannot prepare the sibling processes", "err", err)
+			return errReported
+		}
+		defer sup.stop()
+		gatherer = procsGatherer{own: s.registry, sup: sup}
+	}
+
 	var admin *http.Server
 	adminDone := make(chan error, 1)
 	adminAddr := ""
@@ -310,7 +336,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		}
 		adminAddr = ln.Addr().String()
 		admin = &http.Server{
-			Handler:           adminHandler(srv, s.registry, s.pprof),
+			Handler:           adminHandler(srv, gatherer, s.pprof),
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       time.Minute,
 			MaxHeaderBytes:    16 << 10,
@@ -318,9 +344,24 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		}
 		go func() { adminDone <- admin.Serve(ln) }()
 	}
+	var orphaned <-chan struct{}
+	if s.sibling != nil {
+		stopMetrics, err := serveSiblingMetrics(s.sibling.Metrics, s.registry, log)
+		if err != nil {
+			log.Error("cannot serve the sibling's metrics", "err", err)
+			return errReported
+		}
+		defer stopMetrics()
+		gone, stopWatch := watchParent(s.sibling.Parent, log)
+		defer stopWatch()
+		orphaned = gone
+	}
 
+	// The engine runs until told: on SIGTERM the siblings are drained before it.
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRun()
 	runDone := make(chan error, 1)
-	go func() { runDone <- srv.Run(ctx) }()
+	go func() { runDone <- srv.Run(runCtx) }()
 
 	var runErr error
 	select {
@@ -329,23 +370,29 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		if a := srv.Addr(); a != nil {
 			addr = a.String()
 		}
-		log.Info("pgsse serving",
-			"listen", addr, "admin", adminAddr, "hub_socket", s.cfg.HubSocket,
+		log.Info("pgsse serving", "pid", os.Getpid(),
+			"listen", addr, "admin", adminAddr, "hub_socket", s.cfg.HubSocket, "procs", s.procs,
 			"max_connections", s.cfg.MaxConnections, "fd_limit", s.fdLimit,
 			"max_header_bytes", s.cfg.MaxHeaderBytes, "hub_worker_buffer", s.cfg.HubWorkerBuffer,
 			"heartbeat", s.cfg.Heartbeat.String(), "retry", s.cfg.Retry.String(), "retention", s.cfg.Retention.String(),
 			"jwt", strings.Join(s.algorithms, ","), "public_streams", len(s.cfg.PublicStreams))
-		// After the first signal, a second one kills the process the default way.
-		select {
-		case <-ctx.Done():
-			stop()
+		if sup != nil {
+			sup.start(srv, siblingListen(s.cfg.Listen, srv.Addr()))
+		}
+		var ended bool
+		runErr, ended = waitServe(ctx, stop, runDone, orphaned, s.sibling, log)
+		if sup != nil {
+			sup.stop() // the siblings drain first: none of them fails over on the way down
+		}
+		if !ended {
+			stopRun()
 			runErr = <-runDone
-		case runErr = <-runDone:
 		}
 	case runErr = <-runDone:
 	case err := <-adminDone:
 		log.Error("admin server failed", "err", err)
 		stop()
+		stopRun()
 		<-runDone
 		return errReported
 	}
@@ -360,6 +407,33 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		return errReported
 	}
 	return nil
+}
+
+// waitServe waits while the engine serves: for a signal (stop makes a second one kill the
+// process the default way), the engine's own end (ended, with its error), or — in a sibling —
+// the first process's death plus orphanGrace.
+func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned <-chan struct{}, m *siblingMarker, log *slog.Logger) (err error, ended bool) {
+	var graceOver <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			stop()
+			return nil, false
+		case err := <-runDone:
+			if err == nil {
+				err = errors.New("engine: stopped unasked")
+			}
+			return err, true
+		case <-orphaned:
+			orphaned = nil
+			log.Warn("the first process is gone: serving on with a LISTEN session of our own, then draining",
+				"err", errOrphan, "parent", m.Parent, "drain_in", orphanGrace)
+			graceOver = time.After(orphanGrace)
+		case <-graceOver:
+			log.Info("draining: the first process has been gone for the grace period", "grace", orphanGrace)
+			return nil, false
+		}
+	}
 }
 
 var _ probe = (*engine.Server)(nil)

@@ -1,0 +1,461 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
+)
+
+const procsSecret = "procs-secret-0123456789abcdef0123456789"
+
+// procsServer is `pgsse serve --procs N` as the real process tree: the first process, started
+// here, and the siblings it starts, all logging JSON lines into one buffer.
+type procsServer struct {
+	t      *testing.T
+	dsn    string
+	cmd    *exec.Cmd
+	log    logFile // every process's output: a file, not a pipe, so that a sibling holding it does not keep cmd.Wait waiting
+	exited chan struct{}
+	listen string // host:port every process serves
+	admin  string
+}
+
+// startProcs starts `pgsse serve --procs n` and waits until the first process and n−1
+// siblings say they serve and /readyz answers 200. When the test ends it stops the tree with
+// SIGTERM and fails the test if any process of it is left.
+func startProcs(t *testing.T, dsn string, n int, extra ...string) *procsServer {
+	t.Helper()
+	// O_APPEND: every process writes at the end, none over another's line.
+	f, err := os.OpenFile(filepath.Join(t.TempDir(), "procs.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	p := &procsServer{t: t, dsn: dsn, log: logFile{f}, exited: make(chan struct{})}
+	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--log-format", "json", "--retention", "0", "--procs", strconv.Itoa(n)}, extra...)
+	p.cmd = exec.Command(binary, args...)
+	p.cmd.Env = append(cleanEnv(), "DATABASE_URL="+dsn, "PGSSE_JWT_SECRET="+procsSecret)
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	require.NoError(t, p.cmd.Start())
+	go func() { _ = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		pids := p.siblingPIDs()
+		p.stop()
+		for slot, pid := range pids {
+			if !processGone(pid) {
+				t.Errorf("sibling %d (pid %d) outlived the first process", slot, pid)
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		if t.Failed() {
+			t.Logf("pgsse serve --procs %d log:\n%s", n, tail(p.log.String(), 12000))
+		}
+	})
+	waitFor(t, "the first process to serve", 30*time.Second, func() bool {
+		select {
+		case <-p.exited:
+			t.Fatalf("pgsse serve exited at start:\n%s", p.log.String())
+		default:
+		}
+		for _, l := range p.lines() {
+			if l["msg"] == "pgsse serving" && l["proc"] == nil {
+				p.listen, _ = l["listen"].(string)
+				p.admin, _ = l["admin"].(string)
+				return true
+			}
+		}
+		return false
+	})
+	waitFor(t, "every sibling to serve", 30*time.Second, func() bool { return len(p.siblingPIDs()) == n-1 })
+	waitFor(t, "/readyz 200", 30*time.Second, func() bool { c, _ := p.get("/readyz"); return c == 200 })
+	return p
+}
+
+// logFile is the processes' shared output file.
+type logFile struct{ f *os.File }
+
+func (l logFile) String() string {
+	b, _ := os.ReadFile(l.f.Name())
+	return string(b)
+}
+
+// stop sends SIGTERM to the first process and waits for it (SIGKILL after 30 s).
+func (p *procsServer) stop() {
+	select {
+	case <-p.exited:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		p.t.Errorf("the first process did not exit within 30 s of SIGTERM")
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+}
+
+// lines parses the JSON log lines so far.
+func (p *procsServer) lines() []map[string]any {
+	var out []map[string]any
+	for _, line := range strings.Split(p.log.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// siblingPIDs maps each slot to the pid of the latest sibling that said it serves there.
+func (p *procsServer) siblingPIDs() map[int]int {
+	out := map[int]int{}
+	for _, l := range p.lines() {
+		if l["msg"] == "pgsse serving" && l["proc"] != nil {
+			out[int(l["proc"].(float64))] = int(l["pid"].(float64))
+		}
+	}
+	return out
+}
+
+func (p *procsServer) get(path string) (int, string) {
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Get("http://" + p.admin + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// metric is one sample of the first process's /metrics (0 if absent).
+func (p *procsServer) metric(sample string) float64 {
+	p.t.Helper()
+	code, body := p.get("/metrics")
+	require.Equal(p.t, 200, code, body)
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			require.NoError(p.t, err, line)
+			return f
+		}
+	}
+	return 0
+}
+
+// processGone reports whether pid has exited (no such process, or a zombie nobody reaped).
+func processGone(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	// "pid (comm) S ...": the state follows the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
+}
+
+func listenSessions(t *testing.T, dsn string) int {
+	t.Helper()
+	n, err := strconv.Atoi(pgtest.QueryValue(t, dsn,
+		"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgsse-listen' AND datname = current_database()"))
+	require.NoError(t, err)
+	return n
+}
+
+// sseReader is an EventSource-like client: it reads durable events from a stream and, when
+// the connection ends, reconnects with Last-Event-ID — wherever the kernel sends it.
+type sseReader struct {
+	url, token string
+	mu         sync.Mutex
+	ids        []int64 // every id received, in order
+	bad        []string
+	connects   int
+	live       bool // the current connection got its response head
+}
+
+func (r *sseReader) run(ctx context.Context, client *http.Client) {
+	for ctx.Err() == nil {
+		req, err := http.NewRequestWithContext(ctx, "GET", r.url, nil)
+		if err != nil {
+			panic(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+r.token)
+		r.mu.Lock()
+		if n := len(r.ids); n > 0 {
+			req.Header.Set("Last-Event-ID", strconv.FormatInt(r.ids[n-1], 10))
+		}
+		r.mu.Unlock()
+		if resp, err := client.Do(req); err == nil {
+			if resp.StatusCode == http.StatusOK {
+				r.mu.Lock()
+				r.connects++
+				r.live = true
+				r.mu.Unlock()
+				r.read(resp.Body)
+			}
+			resp.Body.Close()
+		}
+		r.mu.Lock()
+		r.live = false
+		r.mu.Unlock()
+		select { // reconnect soon, as a browser would after retry: (shortened for the test)
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (r *sseReader) read(body io.Reader) {
+	sc := bufio.NewScanner(body)
+	id, data := "", ""
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "id: "):
+			id = line[4:]
+		case strings.HasPrefix(line, "data: "):
+			data = line[6:]
+		case line == "" && id != "":
+			n, err := strconv.ParseInt(id, 10, 64)
+			r.mu.Lock()
+			if err != nil || data != "e"+id {
+				r.bad = append(r.bad, fmt.Sprintf("id %q data %q", id, data))
+			}
+			r.ids = append(r.ids, n)
+			r.mu.Unlock()
+			id, data = "", ""
+		}
+	}
+}
+
+func (r *sseReader) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.ids)
+}
+
+// readers runs n sseReaders on stream until the test ends.
+func readers(t *testing.T, p *procsServer, stream string, n int) []*sseReader {
+	t.Helper()
+	tok := strings.TrimSpace(pgsse(t, []string{"PGSSE_JWT_SECRET=" + procsSecret}, "token", "--stream", "*", "--ttl", "1h").stdout)
+	require.NotEmpty(t, tok)
+	tr := &http.Transport{DisableKeepAlives: true}
+	client := &http.Client{Transport: tr}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	rs := make([]*sseReader, n)
+	for i := range rs {
+		rs[i] = &sseReader{url: "http://" + p.listen + "/streams/" + stream + "?since=0", token: tok}
+		wg.Add(1)
+		go func() { defer wg.Done(); rs[i].run(ctx, client) }()
+	}
+	t.Cleanup(func() { cancel(); wg.Wait(); tr.CloseIdleConnections() })
+	waitFor(t, "every reader connected", 30*time.Second, func() bool {
+		for _, r := range rs {
+			r.mu.Lock()
+			live := r.live
+			r.mu.Unlock()
+			if !live {
+				return false
+			}
+		}
+		return true
+	})
+	return rs
+}
+
+// publishRange publishes durable events first … last on stream, data "e<id>", one
+// transaction each; after(id) runs once each is committed.
+func publishRange(t *testing.T, dsn, stream string, first, last int, after func(id int)) {
+	t.Helper()
+	conn := pgtest.Connect(t, dsn)
+	for i := first; i <= last; i++ {
+		res := conn.ExecParams(context.Background(), "SELECT pgsse.publish($1, $2)",
+			[][]byte{[]byte(stream), []byte("e" + strconv.Itoa(i))}, nil, nil, nil).Read()
+		require.NoError(t, res.Err)
+		require.Equal(t, strconv.Itoa(i), string(res.Rows[0][0]), "ids follow the test's count")
+		if after != nil {
+			after(i)
+		}
+	}
+}
+
+// requireAll waits until every reader has n events, then checks they are 1 … n, once each,
+// in order.
+func requireAll(t *testing.T, rs []*sseReader, n int, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("every reader to have %d events", n), timeout, func() bool {
+		for _, r := range rs {
+			if r.count() < n {
+				return false
+			}
+		}
+		return true
+	})
+	for i, r := range rs {
+		r.mu.Lock()
+		assert.Empty(t, r.bad, "reader %d: events with the wrong data", i)
+		ok := len(r.ids) == n
+		for j := 0; ok && j < n; j++ {
+			ok = r.ids[j] == int64(j+1)
+		}
+		if !ok {
+			t.Errorf("reader %d (%d connections): want ids 1 … %d once each in order, got %d ids: %v", i, r.connects, n, len(r.ids), summarize(r.ids))
+		}
+		r.mu.Unlock()
+	}
+}
+
+// summarize shows where a sequence of ids departs from 1, 2, 3, …
+func summarize(ids []int64) string {
+	for j, id := range ids {
+		if id != int64(j+1) {
+			lo := max(j-3, 0)
+			return fmt.Sprintf("first departure at index %d: …%v…", j, ids[lo:min(j+4, len(ids))])
+		}
+	}
+	return "a prefix of the sequence"
+}
+
+func migrated(t *testing.T) string {
+	t.Helper()
+	dsn := pgtest.NewDatabase(t)
+	requireOK(t, pgsse(t, nil, "migrate", "--database-url", dsn))
+	return dsn
+}
+
+// TestProcsShareOneListenSession: --procs 2 holds exactly one pgsse-listen session; the
+// kernel spreads subscribers over both processes (per-process metrics), the first process's
+// /metrics sums them, and each subscriber gets every durable event once, in order. SIGTERM to
+// the first process drains both: clients get retry: and the whole tree exits 0.
+func TestProcsShareOneListenSession(t *testing.T) {
+	dsn := migrated(t)
+	p := startProcs(t, dsn, 2)
+	assert.Equal(t, 1, listenSessions(t, dsn), "one LISTEN session for the host")
+
+	rs := readers(t, p, "spread", 40)
+	waitFor(t, "the summed connection count", 15*time.Second, func() bool { return p.metric("pgsse_sse_connections") == 40 })
+	first, second := p.metric(`pgsse_process_sse_connections{process="0"}`), p.metric(`pgsse_process_sse_connections{process="1"}`)
+	assert.Equal(t, 40.0, first+second)
+	assert.Positive(t, first, "the first process has subscribers")
+	assert.Positive(t, second, "the sibling has subscribers")
+	assert.Equal(t, 2.0, p.metric("pgsse_procs"))
+
+	publishRange(t, dsn, "spread", 1, 50, nil)
+	requireAll(t, rs, 50, 30*time.Second)
+	assert.Equal(t, 1, listenSessions(t, dsn), "still one LISTEN session")
+	assert.GreaterOrEqual(t, p.metric("pgsse_deliveries_total"), 40.0*50, "deliveries summed over both processes")
+
+	// SIGTERM: everything drains, exit 0, no process left (startProcs' cleanup checks).
+	siblings := p.siblingPIDs()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first process did not exit within 30 s of SIGTERM")
+	}
+	assert.Equal(t, 0, p.cmd.ProcessState.ExitCode())
+	for _, pid := range siblings {
+		assert.True(t, processGone(pid), "sibling %d stopped with the first process", pid)
+	}
+	log := p.log.String()
+	assert.NotContains(t, log, "switching to an own LISTEN session", "no sibling fails over on the way down")
+	assert.NotContains(t, log, `"level":"ERROR"`)
+}
+
+// TestProcsSiblingKilled: SIGKILL the sibling while 1,000 durable events are published: its
+// clients reconnect with Last-Event-ID (to the first process, or the replacement) and every
+// client ends with all 1,000 exactly once, in order; a replacement serves within 5 s.
+func TestProcsSiblingKilled(t *testing.T) {
+	dsn := migrated(t)
+	p := startProcs(t, dsn, 2)
+	rs := readers(t, p, "killed", 40)
+	waitFor(t, "subscribers on the sibling", 15*time.Second, func() bool {
+		return p.metric(`pgsse_process_sse_connections{process="1"}`) > 0 && p.metric("pgsse_sse_connections") == 40
+	})
+	victim := p.siblingPIDs()[1]
+	var killedAt time.Time
+	publishRange(t, dsn, "killed", 1, 1000, func(id int) {
+		if id == 300 {
+			require.NoError(t, syscall.Kill(victim, syscall.SIGKILL))
+			killedAt = time.Now()
+		}
+	})
+	waitFor(t, "a replacement sibling serving", 10*time.Second, func() bool {
+		pid := p.siblingPIDs()[1]
+		return pid != 0 && pid != victim
+	})
+	var servedAt time.Time
+	for _, l := range p.lines() {
+		if l["msg"] == "pgsse serving" && l["proc"] != nil && int(l["pid"].(float64)) != victim {
+			ts, err := time.Parse(time.RFC3339Nano, l["time"].(string))
+			require.NoError(t, err)
+			servedAt = ts
+		}
+	}
+	assert.Less(t, servedAt.Sub(killedAt), 5*time.Second, "replacement serving within 5 s of the kill")
+	requireAll(t, rs, 1000, 60*time.Second)
+	reconnected := 0
+	for _, r := range rs {
+		if r.connects > 1 {
+			reconnected++
+		}
+	}
+	assert.Positive(t, reconnected, "the killed sibling's clients reconnected")
+	assert.Equal(t, 1.0, p.metric("pgsse_proc_restarts_total"))
+	assert.Equal(t, 1, listenSessions(t, dsn), "still one LISTEN session")
+}
+
+// TestProcsFirstProcessKilled: SIGKILL the first process: the sibling switches to a LISTEN
+// session of its own and keeps delivering — its clients, and those of the first process that
+// reconnect to it, get every event once, in order — and then, orphanGrace later, drains and
+// exits: no process of the tree survives the first one for long.
+func TestProcsFirstProcessKilled(t *testing.T) {
+	dsn := migrated(t)
+	p := startProcs(t, dsn, 2)
+	rs := readers(t, p, "orphan", 30)
+	sibling := p.siblingPIDs()[1]
+	publishRange(t, dsn, "orphan", 1, 100, nil)
+	requireAll(t, rs, 100, 30*time.Second)
+
+	require.NoError(t, p.cmd.Process.Kill())
+	<-p.exited
+	killedAt := time.Now()
+	waitFor(t, "the sibling's own LISTEN session", 15*time.Second, func() bool {
+		return strings.Contains(p.log.String(), "switching to an own LISTEN session") && listenSessions(t, dsn) == 1
+	})
+	publishRange(t, dsn, "orphan", 101, 200, nil)
+	requireAll(t, rs, 200, 30*time.Second)
+	assert.False(t, processGone(sibling), "the sibling serves on during the grace period")
+
+	waitFor(t, "the orphaned sibling to drain and exit", orphanGrace+20*time.Second, func() bool { return processGone(sibling) })
+	assert.GreaterOrEqual(t, time.Since(killedAt), orphanGrace-time.Second, "not before the grace period")
+	assert.Contains(t, p.log.String(), "the first process is gone")
+}
+
+// tail is at most the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}
