@@ -213,4 +213,3 @@ func labelKey(m *dto.Metric) string {
 	}
 	return b.String()
 }
-
