@@ -269,7 +269,7 @@ func (sv *supervisor) spawn(sl *siblingSlot) {
 	sl.pid, sl.startedAt = cmd.Process.Pid, time.Now()
 	sv.mu.Unlock()
 	sv.procs.Set(float64(1 + sv.running()))
-	sv.log.Info("started a sibling process", "slot", sl.slot, "pid", sl.pid, "listen", sv.listen)
+	sv.log.Info("started a sibling process", "slot", sl.slot, "pid", sl.pid, "listen", sv.listen, "dir", sv.dir)
 	go func(pid int) {
 		err := cmd.Wait()
 		sv.exits <- siblingExit{slot: sl.slot, pid: pid, err: err}
@@ -386,8 +386,10 @@ func (sv *supervisor) live() map[int]string {
 // --- the sibling's side ------------------------------------------------------------------
 
 // serveSiblingMetrics serves the sibling's registry on its private socket, for the first
-// process's /metrics to gather.
-func serveSiblingMetrics(path string, g prometheus.Gatherer, log *slog.Logger) (stop func(), err error) {
+// process's /metrics to gather. stop removes the socket — and, once the first process is
+// gone, its directory (which the last sibling to leave finds empty).
+func serveSiblingMetrics(m *siblingMarker, g prometheus.Gatherer, log *slog.Logger) (stop func(), err error) {
+	path := m.Metrics
 	_ = os.Remove(path) // a previous run of this slot
 	ln, err := net.Listen("unix", path)
 	if err != nil {
@@ -403,6 +405,9 @@ func serveSiblingMetrics(path string, g prometheus.Gatherer, log *slog.Logger) (
 		defer cancel()
 		_ = hs.Shutdown(ctx)
 		_ = os.Remove(path)
+		if os.Getppid() != m.Parent {
+			_ = os.Remove(filepath.Dir(path))
+		}
 	}, nil
 }
 

@@ -450,6 +450,15 @@ func TestProcsFirstProcessKilled(t *testing.T) {
 	waitFor(t, "the orphaned sibling to drain and exit", orphanGrace+20*time.Second, func() bool { return processGone(sibling) })
 	assert.GreaterOrEqual(t, time.Since(killedAt), orphanGrace-time.Second, "not before the grace period")
 	assert.Contains(t, p.log.String(), "the first process is gone")
+	var dir string
+	for _, l := range p.lines() {
+		if l["msg"] == "started a sibling process" {
+			dir, _ = l["dir"].(string)
+		}
+	}
+	require.NotEmpty(t, dir)
+	_, err := os.Stat(dir)
+	assert.ErrorIs(t, err, os.ErrNotExist, "the last sibling removed the private directory the dead first process left")
 }
 
 // tail is at most the last n bytes of s.

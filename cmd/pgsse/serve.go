@@ -346,7 +346,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 	}
 	var orphaned <-chan struct{}
 	if s.sibling != nil {
-		stopMetrics, err := serveSiblingMetrics(s.sibling.Metrics, s.registry, log)
+		stopMetrics, err := serveSiblingMetrics(s.sibling, s.registry, log)
 		if err != nil {
 			log.Error("cannot serve the sibling's metrics", "err", err)
 			return errReported
