@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -12,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/scripts/ssetest"
 )
 
 const procsSecret = "procs-secret-0123456789abcdef0123456789"
@@ -181,159 +178,12 @@ func listenSessions(t *testing.T, dsn string) int {
 	return n
 }
 
-// sseReader is an EventSource-like client: it reads durable events from a stream and, when
-// the connection ends, reconnects with Last-Event-ID — wherever the kernel sends it.
-type sseReader struct {
-	url, token string
-	mu         sync.Mutex
-	ids        []int64 // every id received, in order
-	bad        []string
-	connects   int
-	live       bool // the current connection got its response head
-}
-
-func (r *sseReader) run(ctx context.Context, client *http.Client) {
-	for ctx.Err() == nil {
-		req, err := http.NewRequestWithContext(ctx, "GET", r.url, nil)
-		if err != nil {
-			panic(err)
-		}
-		req.Header.Set("Authorization", "Bearer "+r.token)
-		r.mu.Lock()
-		if n := len(r.ids); n > 0 {
-			req.Header.Set("Last-Event-ID", strconv.FormatInt(r.ids[n-1], 10))
-		}
-		r.mu.Unlock()
-		if resp, err := client.Do(req); err == nil {
-			if resp.StatusCode == http.StatusOK {
-				r.mu.Lock()
-				r.connects++
-				r.live = true
-				r.mu.Unlock()
-				r.read(resp.Body)
-			}
-			resp.Body.Close()
-		}
-		r.mu.Lock()
-		r.live = false
-		r.mu.Unlock()
-		select { // reconnect soon, as a browser would after retry: (shortened for the test)
-		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-func (r *sseReader) read(body io.Reader) {
-	sc := bufio.NewScanner(body)
-	id, data := "", ""
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "id: "):
-			id = line[4:]
-		case strings.HasPrefix(line, "data: "):
-			data = line[6:]
-		case line == "" && id != "":
-			n, err := strconv.ParseInt(id, 10, 64)
-			r.mu.Lock()
-			if err != nil || data != "e"+id {
-				r.bad = append(r.bad, fmt.Sprintf("id %q data %q", id, data))
-			}
-			r.ids = append(r.ids, n)
-			r.mu.Unlock()
-			id, data = "", ""
-		}
-	}
-}
-
-func (r *sseReader) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.ids)
-}
-
-// readers runs n sseReaders on stream until the test ends.
-func readers(t *testing.T, p *procsServer, stream string, n int) []*sseReader {
+// readers runs n resuming subscribers of stream (from its first event) until the test ends.
+func readers(t *testing.T, p *procsServer, stream string, n int) []*ssetest.Reader {
 	t.Helper()
 	tok := strings.TrimSpace(pgsse(t, []string{"PGSSE_JWT_SECRET=" + procsSecret}, "token", "--stream", "*", "--ttl", "1h").stdout)
 	require.NotEmpty(t, tok)
-	tr := &http.Transport{DisableKeepAlives: true}
-	client := &http.Client{Transport: tr}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	rs := make([]*sseReader, n)
-	for i := range rs {
-		rs[i] = &sseReader{url: "http://" + p.listen + "/streams/" + stream + "?since=0", token: tok}
-		wg.Add(1)
-		go func() { defer wg.Done(); rs[i].run(ctx, client) }()
-	}
-	t.Cleanup(func() { cancel(); wg.Wait(); tr.CloseIdleConnections() })
-	waitFor(t, "every reader connected", 30*time.Second, func() bool {
-		for _, r := range rs {
-			r.mu.Lock()
-			live := r.live
-			r.mu.Unlock()
-			if !live {
-				return false
-			}
-		}
-		return true
-	})
-	return rs
-}
-
-// publishRange publishes durable events first … last on stream, data "e<id>", one
-// transaction each; after(id) runs once each is committed.
-func publishRange(t *testing.T, dsn, stream string, first, last int, after func(id int)) {
-	t.Helper()
-	conn := pgtest.Connect(t, dsn)
-	for i := first; i <= last; i++ {
-		res := conn.ExecParams(context.Background(), "SELECT pgsse.publish($1, $2)",
-			[][]byte{[]byte(stream), []byte("e" + strconv.Itoa(i))}, nil, nil, nil).Read()
-		require.NoError(t, res.Err)
-		require.Equal(t, strconv.Itoa(i), string(res.Rows[0][0]), "ids follow the test's count")
-		if after != nil {
-			after(i)
-		}
-	}
-}
-
-// requireAll waits until every reader has n events, then checks they are 1 … n, once each,
-// in order.
-func requireAll(t *testing.T, rs []*sseReader, n int, timeout time.Duration) {
-	t.Helper()
-	waitFor(t, fmt.Sprintf("every reader to have %d events", n), timeout, func() bool {
-		for _, r := range rs {
-			if r.count() < n {
-				return false
-			}
-		}
-		return true
-	})
-	for i, r := range rs {
-		r.mu.Lock()
-		assert.Empty(t, r.bad, "reader %d: events with the wrong data", i)
-		ok := len(r.ids) == n
-		for j := 0; ok && j < n; j++ {
-			ok = r.ids[j] == int64(j+1)
-		}
-		if !ok {
-			t.Errorf("reader %d (%d connections): want ids 1 … %d once each in order, got %d ids: %v", i, r.connects, n, len(r.ids), summarize(r.ids))
-		}
-		r.mu.Unlock()
-	}
-}
-
-// summarize shows where a sequence of ids departs from 1, 2, 3, …
-func summarize(ids []int64) string {
-	for j, id := range ids {
-		if id != int64(j+1) {
-			lo := max(j-3, 0)
-			return fmt.Sprintf("first departure at index %d: …%v…", j, ids[lo:min(j+4, len(ids))])
-		}
-	}
-	return "a prefix of the sequence"
+	return ssetest.Start(t, "http://"+p.listen+"/streams/"+stream+"?since=0", tok, n, 30*time.Second)
 }
 
 func migrated(t *testing.T) string {
@@ -360,8 +210,8 @@ func TestProcsShareOneListenSession(t *testing.T) {
 	assert.Positive(t, second, "the sibling has subscribers")
 	assert.Equal(t, 2.0, p.metric("pgsse_procs"))
 
-	publishRange(t, dsn, "spread", 1, 50, nil)
-	requireAll(t, rs, 50, 30*time.Second)
+	ssetest.PublishRange(t, dsn, "spread", 1, 50, nil)
+	ssetest.RequireAll(t, rs, 50, 30*time.Second)
 	assert.Equal(t, 1, listenSessions(t, dsn), "still one LISTEN session")
 	assert.GreaterOrEqual(t, p.metric("pgsse_deliveries_total"), 40.0*50, "deliveries summed over both processes")
 
@@ -394,7 +244,7 @@ func TestProcsSiblingKilled(t *testing.T) {
 	})
 	victim := p.siblingPIDs()[1]
 	var killedAt time.Time
-	publishRange(t, dsn, "killed", 1, 1000, func(id int) {
+	ssetest.PublishRange(t, dsn, "killed", 1, 1000, func(id int) {
 		if id == 300 {
 			require.NoError(t, syscall.Kill(victim, syscall.SIGKILL))
 			killedAt = time.Now()
@@ -413,10 +263,10 @@ func TestProcsSiblingKilled(t *testing.T) {
 		}
 	}
 	assert.Less(t, servedAt.Sub(killedAt), 5*time.Second, "replacement serving within 5 s of the kill")
-	requireAll(t, rs, 1000, 60*time.Second)
+	ssetest.RequireAll(t, rs, 1000, 60*time.Second)
 	reconnected := 0
 	for _, r := range rs {
-		if r.connects > 1 {
+		if r.Connects() > 1 {
 			reconnected++
 		}
 	}
@@ -434,8 +284,8 @@ func TestProcsFirstProcessKilled(t *testing.T) {
 	p := startProcs(t, dsn, 2)
 	rs := readers(t, p, "orphan", 30)
 	sibling := p.siblingPIDs()[1]
-	publishRange(t, dsn, "orphan", 1, 100, nil)
-	requireAll(t, rs, 100, 30*time.Second)
+	ssetest.PublishRange(t, dsn, "orphan", 1, 100, nil)
+	ssetest.RequireAll(t, rs, 100, 30*time.Second)
 
 	require.NoError(t, p.cmd.Process.Kill())
 	<-p.exited
@@ -443,8 +293,8 @@ func TestProcsFirstProcessKilled(t *testing.T) {
 	waitFor(t, "the sibling's own LISTEN session", 15*time.Second, func() bool {
 		return strings.Contains(p.log.String(), "switching to an own LISTEN session") && listenSessions(t, dsn) == 1
 	})
-	publishRange(t, dsn, "orphan", 101, 200, nil)
-	requireAll(t, rs, 200, 30*time.Second)
+	ssetest.PublishRange(t, dsn, "orphan", 101, 200, nil)
+	ssetest.RequireAll(t, rs, 200, 30*time.Second)
 	assert.False(t, processGone(sibling), "the sibling serves on during the grace period")
 
 	waitFor(t, "the orphaned sibling to drain and exit", orphanGrace+20*time.Second, func() bool { return processGone(sibling) })
