@@ -14,7 +14,7 @@ import (
 )
 
 // TestHosts_NginxInFrontOfThree: several hosts, simulated — three `pgsse serve` on
-// 127.0.0.11–13 behind nginx (e2e/nginx/hosts.conf.tmpl), 300 clients through nginx. One host
+// 127.0.0.11–13 behind nginx configured as docs/scaling.md says, 300 clients through nginx. One host
 // is SIGKILLed while 1,000 durable events are published: its clients reconnect through nginx
 // with Last-Event-ID, land on the others, and every client ends with all 1,000 exactly once,
 // in order. The census: one LISTEN session per host, nothing more.
@@ -28,7 +28,14 @@ func TestHosts_NginxInFrontOfThree(t *testing.T) {
 		upstreams = append(upstreams, s.listen)
 	}
 	port := freePort(t)
-	runNginx(t, "hosts.conf.tmpl", map[string]any{"Port": port, "Upstreams": upstreams}, port)
+	conf := substitute(t, docsBlock(t, "docs/scaling.md", "nginx"), "docs/scaling.md's nginx snippet",
+		[2]string{"server 10.0.0.11:8080 ", "server " + upstreams[0] + " "},
+		[2]string{"server 10.0.0.12:8080 ", "server " + upstreams[1] + " "},
+		[2]string{"server 10.0.0.13:8080 ", "server " + upstreams[2] + " "},
+		[2]string{"listen 443 ssl http2;", "listen 127.0.0.1:" + strconv.Itoa(port) + ";"},
+		[2]string{"ssl_certificate     /etc/ssl/certs/events.example.com.pem;", ""},
+		[2]string{"ssl_certificate_key /etc/ssl/private/events.example.com.key;", ""})
+	runNginx(t, "hosts.conf.tmpl", map[string]any{"Config": conf}, port)
 	listen := func() int {
 		n, err := strconv.Atoi(pgtest.QueryValue(t, dsn,
 			"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgsse-listen' AND datname = current_database()"))

@@ -14,6 +14,7 @@
 //	channels.go          raw channels: one LISTEN per channel, shared by SSE clients and workers
 //	hub.go, hubsocket.go the hub (its own type) and its socket file
 //	listen.go            the LISTEN source (pglisten.Session behind a narrow interface) and its events
+//	listenhub.go         a sibling process's LISTEN source (--procs): the first process's hub, with failover
 //	schema.go            the schema-version poller (/readyz)
 //	metrics.go           the Prometheus series, label values bound once
 //	writev.go            one allocation-free writev per connection
