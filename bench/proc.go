@@ -30,6 +30,8 @@ type Target struct {
 	Heartbeat time.Duration // --heartbeat of both servers
 	Pprof     bool          // serve /debug/pprof on the admin address
 	ExtraArgs []string
+	Label     string // the target's column in the tables; default Name
+	Procs     int    // pgsse: --procs (0 = not given); StartServer waits until every process serves
 }
 
 // Server is a running server process under test.
@@ -77,6 +79,9 @@ func StartServer(ctx context.Context, t Target, dsn, dir string) (*Server, error
 		if t.Pprof {
 			args = append(args, "--pprof")
 		}
+		if t.Procs > 0 {
+			args = append(args, "--procs", strconv.Itoa(t.Procs))
+		}
 	case "baseline":
 		args = []string{
 			"--database-url", dsn,
@@ -111,6 +116,12 @@ func StartServer(ctx context.Context, t Target, dsn, dir string) (*Server, error
 	if err := s.waitReady(ctx, 30*time.Second); err != nil {
 		s.Stop()
 		return nil, fmt.Errorf("%s did not become ready: %w\n%s", t.Name, err, tail(logPath, 20))
+	}
+	if t.Procs > 1 {
+		if err := s.waitProcs(ctx, t.Procs, 30*time.Second); err != nil {
+			s.Stop()
+			return nil, fmt.Errorf("%s --procs %d: %w\n%s", t.Name, t.Procs, err, tail(logPath, 20))
+		}
 	}
 	return s, nil
 }
@@ -183,11 +194,32 @@ func (s *Server) Exited() (bool, error) {
 	}
 }
 
-// RSS is the server's resident set size (VmRSS) in bytes.
-func (s *Server) RSS() (int64, error) { return procRSS(s.PID) }
+// RSS is the resident set size (VmRSS) in bytes of the server's process tree (Tree: with
+// --procs, the first process and its siblings).
+func (s *Server) RSS() (int64, error) {
+	var sum int64
+	for i, pid := range s.Tree() {
+		v, err := procRSS(pid)
+		if err != nil && i == 0 {
+			return 0, err
+		}
+		sum += v
+	}
+	return sum, nil
+}
 
-// CPU is the server's user+system CPU time so far (10 ms resolution).
-func (s *Server) CPU() (time.Duration, error) { return procCPU(s.PID) }
+// CPU is the user+system CPU time so far of the server's process tree (10 ms resolution).
+func (s *Server) CPU() (time.Duration, error) {
+	var sum time.Duration
+	for i, pid := range s.Tree() {
+		v, err := procCPU(pid)
+		if err != nil && i == 0 {
+			return 0, err
+		}
+		sum += v
+	}
+	return sum, nil
+}
 
 // Get fetches a path from the admin listener (metrics, pprof).
 func (s *Server) Get(ctx context.Context, path string, w io.Writer) error {

@@ -45,6 +45,8 @@ type Params struct {
 
 	Hub HubParams // scenario 5
 
+	ProcsConns int // scenario 7: idle connections through one port with --procs 2 (held by HolderConns-sized load processes)
+
 	Sources int // loopback source addresses
 	Readers int // client epoll loops
 }
@@ -57,8 +59,9 @@ func Full() Params {
 		FanoutEvents: 50, FanoutGap: 50 * time.Millisecond, FanoutData: 256,
 		ThroughputDuration: 10 * time.Second, Data: 64,
 		SlowPercent: 1, SlowRcvBuf: 4096, PrefillEvents: 600, PrefillData: 7000,
-		Hub:     HubParams{Workers: 64, Rate: 5000, Duration: 10 * time.Second},
-		Sources: 8, Readers: 1,
+		Hub:        HubParams{Workers: 64, Rate: 5000, Duration: 10 * time.Second},
+		ProcsConns: 30000,
+		Sources:    8, Readers: 1,
 	}
 }
 
@@ -74,6 +77,7 @@ func Small() Params {
 	p.ThroughputDuration = time.Second
 	p.SlowPercent = 5
 	p.Hub = HubParams{Workers: 8, Rate: 1000, Duration: time.Second}
+	p.ProcsConns = 400
 	return p
 }
 
@@ -299,7 +303,7 @@ func Idle(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
 	c.Close()
 	st := c.Stats()
 	window := w1.Sub(w0)
-	res := &Result{Scenario: "1 idle", Target: t.Name}
+	res := &Result{Scenario: "1 idle", Target: t.label()}
 	res.add("connections", "", float64(st.Conns), false)
 	res.add("RSS per idle connection", "B", float64(rss1-rss0)/float64(st.Conns), true)
 	res.add("RSS total", "MiB", float64(rss1)/(1<<20), true)
@@ -357,7 +361,7 @@ func Latency(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
 			commit = append(commit, time.Duration(st.Last[seq]-pub.Ref[seq]))
 		}
 	}
-	res := &Result{Scenario: "2 latency", Target: t.Name}
+	res := &Result{Scenario: "2 latency", Target: t.label()}
 	cq := Quantiles(commit, 0.5, 0.95, 0.99, 1)
 	res.add("commit→received p50", "ms", ms(cq[0]), true)
 	res.add("commit→received p95", "ms", ms(cq[1]), true)
@@ -461,7 +465,7 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 	}
 	lq := Quantiles(ttl, 0.5, 0.99, 1)
 	fq := Quantiles(ttf, 0.5)
-	res := &Result{Scenario: scenario, Target: t.Name}
+	res := &Result{Scenario: scenario, Target: t.label()}
 	res.add("subscribers reading", "", float64(reading), false)
 	if slow > 0 {
 		res.add("subscribers not reading", "", float64(slow), false)
@@ -615,7 +619,7 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	wall := w1.Sub(w0).Seconds()
 	deliveries := float64(delivered)
 	serverCPU := (cpu1 - cpu0).Seconds()
-	res := &Result{Scenario: "4 throughput", Target: t.Name}
+	res := &Result{Scenario: "4 throughput", Target: t.label()}
 	res.add("events published", "events/s", float64(last)/wall, false)
 	res.add("deliveries", "deliveries/s", deliveries/wall, false)
 	res.add("server CPU per million deliveries", "CPU-s", serverCPU/max(deliveries, 1)*1e6, true)

@@ -346,12 +346,6 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 	}
 	var orphaned <-chan struct{}
 	if s.sibling != nil {
-		stopMetrics, err := serveSiblingMetrics(s.sibling, s.registry, log)
-		if err != nil {
-			log.Error("cannot serve the sibling's metrics", "err", err)
-			return errReported
-		}
-		defer stopMetrics()
 		gone, stopWatch := watchParent(s.sibling.Parent, log)
 		defer stopWatch()
 		orphaned = gone
@@ -378,6 +372,14 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			"jwt", strings.Join(s.algorithms, ","), "public_streams", len(s.cfg.PublicStreams))
 		if sup != nil {
 			sup.start(srv, siblingListen(s.cfg.Listen, srv.Addr()))
+		}
+		if s.sibling != nil {
+			// Only now: a sibling in the first process's metrics is one that serves.
+			if stopMetrics, err := serveSiblingMetrics(s.sibling, s.registry, log); err != nil {
+				log.Error("cannot serve the sibling's metrics; the first process's /metrics will leave this process out", "err", err)
+			} else {
+				defer stopMetrics()
+			}
 		}
 		var ended bool
 		runErr, ended = waitServe(ctx, stop, runDone, orphaned, s.sibling, log)

@@ -7,6 +7,7 @@
 //	go run ./bench/cmd/load                      # full scale, every scenario, both servers
 //	go run ./bench/cmd/load --scale small        # seconds
 //	go run ./bench/cmd/load --scenarios 3,4 --profile-dir /tmp/prof
+//	go run ./bench/cmd/load --scenarios 7            # --procs: 30,000 connections, fan-out with 1 and 2 processes
 //
 // PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
 // throwaway cluster started with scripts/pg.sh and stopped at exit. Each scenario and server
@@ -18,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -43,6 +45,8 @@ func main() {
 		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
 		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4 and 6 here")
 		out        = flag.String("out", "", "also write the table to this file")
+		hold       = flag.String("hold", "", "internal (scenario 7): hold --hold-conns idle subscribers of this address until stdin closes")
+		holdConns  = flag.Int("hold-conns", bench.HolderConns, "internal (scenario 7): connections for --hold")
 	)
 	p := bench.Full()
 	flag.IntVar(&p.Conns, "conns", p.Conns, "subscribers in 1, 3, 4, 6 (at most 15000)")
@@ -62,7 +66,19 @@ func main() {
 	flag.DurationVar(&p.Hub.Duration, "hub-duration", p.Hub.Duration, "5: per phase")
 	flag.IntVar(&p.Sources, "sources", p.Sources, "loopback source addresses (127.0.0.2 …)")
 	flag.IntVar(&p.Readers, "readers", p.Readers, "client epoll loops")
+	flag.IntVar(&p.ProcsConns, "procs-conns", p.ProcsConns, "7: idle connections through one port with --procs 2")
 	flag.Parse()
+	if *hold != "" {
+		raiseFDLimit()
+		addr, err := netip.ParseAddrPort(*hold)
+		if err != nil {
+			log.Fatalf("load: --hold: %v", err)
+		}
+		if err := bench.HoldMain(addr, "/streams/idle", *holdConns, p.Sources); err != nil {
+			log.Fatalf("load: --hold: %v", err)
+		}
+		return
+	}
 	switch *scale {
 	case "full":
 	case "small":
@@ -81,6 +97,7 @@ func main() {
 			"sources": func(q *bench.Params) any { return &q.Sources }, "readers": func(q *bench.Params) any { return &q.Readers },
 			"hub-workers": func(q *bench.Params) any { return &q.Hub.Workers }, "hub-rate": func(q *bench.Params) any { return &q.Hub.Rate },
 			"hub-duration": func(q *bench.Params) any { return &q.Hub.Duration },
+			"procs-conns":  func(q *bench.Params) any { return &q.ProcsConns },
 		} {
 			if set[name] {
 				copyField(field(&p), field(&explicit))
@@ -95,8 +112,8 @@ func main() {
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || id < 1 || id > 6 {
-			log.Fatalf("load: --scenarios: %q is not one of 1-6", s)
+		if err != nil || id < 1 || id > 7 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-7", s)
 		}
 		ids = append(ids, id)
 	}
@@ -167,9 +184,26 @@ func main() {
 	}
 	started := time.Now()
 	loadStart := loadAvg()
-	var results []*bench.Result
+	var results, procsResults []*bench.Result
 	failed := false
 	for _, id := range ids {
+		if id == 7 {
+			// --procs exists only in pgsse; its baseline is pgsse with one process, in the
+			// same run.
+			log.Printf("load: scenario 7 (--procs)")
+			rs, err := procsScenario(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, p)
+			for _, r := range rs {
+				for _, m := range r.Metrics {
+					log.Printf("  %-16s %-44s %12s %s", r.Target, m.Name, bench.FormatValue(m.Value), m.Unit)
+				}
+			}
+			procsResults = append(procsResults, rs...)
+			if err != nil {
+				log.Printf("load: scenario 7: %v", err)
+				failed = true
+			}
+			continue
+		}
 		if id == 5 {
 			// The hub exists only in pgsse; its baseline is each worker's own LISTEN session,
 			// measured in the same run.
@@ -208,7 +242,15 @@ func main() {
 		time.Since(started).Round(time.Second), gitDescribe(*root), *scale, *scenarios)
 	fmt.Fprintf(&b, "- machine: %d CPUs (%s), %s memory, kernel %s, %s\n", runtime.NumCPU(), cpuModel(), memTotal(), kernel(), runtime.Version())
 	fmt.Fprintf(&b, "- load average (1 min) at start %s, at end %s (other work on the machine shows here)\n\n", loadStart, loadAvg())
-	bench.WriteTable(&b, names, results)
+	if len(results) > 0 {
+		bench.WriteTable(&b, names, results)
+	}
+	if len(procsResults) > 0 {
+		if len(results) > 0 {
+			fmt.Fprintln(&b)
+		}
+		bench.WriteTable(&b, []string{"pgsse --procs 2", "pgsse --procs 1"}, procsResults)
+	}
 	fmt.Print(b.String())
 	if *out != "" {
 		if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
@@ -220,6 +262,24 @@ func main() {
 		cleanup()
 		os.Exit(1)
 	}
+}
+
+// procsScenario runs scenario 7: 30,000 idle connections held by this program started again
+// as holder processes (--hold), then the fan-out with --procs 1 and 2.
+func procsScenario(ctx context.Context, env *bench.Env, t bench.Target, p bench.Params) ([]*bench.Result, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	holder := func(addr netip.AddrPort, n, sources int) *exec.Cmd {
+		return exec.CommandContext(ctx, exe, "--hold", addr.String(), "--hold-conns", strconv.Itoa(n), "--sources", strconv.Itoa(sources))
+	}
+	idle, err := bench.ProcsIdle(ctx, env, t, p, holder)
+	if err != nil {
+		return nil, err
+	}
+	fan, err := bench.ProcsFanOut(ctx, env, t, p)
+	return append([]*bench.Result{idle}, fan...), err
 }
 
 func gitDescribe(root string) string {
