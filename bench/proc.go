@@ -196,23 +196,17 @@ func (s *Server) Exited() (bool, error) {
 
 // RSS is the resident set size (VmRSS) in bytes of the server's process tree (Tree: with
 // --procs, the first process and its siblings).
-func (s *Server) RSS() (int64, error) {
-	var sum int64
-	for i, pid := range s.Tree() {
-		v, err := procRSS(pid)
-		if err != nil && i == 0 {
-			return 0, err
-		}
-		sum += v
-	}
-	return sum, nil
-}
+func (s *Server) RSS() (int64, error) { return treeSum(s, procRSS) }
 
 // CPU is the user+system CPU time so far of the server's process tree (10 ms resolution).
-func (s *Server) CPU() (time.Duration, error) {
-	var sum time.Duration
+func (s *Server) CPU() (time.Duration, error) { return treeSum(s, procCPU) }
+
+// treeSum adds up read over the server's process tree; only the first process must be
+// readable (a sibling may be restarting).
+func treeSum[T int64 | time.Duration](s *Server, read func(pid int) (T, error)) (T, error) {
+	var sum T
 	for i, pid := range s.Tree() {
-		v, err := procCPU(pid)
+		v, err := read(pid)
 		if err != nil && i == 0 {
 			return 0, err
 		}
