@@ -213,7 +213,6 @@ func TestProcsShareOneListenSession(t *testing.T) {
 	ssetest.PublishRange(t, dsn, "spread", 1, 50, nil)
 	ssetest.RequireAll(t, rs, 50, 30*time.Second)
 	assert.Equal(t, 1, listenSessions(t, dsn), "still one LISTEN session")
-	assert.GreaterOrEqual(t, p.metric("pgsse_deliveries_total"), 40.0*50, "deliveries summed over both processes")
 
 	// SIGTERM: everything drains, exit 0, no process left (startProcs' cleanup checks).
 	siblings := p.siblingPIDs()
