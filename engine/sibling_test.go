@@ -148,3 +148,29 @@ func TestSiblingFailsOver(t *testing.T) {
 	pgNotify(t, pub, "after", []byte("direct"))
 	assert.Equal(t, sseEvent{Data: "direct"}, ch.mustNextData(5*time.Second))
 }
+
+// TestSiblingThroughASessionLoss: the first process's LISTEN session is killed; the sibling
+// hears LISTENER_DOWN and RESYNC through the hub, and its clients get every durable event —
+// those committed while the session was down too — once, in order. The sibling never opens a
+// session of its own.
+func TestSiblingThroughASessionLoss(t *testing.T) {
+	primary := startServer(t, "", nil)
+	sib := startSibling(t, primary, nil)
+	pub := connect(t, primary.DSN)
+	c := dial(t, sib.Addr().String(), "/streams/loss", bearerH(allStreams(t)))
+	require.Equal(t, 200, c.Status, c.Body)
+	publish(t, pub, "loss", "1", "", nil)
+	require.Equal(t, "1", c.mustNextData(5*time.Second).IDValue)
+
+	pgtest.Exec(t, primary.DSN, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgsse-listen' AND datname = current_database()")
+	for i := 2; i <= 5; i++ {
+		publish(t, pub, "loss", strconv.Itoa(i), "", nil)
+	}
+	waitFor(t, 15*time.Second, "the sibling to hear the session come back", func() bool { return metricValue(t, sib.metrics.reconnects) == 1 })
+	publish(t, pub, "loss", "6", "", nil)
+	for i := 2; i <= 6; i++ {
+		require.Equal(t, strconv.Itoa(i), c.mustNextData(10*time.Second).IDValue, "every event once, in order")
+	}
+	assert.Equal(t, pglisten.SourceHub, sib.siblingFailover(t).Source(), "a session loss is not a reason to fail over")
+	assert.Equal(t, 1, listenBackends(t, primary.DSN))
+}
