@@ -134,7 +134,7 @@ func BenchmarkScenario5Hub(b *testing.B) {
 	}
 }
 
-// holdEnv makes the test binary a holder process of scenario 7: "ADDR N SOURCES".
+// holdEnv makes the test binary a holder process of scenario 9: "ADDR N SOURCES".
 const holdEnv = "PGSSE_BENCH_HOLD"
 
 func holdFromEnv(spec string) int {
@@ -155,9 +155,9 @@ func holdFromEnv(spec string) int {
 	return 0
 }
 
-// BenchmarkScenario7Procs is scenario 7 (--procs): idle connections through one port held by
+// BenchmarkScenario9Procs is scenario 9 (--procs): idle connections through one port held by
 // holder processes (this test binary again), then the fan-out with --procs 1 and 2.
-func BenchmarkScenario7Procs(b *testing.B) {
+func BenchmarkScenario9Procs(b *testing.B) {
 	t := servers(b)[0]
 	env := &Env{Cluster: UseCluster(pgtest.URL(b)), Dir: b.TempDir(), Logf: b.Logf}
 	p := params()

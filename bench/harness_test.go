@@ -19,7 +19,7 @@ import (
 
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(holdEnv); spec != "" {
-		os.Exit(holdFromEnv(spec)) // a holder process of scenario 7 (BenchmarkScenario7Procs)
+		os.Exit(holdFromEnv(spec)) // a holder process of scenario 9 (BenchmarkScenario9Procs)
 	}
 	code := m.Run()
 	if buildDir != "" {

@@ -45,7 +45,7 @@ type Params struct {
 
 	Hub HubParams // scenario 5
 
-	ProcsConns int // scenario 7: idle connections through one port with --procs 2 (held by HolderConns-sized load processes)
+	ProcsConns int // scenario 9: idle connections through one port with --procs 2 (held by HolderConns-sized load processes)
 
 	Sources int // loopback source addresses
 	Readers int // client epoll loops

@@ -7,7 +7,7 @@
 //	go run ./bench/cmd/load                      # full scale, every scenario, both servers
 //	go run ./bench/cmd/load --scale small        # seconds
 //	go run ./bench/cmd/load --scenarios 3,4 --profile-dir /tmp/prof
-//	go run ./bench/cmd/load --scenarios 7            # --procs: 30,000 connections, fan-out with 1 and 2 processes
+//	go run ./bench/cmd/load --scenarios 9            # --procs: 30,000 connections, fan-out with 1 and 2 processes
 //
 // PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
 // throwaway cluster started with scripts/pg.sh and stopped at exit. Each scenario and server
@@ -45,8 +45,8 @@ func main() {
 		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
 		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4 and 6 here")
 		out        = flag.String("out", "", "also write the table to this file")
-		hold       = flag.String("hold", "", "internal (scenario 7): hold --hold-conns idle subscribers of this address until stdin closes")
-		holdConns  = flag.Int("hold-conns", bench.HolderConns, "internal (scenario 7): connections for --hold")
+		hold       = flag.String("hold", "", "internal (scenario 9): hold --hold-conns idle subscribers of this address until stdin closes")
+		holdConns  = flag.Int("hold-conns", bench.HolderConns, "internal (scenario 9): connections for --hold")
 	)
 	p := bench.Full()
 	flag.IntVar(&p.Conns, "conns", p.Conns, "subscribers in 1, 3, 4, 6 (at most 15000)")
@@ -66,7 +66,7 @@ func main() {
 	flag.DurationVar(&p.Hub.Duration, "hub-duration", p.Hub.Duration, "5: per phase")
 	flag.IntVar(&p.Sources, "sources", p.Sources, "loopback source addresses (127.0.0.2 …)")
 	flag.IntVar(&p.Readers, "readers", p.Readers, "client epoll loops")
-	flag.IntVar(&p.ProcsConns, "procs-conns", p.ProcsConns, "7: idle connections through one port with --procs 2")
+	flag.IntVar(&p.ProcsConns, "procs-conns", p.ProcsConns, "9: idle connections through one port with --procs 2")
 	flag.Parse()
 	if *hold != "" {
 		raiseFDLimit()
@@ -112,8 +112,8 @@ func main() {
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || id < 1 || id > 7 {
-			log.Fatalf("load: --scenarios: %q is not one of 1-7", s)
+		if err != nil || id < 1 || id > 9 || id == 7 || id == 8 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-6 or 9", s)
 		}
 		ids = append(ids, id)
 	}
@@ -187,10 +187,10 @@ func main() {
 	var results, procsResults []*bench.Result
 	failed := false
 	for _, id := range ids {
-		if id == 7 {
+		if id == 9 {
 			// --procs exists only in pgsse; its baseline is pgsse with one process, in the
 			// same run.
-			log.Printf("load: scenario 7 (--procs)")
+			log.Printf("load: scenario 9 (--procs)")
 			rs, err := procsScenario(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, p)
 			for _, r := range rs {
 				for _, m := range r.Metrics {
@@ -199,7 +199,7 @@ func main() {
 			}
 			procsResults = append(procsResults, rs...)
 			if err != nil {
-				log.Printf("load: scenario 7: %v", err)
+				log.Printf("load: scenario 9: %v", err)
 				failed = true
 			}
 			continue
@@ -264,7 +264,7 @@ func main() {
 	}
 }
 
-// procsScenario runs scenario 7: 30,000 idle connections held by this program started again
+// procsScenario runs scenario 9: 30,000 idle connections held by this program started again
 // as holder processes (--hold), then the fan-out with --procs 1 and 2.
 func procsScenario(ctx context.Context, env *bench.Env, t bench.Target, p bench.Params) ([]*bench.Result, error) {
 	exe, err := os.Executable()
