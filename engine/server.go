@@ -38,6 +38,7 @@ type Server struct {
 	log      *slog.Logger
 	metrics  *metrics
 	verifier *auth.Verifier
+	pool     *auth.Pool // the verifier pool (verify.go), from Run; nil without a token key
 	tasks    *taskQueue
 
 	listen   listenSource // the LISTEN session (listen.go)
@@ -138,6 +139,8 @@ func (s *Server) Run(ctx context.Context) error {
 	// or /channels/ client that subscribes at once must reach Listen, not a nil source.
 	// Everything the loop reads must be in place before gnet accepts the first connection.
 	s.nowMS = time.Now().UnixMilli()
+	s.startVerifier()
+	defer s.stopVerifier()
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
 	s.listen = s.newListenSource()
 	s.listen.Listen(storeChannel, func(err error) {
