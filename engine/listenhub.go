@@ -19,7 +19,10 @@ import (
 //   - done(nil) for a Listen only once the LISTEN completed on the session that feeds us:
 //     Failover.Listen returns once the hub's ACK arrived, and the hub ACKs only after the
 //     LISTEN completed on its session (SPEC §5 "ACK after LISTEN"), or after the direct
-//     session's LISTEN once switched.
+//     session's LISTEN once switched. done and the notifications travel on two goroutines, so
+//     one committed just after the LISTEN may reach the loop before done does; it then finds
+//     the channel's SSE clients still pending and passes them by — harmless, as their response
+//     head goes out only after done, and SPEC §3 promises what commits after the head was read.
 //   - Resynced only when every channel held is LISTENed: the first one once the Listens
 //     queued before Start completed; later ones are the hub's RESYNC (its session came back)
 //     or the switch's resync (after every recorded channel was LISTENed on the direct session).
