@@ -19,8 +19,8 @@ import (
 // Scenario 9, every core of a host (issue 14): `pgsse serve --procs N`.
 //
 //	9 procs idle     p.ProcsConns idle connections through one port with --procs 2, held by
-//	                 several load processes (HolderConns each: one process may hold at most
-//	                 20,000 descriptors) → RSS per connection over the whole process tree,
+//	                 several load processes (p.HolderConns each: one process may hold at
+//	                 most 20,000 descriptors) → RSS per connection over the whole process tree,
 //	                 how the kernel spread them, CPU while idle.
 //	9 procs fan-out  scenario 3 (p.Conns subscribers, one event at a time) against --procs 1
 //	                 and --procs 2 in the same run → time to last p50/p99, server CPU per
@@ -30,8 +30,8 @@ import (
 // Server CPU and RSS are always the process tree's (Server.CPU, Server.RSS): the first process
 // and its siblings.
 
-// HolderConns is the most connections one holder process opens (its own descriptor limit is
-// 20,000 on the machines we run on).
+// HolderConns is the most connections one holder process opens by default (its own
+// descriptor limit is 20,000 on the machines we run on).
 const HolderConns = 15000
 
 // Holder is a load-generator process holding idle subscribers: the load command run with
@@ -123,7 +123,7 @@ func HoldMain(addr netip.AddrPort, path string, n, sources int) error {
 }
 
 // ProcsIdle is scenario 9's first part: p.ProcsConns idle connections to `pgsse serve
-// --procs 2`, opened by holder processes (at most HolderConns each) that holder makes.
+// --procs 2`, opened by holder processes (at most p.HolderConns each) that holder makes.
 func ProcsIdle(ctx context.Context, e *Env, t Target, p Params, holder HolderCommand) (*Result, error) {
 	t.Procs, t.Label = 2, t.Name+" --procs 2"
 	r, err := e.start(ctx, t, p)
@@ -147,8 +147,12 @@ func ProcsIdle(ctx context.Context, e *Env, t Target, p Params, holder HolderCom
 			h.Close()
 		}
 	}()
-	for left := p.ProcsConns; left > 0; left -= HolderConns {
-		h, err := StartHolder(holder(r.srv.SSE, min(left, HolderConns), p.Sources), 5*time.Minute)
+	per := p.HolderConns
+	if per <= 0 {
+		per = HolderConns
+	}
+	for left := p.ProcsConns; left > 0; left -= per {
+		h, err := StartHolder(holder(r.srv.SSE, min(left, per), p.Sources), 5*time.Minute)
 		if err != nil {
 			return nil, err
 		}

@@ -45,7 +45,8 @@ type Params struct {
 
 	Hub HubParams // scenario 5
 
-	ProcsConns int // scenario 9: idle connections through one port with --procs 2 (held by HolderConns-sized load processes)
+	ProcsConns  int // scenario 9: idle connections through one port with --procs 2
+	HolderConns int // scenario 9: at most this many per load process holding them (0 = HolderConns)
 
 	Sources int // loopback source addresses
 	Readers int // client epoll loops

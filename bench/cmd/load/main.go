@@ -67,6 +67,7 @@ func main() {
 	flag.IntVar(&p.Sources, "sources", p.Sources, "loopback source addresses (127.0.0.2 …)")
 	flag.IntVar(&p.Readers, "readers", p.Readers, "client epoll loops")
 	flag.IntVar(&p.ProcsConns, "procs-conns", p.ProcsConns, "9: idle connections through one port with --procs 2")
+	flag.IntVar(&p.HolderConns, "holder-conns", bench.HolderConns, "9: at most this many per load process holding them")
 	flag.Parse()
 	if *hold != "" {
 		raiseFDLimit()
@@ -98,6 +99,7 @@ func main() {
 			"hub-workers": func(q *bench.Params) any { return &q.Hub.Workers }, "hub-rate": func(q *bench.Params) any { return &q.Hub.Rate },
 			"hub-duration": func(q *bench.Params) any { return &q.Hub.Duration },
 			"procs-conns":  func(q *bench.Params) any { return &q.ProcsConns },
+			"holder-conns": func(q *bench.Params) any { return &q.HolderConns },
 		} {
 			if set[name] {
 				copyField(field(&p), field(&explicit))
