@@ -479,6 +479,7 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 	res.add("per-delivery commit→received p99", "ms", ms(st.Latency.Quantile(0.99)), true)
 	deliveries := float64(st.Events)
 	res.add("server CPU per delivery", "µs", float64(cpu1-cpu0)/1e3/max(deliveries, 1), true)
+	res.add("server CPU share (2 cores)", "%", 100*(cpu1-cpu0).Seconds()/(2*w1.Sub(w0).Seconds()), false)
 	res.add("client CPU share (2 cores)", "%", 100*(self1-self0).Seconds()/(2*w1.Sub(w0).Seconds()), false)
 	if slow > 0 {
 		res.add("server RSS after the slow backlog", "MiB", float64(prefillRSS)/(1<<20), true)
