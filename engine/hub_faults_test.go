@@ -75,8 +75,9 @@ func TestHubHelperServer(t *testing.T) {
 	select {} // until SIGKILL
 }
 
-// TestHubServerKilled: pgsse SIGKILLed → every worker fails over to its own session, the next
-// NOTIFY reaches all of them, and the census becomes one LISTEN backend per worker.
+// TestHubServerKilled: pgsse SIGKILLed → every worker fails over to its own session (down,
+// then resync), the next NOTIFY reaches all of them, and the census becomes one LISTEN
+// backend per worker.
 func TestHubServerKilled(t *testing.T) {
 	bin := buildWorker(t)
 	dsn := migratedDB(t)
@@ -126,6 +127,8 @@ func TestHubServerKilled(t *testing.T) {
 		m := w.expectEv(20*time.Second, "source")
 		assert.Equal(t, "direct", m.Source)
 		assert.Contains(t, m.Err, "closed the connection")
+		d := w.nextLine(20 * time.Second)
+		assert.Equal(t, hubLine{Ev: "down", Source: "direct"}, d, "worker %s: the switch is a loss", w.name)
 		r := w.nextLine(20 * time.Second)
 		assert.Equal(t, hubLine{Ev: "resync", Source: "direct"}, r, "worker %s: resync after the switch", w.name)
 	}
