@@ -260,6 +260,27 @@ func (s *Server) Tree() []int {
 	return pids
 }
 
+// TreeCPU is the CPU time so far of each process of the server's tree.
+func (s *Server) TreeCPU() map[int]time.Duration {
+	m := map[int]time.Duration{}
+	for _, pid := range s.Tree() {
+		if c, err := procCPU(pid); err == nil {
+			m[pid] = c
+		}
+	}
+	return m
+}
+
+// busiest is the largest CPU time one process spent between two TreeCPU readings: with the
+// work spread over processes on cores of their own, the wall time it takes.
+func busiest(before, after map[int]time.Duration) time.Duration {
+	var top time.Duration
+	for pid, c := range after {
+		top = max(top, c-before[pid])
+	}
+	return top
+}
+
 // label is the target's column in the tables.
 func (t Target) label() string {
 	if t.Label != "" {

@@ -427,6 +427,7 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 	peak := r.sampleRSS()
 	waitProfile := r.profile(ctx, scenarioFile(scenario), time.Duration(n)*(p.FanoutGap+150*time.Millisecond))
 	cpu0, _ := r.srv.CPU()
+	proc0 := r.srv.TreeCPU()
 	self0, w0 := SelfCPU(), time.Now()
 	timeouts := 0
 	for range n {
@@ -445,6 +446,7 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 		time.Sleep(p.FanoutGap)
 	}
 	cpu1, _ := r.srv.CPU()
+	proc1 := r.srv.TreeCPU()
 	self1, w1 := SelfCPU(), time.Now()
 	rssPeak := peak.done()
 	rss1, _ := r.srv.RSS()
@@ -479,6 +481,7 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 	res.add("per-delivery commit→received p99", "ms", ms(st.Latency.Quantile(0.99)), true)
 	deliveries := float64(st.Events)
 	res.add("server CPU per delivery", "µs", float64(cpu1-cpu0)/1e3/max(deliveries, 1), true)
+	res.add("server CPU per event, busiest process", "ms", ms(busiest(proc0, proc1))/float64(n), true)
 	res.add("server CPU share (2 cores)", "%", 100*(cpu1-cpu0).Seconds()/(2*w1.Sub(w0).Seconds()), false)
 	res.add("client CPU share (2 cores)", "%", 100*(self1-self0).Seconds()/(2*w1.Sub(w0).Seconds()), false)
 	if slow > 0 {
