@@ -22,14 +22,16 @@ import (
 //   - catch-up: the response head is sent; history is read from the table, live durable
 //     events are not written (ephemeral ones are);
 //   - live: taking live writes;
-//   - lagging: over durableHigh buffered; waits to drain below durableLow, then catches up;
+//   - lagging: over its high watermark queued (budget.go); waits to drain below the low one,
+//     then catches up;
 //   - closing: the last bytes are queued and the socket closes once gnet has flushed them.
 //
 // The helpers in this file are the only code that assigns sseConn.state. Each says which
 // transition it makes and does what that transition owes: admit counts the connection and
 // records its token, respond writes the response head, pause enrols a lagging connection for
 // the tick, finish writes the last bytes and closes. sweepConns (from the tick) applies the
-// time rules of each state. Every byte to an SSE client goes out through write or writev.
+// time rules of each state. Every byte to an SSE client goes out through write, writeEvents or
+// writev (outbound.go has what happens underneath).
 //
 // Times are the loop clock, Server.nowMS (unix milliseconds, refreshed every tick).
 
@@ -71,6 +73,7 @@ type sseConn struct {
 	gapChecked bool
 	counted    bool  // counted in Server.active (admitted)
 	retries    uint8 // consecutive failed history reads
+	watched    bool  // registered in the writability set (outbound.go)
 
 	all    int32 // index in Server.conns
 	subIdx int32 // index in stream.subs or channel.sse (a connection is on one of them at most)
@@ -80,6 +83,7 @@ type sseConn struct {
 	lastWriteMS int64 // when it was last written to (heartbeats)
 	expiresMS   int64 // the token's exp, unix ms; 0 = none
 
+	q      *outQueue // what the socket has not taken yet; nil when nothing (outbound.go)
 	stream *stream
 	ch     *channel
 	tags   []string // token tags (audience)
@@ -205,6 +209,9 @@ func (s *Server) connClosed(sc *sseConn) {
 	if sc.closed {
 		return
 	}
+	if sc.state == stateClosing {
+		s.flushQueue(sc) // the last bytes, as far as the socket takes them now
+	}
 	sc.closed = true
 	s.reap = append(s.reap, sc)
 	if s.depth == 0 {
@@ -233,6 +240,8 @@ func (s *Server) removeConn(sc *sseConn) {
 		s.releaseChannel(ch)
 	}
 	s.conns = swapRemove(s.conns, sc, connIndex)
+	s.unwatch(sc)
+	s.dropQueue(sc)
 	sc.c = nil
 	sc.tags = nil
 }
@@ -280,14 +289,36 @@ var heartbeat = []byte(":\n")
 
 // --- writes -------------------------------------------------------------------------------
 
-// write and writev are the only paths from the engine to an SSE client's socket.
+// write, writeEvents and writev are the only paths from the engine to an SSE client's
+// socket; each is one writev (outbound.go: Server.send).
+
+// write sends b, which the caller may reuse at once (it is copied if the socket does not take
+// it all now).
 func (sc *sseConn) write(s *Server, b []byte) {
-	_, _ = sc.c.Write(b)
+	items := append(s.out.items[:0], outItem{b: b, transient: true})
+	s.send(sc, items)
+	clear(items)
+	s.out.items = items[:0]
 	sc.lastWriteMS = s.nowMS
 }
 
-func (sc *sseConn) writev(s *Server, bs [][]byte) {
-	s.writevConn(sc.c, bs)
+// writeEvents sends the encodings of evs, which are shared by every subscriber: what the
+// socket does not take is kept by reference, never copied.
+func (sc *sseConn) writeEvents(s *Server, evs []*event) {
+	items := s.out.items[:0]
+	for _, ev := range evs {
+		items = append(items, outItem{b: ev.enc, ev: ev})
+	}
+	s.send(sc, items)
+	clear(items)
+	s.out.items = items[:0]
+	sc.lastWriteMS = s.nowMS
+}
+
+// writev sends items as they are: shared (ev set), the connection's own and immutable, or
+// transient (copied if kept).
+func (sc *sseConn) writev(s *Server, items []outItem) {
+	s.send(sc, items)
 	sc.lastWriteMS = s.nowMS
 }
 

@@ -1,0 +1,184 @@
+package engine
+
+import (
+	"context"
+	"math"
+	"runtime/debug"
+	rtmetrics "runtime/metrics"
+	"time"
+)
+
+// The outbound memory budget (SPEC §3b "Outbound memory"): --max-outbound-memory bounds the
+// bytes queued for all SSE connections together (outbound.total, kept exact by outbound.go).
+// Nothing is refused while the total is under half the budget: a durable subscriber takes live
+// writes until it has durableHighBytes queued, an ephemeral or channel subscriber is closed
+// over ephemeralLimitBytes. Between half the budget and the whole of it the limits shrink in
+// proportion, down to a floor that is the connection's share of the budget; so whatever the
+// number of connections, the queues settle below the budget:
+//
+//	durable high watermark   durableHighBytes … a quarter of (budget ÷ connections)
+//	slice over it            durableSliceBytes, never more than the high watermark
+//	durable low watermark    a quarter of the high one
+//	ephemeral limit          ephemeralLimitBytes … budget ÷ connections
+//
+// A durable subscriber over its high watermark stops taking live writes (lagging) and is
+// caught up from the table once it has drained below the low one; a write to it stops adding
+// events once its queue plus the write would pass high + slice (its cursor is the last event
+// written; the rest comes from the table). An ephemeral or channel subscriber over its limit
+// is closed with retry:.
+//
+// Memory the queues gave back is returned to the operating system once the pressure has
+// passed (debug.FreeOSMemory, at most every freeOSMemoryEvery), and unless the operator set
+// GOMEMLIMIT, the Go runtime's soft memory limit follows the budget (Config.GoMemoryLimit):
+// twice the live heap that is not queued bytes, plus the runtime's own memory, plus
+// memoryLimitBudgets × the budget — so garbage left by drained queues is collected before the
+// heap doubles on top of a full budget.
+const (
+	DefaultMaxOutboundMemory = 256 << 20 // bytes
+	MinMaxOutboundMemory     = 1 << 20   // bytes
+	MaxMaxOutboundMemory     = 1 << 40   // bytes
+
+	durableHighBytes    = 256 << 10 // a live durable subscriber queuing more is paused (lagging), without pressure
+	durableSliceBytes   = 64 << 10  // what one write may add over the high watermark
+	ephemeralLimitBytes = 1 << 20   // an ephemeral or channel subscriber queuing more is closed, without pressure
+	minWatermarkBytes   = 1 << 10   // the high watermark never shrinks below this
+	minEphemeralBytes   = 4 << 10   // nor the ephemeral limit below this
+	replayMinBytes      = 16 << 10  // a catch-up read asks for at least this many bytes
+
+	freeOSMemoryEvery  = 10 * time.Second // debug.FreeOSMemory at most this often
+	memoryLimitEvery   = time.Second      // how often the soft memory limit is recomputed
+	memoryLimitBudgets = 1.5              // budgets of headroom in the soft memory limit
+)
+
+// outLimits are the write limits of the moment (see the table above), in bytes.
+type outLimits struct {
+	high, slice, low, ephemeral int
+}
+
+// limits computes the write limits for the current total and connection count. Called once
+// per connection per write pass (a few integer operations), never per delivery.
+func (s *Server) limits() outLimits {
+	budget := s.cfg.MaxOutboundMemory
+	half := budget / 2
+	over := s.out.total - half
+	if over <= 0 {
+		return outLimits{high: durableHighBytes, slice: durableSliceBytes, low: durableHighBytes / 4, ephemeral: ephemeralLimitBytes}
+	}
+	share := budget / max(1, s.active)
+	floorHigh := min(max(share/4, minWatermarkBytes), durableHighBytes)
+	floorEph := min(max(share, minEphemeralBytes), ephemeralLimitBytes)
+	over = min(over, half)
+	l := outLimits{
+		high:      durableHighBytes - (durableHighBytes-floorHigh)*over/half,
+		ephemeral: ephemeralLimitBytes - (ephemeralLimitBytes-floorEph)*over/half,
+	}
+	l.slice = min(durableSliceBytes, l.high)
+	l.low = l.high / 4
+	return l
+}
+
+// replayBytes is how many bytes one catch-up read for a connection asks for: what the
+// connection may queue now.
+func (l outLimits) replayBytes() int { return max(l.high+l.slice, replayMinBytes) }
+
+// observeOutbound updates the gauges and, once the pressure has passed, asks for the heap to
+// be given back (from the tick).
+func (s *Server) observeOutbound() {
+	l := s.limits()
+	s.metrics.outboundBytes.Set(float64(s.out.total))
+	s.metrics.outboundWatermark.Set(float64(l.high))
+	s.outboundTotal.Store(int64(s.out.total))
+	switch {
+	case s.out.total > s.cfg.MaxOutboundMemory/2:
+		s.out.pressed = true
+	case s.out.pressed && s.out.total < s.cfg.MaxOutboundMemory/8:
+		s.out.pressed = false
+		select {
+		case s.relieved <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// keepMemory runs beside the loop (Run): it returns freed heap to the operating system when
+// the loop says the pressure has passed (rate-limited), and keeps the soft memory limit in
+// step with the budget when Config.GoMemoryLimit is set. It restores the previous limit when
+// ctx ends.
+func (s *Server) keepMemory(ctx context.Context) {
+	var lastFree time.Time
+	prevLimit := debug.SetMemoryLimit(-1)
+	var limiter *memoryLimiter
+	if s.cfg.GoMemoryLimit {
+		limiter = newMemoryLimiter(int64(s.cfg.MaxOutboundMemory))
+		defer debug.SetMemoryLimit(prevLimit)
+	}
+	t := time.NewTicker(memoryLimitEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.relieved:
+			if time.Since(lastFree) >= freeOSMemoryEvery {
+				lastFree = time.Now()
+				debug.FreeOSMemory()
+			}
+		case <-t.C:
+			if limiter != nil {
+				limiter.update(s.outboundTotal.Load())
+			}
+		}
+	}
+}
+
+// memoryLimiter sets the runtime's soft memory limit from the budget (see the top of this file).
+type memoryLimiter struct {
+	budget  int64
+	set     int64
+	samples []rtmetrics.Sample
+}
+
+const (
+	metricHeapLive     = "/gc/heap/live:bytes"
+	metricTotal        = "/memory/classes/total:bytes"
+	metricHeapObjects  = "/memory/classes/heap/objects:bytes"
+	metricHeapUnused   = "/memory/classes/heap/unused:bytes"
+	metricHeapFree     = "/memory/classes/heap/free:bytes"
+	metricHeapReleased = "/memory/classes/heap/released:bytes"
+)
+
+func newMemoryLimiter(budget int64) *memoryLimiter {
+	m := &memoryLimiter{budget: budget}
+	for _, name := range []string{metricHeapLive, metricTotal, metricHeapObjects, metricHeapUnused, metricHeapFree, metricHeapReleased} {
+		m.samples = append(m.samples, rtmetrics.Sample{Name: name})
+	}
+	return m
+}
+
+// limitFor is the soft limit for these runtime figures and queued bytes.
+func (m *memoryLimiter) limitFor(heapLive, total, heapObjects, heapUnused, heapFree, heapReleased, queued int64) int64 {
+	nonHeap := max(0, total-heapObjects-heapUnused-heapFree-heapReleased)
+	liveOther := max(0, heapLive-queued)
+	return 2*liveOther + nonHeap + int64(memoryLimitBudgets*float64(m.budget))
+}
+
+func (m *memoryLimiter) update(queued int64) {
+	rtmetrics.Read(m.samples)
+	v := make([]int64, len(m.samples))
+	for i, s := range m.samples {
+		if s.Value.Kind() != rtmetrics.KindUint64 {
+			return // a runtime without these figures: leave the limit alone
+		}
+		u := s.Value.Uint64()
+		if u > math.MaxInt64 {
+			return
+		}
+		v[i] = int64(u)
+	}
+	limit := m.limitFor(v[0], v[1], v[2], v[3], v[4], v[5], queued)
+	// Move it only when it changed by more than an eighth: each change makes the GC replan.
+	if d := limit - m.set; d > m.set/8 || -d > m.set/8 {
+		m.set = limit
+		debug.SetMemoryLimit(limit)
+	}
+}

@@ -1,0 +1,376 @@
+package engine
+
+import (
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The write path to SSE clients (DESIGN invariants 2 and 3). Every byte for an SSE
+// connection leaves through Server.send, in one writev per connection per call, straight to
+// the socket: gnet's outbound buffer is never used for SSE connections. Whatever the kernel
+// does not take at once stays in the connection's own queue (outQueue), and it is kept by
+// reference, not copied, when it is shared: a live event's encoding (event.enc) queued for a
+// thousand slow subscribers is one block of memory, however many queues point into it, and a
+// replayed batch is the batch the table read returned. Only bytes the caller reuses (the
+// encoding scratch: response heads, gap notices, the last bytes before a close) are copied.
+//
+// What the queues hold is counted as it changes (outbound.total: private bytes, plus each
+// shared encoding once while any queue holds it), so the budget (budget.go) is always exact
+// and costs nothing per delivery: a connection whose socket takes everything — the common
+// case — touches no queue and no counter.
+//
+// gnet has no writable callback, so the queues drain on the loop's fast tick: every connection
+// that ever queued is registered once, edge-triggered, for EPOLLOUT in a private epoll set, and
+// the tick asks that set (one non-blocking epoll_wait) which sockets have room again. With
+// edge triggering the kernel reports a socket only after a write found it full, which is
+// exactly when its queue needs the tick. A sweep retries every queue now and then anyway, so
+// that nothing depends on a single wake-up.
+
+// maxIOV bounds one writev (Linux IOV_MAX is 1024).
+const maxIOV = 1024
+
+// Queue housekeeping.
+const (
+	queueRetryMS      = 1000 // a queue is tried on the sweep when it has not been for this long
+	queueKeepItems    = 64   // an emptied queue's item array is kept for reuse up to this capacity
+	queueFreeListLen  = 256  // emptied queues kept for reuse
+	writableEventsMax = 256  // sockets taken from one epoll_wait
+)
+
+// outItem is one piece of bytes on its way to a connection.
+type outItem struct {
+	b []byte
+	// ev is the shared event whose encoding b is (a suffix of): kept by reference and
+	// counted once however many queues hold it. nil: b belongs to this connection alone.
+	ev *event
+	// transient: b is the caller's scratch, valid only during the call; it is copied if it
+	// has to be kept. Never set on a queued item.
+	transient bool
+}
+
+// outQueue is what a connection's socket has not taken yet, in order.
+type outQueue struct {
+	items   []outItem // items[head:] are unsent
+	head    int
+	bytes   int   // unsent bytes
+	triedMS int64 // when a write from the queue was last tried
+}
+
+// outbound is the loop's state of the write path: the queues' total, the writability set and
+// scratch space. A field of Server (loop-owned).
+type outbound struct {
+	total   int // bytes held in queues: private bytes, plus each shared encoding once
+	queued  int // connections with a non-empty queue
+	epfd    int // edge-triggered EPOLLOUT set of the connections that ever queued; -1 = none
+	byFD    map[int32]*sseConn
+	events  []unix.EpollEvent
+	iovecs  []unix.Iovec
+	items   []outItem // scratch for building one connection's write
+	free    []*outQueue
+	lastTry int64 // when the sweep last retried the queues
+	pressed bool  // the total went over half the budget; cleared (and the heap returned) once it is low again
+}
+
+func (o *outbound) init() error {
+	o.epfd = -1
+	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return err
+	}
+	o.epfd = fd
+	o.byFD = make(map[int32]*sseConn)
+	o.events = make([]unix.EpollEvent, writableEventsMax)
+	return nil
+}
+
+func (o *outbound) close() {
+	if o.epfd >= 0 {
+		_ = unix.Close(o.epfd)
+		o.epfd = -1
+	}
+}
+
+// pending is the number of bytes sc's socket has not taken yet.
+func (sc *sseConn) pending() int {
+	if sc.q == nil {
+		return 0
+	}
+	return sc.q.bytes
+}
+
+// send writes items to sc in one writev (up to maxIOV pieces per syscall) and keeps what the
+// socket does not take. Behind bytes already queued, items are queued without a syscall.
+func (s *Server) send(sc *sseConn, items []outItem) {
+	if sc.q != nil && sc.q.bytes > 0 {
+		s.keep(sc, items, 0)
+		return
+	}
+	if sc.c.OutboundBuffered() > 0 {
+		// Bytes reached gnet's buffer around these helpers: stay behind them, in gnet.
+		s.gnetWrite(sc, items)
+		return
+	}
+	sent, total, err := s.writeSocket(sc, items)
+	if err != nil {
+		_ = sc.c.Close() // the peer is gone: gnet closes it (OnClose) and we drop the rest
+		return
+	}
+	if sent < total {
+		s.keep(sc, items, sent)
+	}
+}
+
+// writeSocket writes items to sc's socket until the socket is full, at most maxIOV pieces per
+// writev; it returns the bytes taken and the bytes offered. EAGAIN is not an error.
+func (s *Server) writeSocket(sc *sseConn, items []outItem) (sent, total int, err error) {
+	fd := sc.c.Fd()
+	for len(items) > 0 {
+		k := min(len(items), maxIOV)
+		iov := s.out.iovecs[:0]
+		n := 0
+		for _, it := range items[:k] {
+			if len(it.b) == 0 {
+				continue
+			}
+			iov = append(iov, unix.Iovec{Base: &it.b[0], Len: uint64(len(it.b))})
+			n += len(it.b)
+		}
+		items = items[k:]
+		total += n
+		if n == 0 {
+			s.out.iovecs = iov[:0]
+			continue
+		}
+		w, _, errno := syscall.Syscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		clear(iov) // no stale pointers into event encodings
+		s.out.iovecs = iov[:0]
+		switch {
+		case errno == syscall.EAGAIN:
+			w = 0
+		case errno == syscall.EINTR:
+			w = 0
+		case errno != 0:
+			return sent, total, errno
+		}
+		sent += int(w)
+		if int(w) < n {
+			for _, it := range items {
+				total += len(it.b)
+			}
+			return sent, total, nil
+		}
+	}
+	return sent, total, nil
+}
+
+// keep queues items after their first skip bytes (which the socket took), by reference when
+// they may be kept (shared or private), as a copy when transient.
+func (s *Server) keep(sc *sseConn, items []outItem, skip int) {
+	q := sc.q
+	if q == nil {
+		q = s.newQueue()
+		sc.q = q
+	}
+	if q.bytes == 0 {
+		s.out.queued++
+		q.triedMS = s.nowMS
+		s.watch(sc)
+	}
+	for _, it := range items {
+		if skip >= len(it.b) {
+			skip -= len(it.b)
+			continue
+		}
+		b := it.b[skip:]
+		skip = 0
+		if it.transient {
+			b = append([]byte(nil), b...)
+		}
+		if it.ev != nil {
+			if it.ev.queued == 0 {
+				s.out.total += len(it.ev.enc)
+			}
+			it.ev.queued++
+		} else {
+			s.out.total += len(b)
+		}
+		q.bytes += len(b)
+		q.items = append(q.items, outItem{b: b, ev: it.ev})
+	}
+}
+
+// dropItem releases a queued item (sent or abandoned) and its share of the total.
+func (s *Server) dropItem(it *outItem) {
+	if it.ev != nil {
+		it.ev.queued--
+		if it.ev.queued == 0 {
+			s.out.total -= len(it.ev.enc)
+		}
+	} else {
+		s.out.total -= len(it.b)
+	}
+	*it = outItem{}
+}
+
+// consume removes n sent bytes from the front of q.
+func (s *Server) consume(q *outQueue, n int) {
+	q.bytes -= n
+	for n > 0 && q.head < len(q.items) {
+		it := &q.items[q.head]
+		if n < len(it.b) {
+			it.b = it.b[n:]
+			if it.ev == nil {
+				s.out.total -= n
+			}
+			return
+		}
+		n -= len(it.b)
+		s.dropItem(it)
+		q.head++
+	}
+}
+
+// flushQueue writes from sc's queue until the queue is empty or the socket is full.
+func (s *Server) flushQueue(sc *sseConn) {
+	q := sc.q
+	if q == nil || q.bytes == 0 || sc.c == nil {
+		return
+	}
+	q.triedMS = s.nowMS
+	for q.bytes > 0 {
+		sent, total, err := s.writeSocket(sc, q.items[q.head:])
+		if err != nil {
+			_ = sc.c.Close()
+			return
+		}
+		s.consume(q, sent)
+		if sent < total {
+			break // full: the socket is reported again once it has room
+		}
+	}
+	sc.lastWriteMS = s.nowMS
+	if q.bytes == 0 {
+		s.emptied(sc)
+	}
+}
+
+// emptied returns an empty queue for reuse.
+func (s *Server) emptied(sc *sseConn) {
+	q := sc.q
+	sc.q = nil
+	s.out.queued--
+	clear(q.items[q.head:])
+	q.items, q.head, q.bytes = q.items[:0], 0, 0
+	if cap(q.items) > queueKeepItems {
+		q.items = nil
+	}
+	if len(s.out.free) < queueFreeListLen {
+		s.out.free = append(s.out.free, q)
+	}
+}
+
+func (s *Server) newQueue() *outQueue {
+	if n := len(s.out.free); n > 0 {
+		q := s.out.free[n-1]
+		s.out.free[n-1] = nil
+		s.out.free = s.out.free[:n-1]
+		return q
+	}
+	return &outQueue{}
+}
+
+// dropQueue abandons whatever sc still has queued (the connection is gone).
+func (s *Server) dropQueue(sc *sseConn) {
+	q := sc.q
+	if q == nil {
+		return
+	}
+	for i := q.head; i < len(q.items); i++ {
+		s.dropItem(&q.items[i])
+	}
+	q.head = len(q.items)
+	if q.bytes > 0 {
+		q.bytes = 0
+		s.out.queued--
+	}
+	sc.q = nil
+}
+
+// watch registers sc's socket in the writability set (once per connection).
+func (s *Server) watch(sc *sseConn) {
+	if sc.watched || s.out.epfd < 0 {
+		return
+	}
+	fd := sc.c.Fd()
+	ev := unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLET, Fd: int32(fd)}
+	err := unix.EpollCtl(s.out.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	if err == unix.EEXIST {
+		err = unix.EpollCtl(s.out.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+	}
+	if err != nil {
+		// The sweep still retries the queue (queueRetryMS); nothing is lost but latency.
+		s.log.Warn("cannot watch an SSE socket for writability; its queue drains on the sweep", "err", err)
+		return
+	}
+	sc.watched = true
+	s.out.byFD[int32(fd)] = sc
+}
+
+// unwatch forgets sc's socket (it is about to be closed, which also removes it from the set).
+func (s *Server) unwatch(sc *sseConn) {
+	if !sc.watched {
+		return
+	}
+	sc.watched = false
+	fd := int32(sc.c.Fd())
+	if s.out.byFD[fd] == sc {
+		delete(s.out.byFD, fd)
+	}
+}
+
+// flushWritable writes the queues of the sockets that have room again (from the tick).
+func (s *Server) flushWritable() {
+	if s.out.queued == 0 || s.out.epfd < 0 {
+		return
+	}
+	for {
+		n, err := unix.EpollWait(s.out.epfd, s.out.events, 0)
+		if err != nil || n <= 0 {
+			return
+		}
+		for _, ev := range s.out.events[:n] {
+			if sc := s.out.byFD[ev.Fd]; sc != nil && !sc.closed {
+				s.flushQueue(sc)
+			}
+		}
+		if n < len(s.out.events) {
+			return
+		}
+	}
+}
+
+// retryQueues tries every queue that has not been tried for queueRetryMS (from the sweep):
+// a safety net under the writability set.
+func (s *Server) retryQueues() {
+	if s.out.queued == 0 || s.nowMS-s.out.lastTry < queueRetryMS {
+		return
+	}
+	s.out.lastTry = s.nowMS
+	for _, sc := range s.conns {
+		if sc.q != nil && sc.q.bytes > 0 && !sc.closed && s.nowMS-sc.q.triedMS >= queueRetryMS {
+			s.flushQueue(sc)
+		}
+	}
+}
+
+// gnetWrite hands items to gnet (which copies them) — only when gnet already holds bytes
+// for the connection, so that order is kept.
+func (s *Server) gnetWrite(sc *sseConn, items []outItem) {
+	for _, it := range items {
+		if len(it.b) > 0 {
+			_, _ = sc.c.Write(it.b)
+		}
+	}
+}
