@@ -398,6 +398,7 @@ type ClientStats struct {
 	Bytes, Reads   int64
 	Comments       int64 // heartbeat and preamble comments
 	Gaps, Dups     int64 // per connection, sequence numbers skipped / repeated
+	ConnsWithGaps  int   // reading connections that skipped a sequence number
 	Closed         int64 // connections the server closed
 	Bad            int64
 	Latency        Histogram // per delivery, from the reference time (SetRef)
@@ -469,6 +470,9 @@ func (c *Client) Stats() *ClientStats {
 			st.Comments += sc.s.Comments
 			st.Gaps += sc.gaps
 			st.Dups += sc.dups
+			if sc.gaps > 0 {
+				st.ConnsWithGaps++
+			}
 			st.Bad += sc.s.Bad
 			if st.MinLastSeq < 0 || sc.lastSeq < st.MinLastSeq {
 				st.MinLastSeq = sc.lastSeq

@@ -45,6 +45,11 @@ type Params struct {
 
 	Hub HubParams // scenario 5
 
+	// OutboundBudget is pgsse's --max-outbound-memory in scenarios 4, 7 and 8 (0 = the
+	// server's default); RSS is reported against it.
+	OutboundBudget int64
+	Memory         MemoryParams // scenarios 7 and 8
+
 	Sources int // loopback source addresses
 	Readers int // client epoll loops
 }
@@ -59,6 +64,8 @@ func Full() Params {
 		SlowPercent: 1, SlowRcvBuf: 4096, PrefillEvents: 600, PrefillData: 7000,
 		Hub:     HubParams{Workers: 64, Rate: 5000, Duration: 10 * time.Second},
 		Sources: 8, Readers: 1,
+		Memory: MemoryParams{StalledConns: 200, StalledDuration: 10 * time.Second, StalledData: 1024,
+			LargeBytes: 50 << 20, LargeSubscribers: 10},
 	}
 }
 
@@ -74,6 +81,8 @@ func Small() Params {
 	p.ThroughputDuration = time.Second
 	p.SlowPercent = 5
 	p.Hub = HubParams{Workers: 8, Rate: 1000, Duration: time.Second}
+	p.Memory = MemoryParams{StalledConns: 50, StalledDuration: 2 * time.Second, StalledData: 1024,
+		LargeBytes: 16 << 20, LargeSubscribers: 10}
 	return p
 }
 
@@ -299,7 +308,7 @@ func Idle(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
 	c.Close()
 	st := c.Stats()
 	window := w1.Sub(w0)
-	res := &Result{Scenario: "1 idle", Target: t.Name}
+	res := &Result{Scenario: "1 idle", Target: t.label()}
 	res.add("connections", "", float64(st.Conns), false)
 	res.add("RSS per idle connection", "B", float64(rss1-rss0)/float64(st.Conns), true)
 	res.add("RSS total", "MiB", float64(rss1)/(1<<20), true)
@@ -357,7 +366,7 @@ func Latency(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
 			commit = append(commit, time.Duration(st.Last[seq]-pub.Ref[seq]))
 		}
 	}
-	res := &Result{Scenario: "2 latency", Target: t.Name}
+	res := &Result{Scenario: "2 latency", Target: t.label()}
 	cq := Quantiles(commit, 0.5, 0.95, 0.99, 1)
 	res.add("commit→received p50", "ms", ms(cq[0]), true)
 	res.add("commit→received p95", "ms", ms(cq[1]), true)
@@ -461,7 +470,7 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 	}
 	lq := Quantiles(ttl, 0.5, 0.99, 1)
 	fq := Quantiles(ttf, 0.5)
-	res := &Result{Scenario: scenario, Target: t.Name}
+	res := &Result{Scenario: scenario, Target: t.label()}
 	res.add("subscribers reading", "", float64(reading), false)
 	if slow > 0 {
 		res.add("subscribers not reading", "", float64(slow), false)
@@ -565,6 +574,7 @@ func (c *Client) drainSlow() int {
 // measured over the publishing window (the publisher outruns any fan-out, so draining the
 // backlog afterwards would measure the backlog, not the server).
 func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
+	t.ExtraArgs = append(append([]string(nil), t.ExtraArgs...), budgetArgs(t, p)...)
 	r, err := e.start(ctx, t, p)
 	if err != nil {
 		return nil, err
@@ -615,7 +625,7 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	wall := w1.Sub(w0).Seconds()
 	deliveries := float64(delivered)
 	serverCPU := (cpu1 - cpu0).Seconds()
-	res := &Result{Scenario: "4 throughput", Target: t.Name}
+	res := &Result{Scenario: "4 throughput", Target: t.label()}
 	res.add("events published", "events/s", float64(last)/wall, false)
 	res.add("deliveries", "deliveries/s", deliveries/wall, false)
 	res.add("server CPU per million deliveries", "CPU-s", serverCPU/max(deliveries, 1)*1e6, true)
@@ -624,8 +634,14 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	res.add("PostgreSQL CPU share (2 cores)", "%", 100*pgCPUDelta(pg0, pg1).Seconds()/(2*wall), false)
 	res.add("events per subscriber behind at the end", "events", float64(last)-deliveries/float64(p.Conns), true)
 	res.add("events lost (skipped in a subscriber's sequence)", "%", 100*float64(st.Gaps)/max(float64(st.Gaps)+float64(st.Events), 1), true)
+	res.add("subscribers with a sequence gap", "", float64(st.ConnsWithGaps), true)
+	res.add("server RSS idle (subscribers connected)", "MiB", float64(rss0)/(1<<20), true)
 	res.add("server RSS peak", "MiB", float64(rssPeak)/(1<<20), true)
 	res.add("server RSS growth", "MiB", float64(rssPeak-rss0)/(1<<20), true)
+	if p.OutboundBudget > 0 && t.Name == "pgsse" {
+		res.add("--max-outbound-memory", "MiB", float64(p.OutboundBudget)/(1<<20), false)
+		res.add("server RSS growth ÷ budget", "×", float64(rssPeak-rss0)/float64(p.OutboundBudget), true)
+	}
 	res.add("bytes per read (client)", "B", float64(st.Bytes)/max(float64(st.Reads), 1), false)
 	if d, ok := r.baselineDropped(); ok {
 		res.add("events dropped by server (full queues)", "", float64(d), true)
@@ -647,7 +663,7 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	return res, nil
 }
 
-// Scenario runs scenario id (1, 2, 3, 4 or 6) against t.
+// Scenario runs scenario id (1, 2, 3, 4, 6, 7 or 8) against t.
 func Scenario(ctx context.Context, e *Env, t Target, p Params, id int) (*Result, error) {
 	switch id {
 	case 1:
@@ -660,6 +676,10 @@ func Scenario(ctx context.Context, e *Env, t Target, p Params, id int) (*Result,
 		return Throughput(ctx, e, t, p)
 	case 6:
 		return FanOut(ctx, e, t, p, p.SlowPercent)
+	case 7:
+		return Stalled(ctx, e, t, p)
+	case 8:
+		return LargeEvent(ctx, e, t, p)
 	}
-	return nil, errors.New("scenario must be 1, 2, 3, 4 or 6 (5, the hub, is Hub)")
+	return nil, errors.New("scenario must be 1, 2, 3, 4, 6, 7 or 8 (5, the hub, is Hub)")
 }

@@ -34,10 +34,6 @@ import (
 // memoryLimitBudgets × the budget — so garbage left by drained queues is collected before the
 // heap doubles on top of a full budget.
 const (
-	DefaultMaxOutboundMemory = 256 << 20 // bytes
-	MinMaxOutboundMemory     = 1 << 20   // bytes
-	MaxMaxOutboundMemory     = 1 << 40   // bytes
-
 	durableHighBytes    = 256 << 10 // a live durable subscriber queuing more is paused (lagging), without pressure
 	durableSliceBytes   = 64 << 10  // what one write may add over the high watermark
 	ephemeralLimitBytes = 1 << 20   // an ephemeral or channel subscriber queuing more is closed, without pressure

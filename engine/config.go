@@ -49,26 +49,29 @@ type Config struct {
 
 // Defaults (SPEC §6): the CLI's flag defaults, and what New fills in for a zero field.
 const (
-	DefaultListen                      = ":8080"
-	DefaultHubSocketMode   os.FileMode = 0o600
-	DefaultHubWorkerBuffer             = 1 << 20 // bytes
-	DefaultMaxHeaderBytes              = 8192
-	DefaultHeartbeat                   = 15 * time.Second
-	DefaultRetry                       = 2 * time.Second
-	DefaultRetention                   = 24 * time.Hour
-	DefaultReplayPoolSize              = 4
+	DefaultListen                        = ":8080"
+	DefaultHubSocketMode     os.FileMode = 0o600
+	DefaultHubWorkerBuffer               = 1 << 20 // bytes
+	DefaultMaxHeaderBytes                = 8192
+	DefaultHeartbeat                     = 15 * time.Second
+	DefaultRetry                         = 2 * time.Second
+	DefaultRetention                     = 24 * time.Hour
+	DefaultReplayPoolSize                = 4
+	DefaultMaxOutboundMemory             = 256 << 20 // bytes queued for all SSE connections together
 )
 
 // Bounds on Config values. New refuses values outside them; the CLI checks the same bounds
 // first so that its message names the flag or variable that was set.
 const (
-	MinHubWorkerBuffer = 2 * (framing.HeaderLen + framing.MaxBody) // two maximal frames, bytes
-	MaxHubWorkerBuffer = 1 << 30                                   // bytes
-	MinMaxHeaderBytes  = 1024
-	MaxMaxHeaderBytes  = 1 << 20
-	MinHeartbeat       = 100 * time.Millisecond
-	MinRetry           = time.Millisecond
-	MaxInterval        = 24 * time.Hour // the longest --heartbeat and --retry
+	MinHubWorkerBuffer   = 2 * (framing.HeaderLen + framing.MaxBody) // two maximal frames, bytes
+	MaxHubWorkerBuffer   = 1 << 30                                   // bytes
+	MinMaxHeaderBytes    = 1024
+	MaxMaxHeaderBytes    = 1 << 20
+	MinHeartbeat         = 100 * time.Millisecond
+	MinRetry             = time.Millisecond
+	MaxInterval          = 24 * time.Hour // the longest --heartbeat and --retry
+	MinMaxOutboundMemory = 1 << 20        // bytes
+	MaxMaxOutboundMemory = 1 << 40        // bytes
 )
 
 // The descriptor budget (SPEC §3b "Descriptors"). Of RLIMIT_NOFILE, FDReserve descriptors

@@ -17,7 +17,7 @@ import (
 // encoding scratch: response heads, gap notices, the last bytes before a close) are copied.
 //
 // What the queues hold is counted as it changes (outbound.total: private bytes, plus each
-// shared encoding once while any queue holds it), so the budget (budget.go) is always exact
+// shared encoding once while any queue holds it, plus outItemBytes per queued piece), so the budget (budget.go) is always exact
 // and costs nothing per delivery: a connection whose socket takes everything — the common
 // case — touches no queue and no counter.
 //
@@ -30,6 +30,10 @@ import (
 
 // maxIOV bounds one writev (Linux IOV_MAX is 1024).
 const maxIOV = 1024
+
+// outItemBytes is what one queued piece costs besides its bytes; counted in the total, so that
+// a queue of many small shared events is not free.
+const outItemBytes = int(unsafe.Sizeof(outItem{}))
 
 // Queue housekeeping.
 const (
@@ -61,7 +65,7 @@ type outQueue struct {
 // outbound is the loop's state of the write path: the queues' total, the writability set and
 // scratch space. A field of Server (loop-owned).
 type outbound struct {
-	total   int // bytes held in queues: private bytes, plus each shared encoding once
+	total   int // bytes held in queues: private bytes, each shared encoding once, outItemBytes per piece
 	queued  int // connections with a non-empty queue
 	epfd    int // edge-triggered EPOLLOUT set of the connections that ever queued; -1 = none
 	byFD    map[int32]*sseConn
@@ -168,6 +172,73 @@ func (s *Server) writeSocket(sc *sseConn, items []outItem) (sent, total int, err
 // keep queues items after their first skip bytes (which the socket took), by reference when
 // they may be kept (shared or private), as a copy when transient.
 func (s *Server) keep(sc *sseConn, items []outItem, skip int) {
+	for _, it := range items {
+		if skip >= len(it.b) {
+			skip -= len(it.b)
+			continue
+		}
+		s.enqueue(sc, it, it.b[skip:])
+		skip = 0
+	}
+}
+
+// sendLive writes live events (shared encodings) like send, but lets sc's queue grow with
+// durable events only up to limit bytes: once the queue holds something, the first durable
+// event that would take it past limit is not sent, nor is any durable event after it
+// (ephemeral ones still are). So a connection always takes at least one event, and the
+// kernel takes whatever it can first. It returns the index in evs of the first durable event
+// not sent, len(evs) if all were.
+func (s *Server) sendLive(sc *sseConn, evs []*event, limit int) int {
+	items := s.out.items[:0]
+	for _, ev := range evs {
+		items = append(items, outItem{b: ev.enc, ev: ev})
+	}
+	defer func() {
+		clear(items)
+		s.out.items = items[:0]
+	}()
+	sent := 0
+	switch {
+	case sc.q != nil && sc.q.bytes > 0:
+	case sc.c.OutboundBuffered() > 0:
+		s.gnetWrite(sc, items)
+		return len(evs)
+	default:
+		n, total, err := s.writeSocket(sc, items)
+		if err != nil {
+			_ = sc.c.Close()
+			return len(evs)
+		}
+		if n == total {
+			return len(evs)
+		}
+		sent = n
+	}
+	cut := len(evs)
+	for i, it := range items {
+		if sent >= len(it.b) {
+			sent -= len(it.b)
+			continue
+		}
+		b := it.b[sent:]
+		partial := sent > 0
+		sent = 0
+		if evs[i].id > 0 && !partial {
+			if cut < len(evs) {
+				continue
+			}
+			if q := sc.pending(); q > 0 && q+len(b) > limit {
+				cut = i
+				continue
+			}
+		}
+		s.enqueue(sc, it, b)
+	}
+	return cut
+}
+
+// enqueue appends b (all or the unsent part of it) to sc's queue and counts it.
+func (s *Server) enqueue(sc *sseConn, it outItem, b []byte) {
 	q := sc.q
 	if q == nil {
 		q = s.newQueue()
@@ -178,27 +249,20 @@ func (s *Server) keep(sc *sseConn, items []outItem, skip int) {
 		q.triedMS = s.nowMS
 		s.watch(sc)
 	}
-	for _, it := range items {
-		if skip >= len(it.b) {
-			skip -= len(it.b)
-			continue
-		}
-		b := it.b[skip:]
-		skip = 0
-		if it.transient {
-			b = append([]byte(nil), b...)
-		}
-		if it.ev != nil {
-			if it.ev.queued == 0 {
-				s.out.total += len(it.ev.enc)
-			}
-			it.ev.queued++
-		} else {
-			s.out.total += len(b)
-		}
-		q.bytes += len(b)
-		q.items = append(q.items, outItem{b: b, ev: it.ev})
+	if it.transient {
+		b = append([]byte(nil), b...)
 	}
+	if it.ev != nil {
+		if it.ev.queued == 0 {
+			s.out.total += len(it.ev.enc)
+		}
+		it.ev.queued++
+	} else {
+		s.out.total += len(b)
+	}
+	s.out.total += outItemBytes
+	q.bytes += len(b)
+	q.items = append(q.items, outItem{b: b, ev: it.ev})
 }
 
 // dropItem releases a queued item (sent or abandoned) and its share of the total.
@@ -211,6 +275,7 @@ func (s *Server) dropItem(it *outItem) {
 	} else {
 		s.out.total -= len(it.b)
 	}
+	s.out.total -= outItemBytes
 	*it = outItem{}
 }
 

@@ -315,6 +315,14 @@ func (sc *sseConn) writeEvents(s *Server, evs []*event) {
 	sc.lastWriteMS = s.nowMS
 }
 
+// writeLive sends live events like writeEvents, but queues durable ones only up to limit
+// bytes (Server.sendLive); it returns the index in evs of the first durable event not sent.
+func (sc *sseConn) writeLive(s *Server, evs []*event, limit int) int {
+	n := s.sendLive(sc, evs, limit)
+	sc.lastWriteMS = s.nowMS
+	return n
+}
+
 // writev sends items as they are: shared (ev set), the connection's own and immutable, or
 // transient (copied if kept).
 func (sc *sseConn) writev(s *Server, items []outItem) {

@@ -174,10 +174,11 @@ func (s *Server) flushStreams() {
 // deliver writes the items a connection should get, in one syscall. Live connections get
 // durable and ephemeral events; connections still catching up or lagging get only ephemeral
 // ones (their durable events come from the table). The outbound limits of the moment apply
-// (budget.go): a live connection over its high watermark is paused before the write, and one
-// whose queue plus this write would pass high + slice takes no further durable event (it is
-// paused, its cursor the last event written; the rest comes from the ring or the table); an
-// ephemeral event for a connection over the ephemeral limit closes it.
+// (budget.go): a live connection over its high watermark is paused before the write; of what
+// the socket does not take, durable events are queued only up to high + slice — the first
+// one beyond (never the first the queue holds) and those after it are not sent, and the
+// connection is paused with its cursor just before it (the rest comes from the ring or the
+// table); an ephemeral event for a connection over the ephemeral limit closes it.
 func (s *Server) deliver(sc *sseConn, items []*event) int {
 	if !sc.streaming() {
 		return 0
@@ -189,23 +190,20 @@ func (s *Server) deliver(sc *sseConn, items []*event) int {
 		s.pause(sc)
 		live = false
 	}
-	room := l.high + l.slice - queued // bytes this write may add
 	evs := s.evs[:0]
+	defer func() {
+		clear(evs)
+		s.evs = evs[:0]
+	}()
 	for _, ev := range items {
 		if ev.id > 0 {
 			if !live || ev.id <= sc.cursor {
 				continue
 			}
-			if !auth.InAudience(sc.tags, ev.audience) {
-				sc.cursor = ev.id
-				continue
-			}
-			if len(ev.enc) > room && (queued > 0 || len(evs) > 0) {
-				s.pause(sc) // the rest from the ring or the table, once drained
-				live = false
-				continue
-			}
 			sc.cursor = ev.id
+			if !auth.InAudience(sc.tags, ev.audience) {
+				continue
+			}
 		} else {
 			if !auth.InAudience(sc.tags, ev.audience) {
 				continue
@@ -213,21 +211,28 @@ func (s *Server) deliver(sc *sseConn, items []*event) int {
 			if queued > l.ephemeral {
 				s.metrics.droppedSlowClient.Inc()
 				s.closeWithRetry(sc)
-				clear(evs)
-				s.evs = evs[:0]
 				return 0
 			}
 		}
-		room -= len(ev.enc)
 		evs = append(evs, ev)
 	}
-	n := len(evs)
-	if n > 0 {
-		sc.writeEvents(s, evs)
+	if len(evs) == 0 {
+		return 0
 	}
-	clear(evs)
-	s.evs = evs[:0]
-	return n
+	n := sc.writeLive(s, evs, l.high+l.slice)
+	if n == len(evs) {
+		return n
+	}
+	// Durable events from evs[n] on were not sent: the connection resumes just before it.
+	sc.cursor = evs[n].id - 1
+	s.pause(sc)
+	delivered := n
+	for _, ev := range evs[n:] {
+		if ev.id == 0 {
+			delivered++
+		}
+	}
+	return delivered
 }
 
 // startFetch reads the stream from the table after st.last, for the whole live set.
@@ -448,28 +453,21 @@ func (s *Server) tryJoin(sc *sseConn) {
 			st.notified = c
 		}
 	case len(st.ring) > 0 && c >= st.ring[0].id-1, len(st.ring) == 0 && c >= st.last:
-		// Bridge from the ring, within what the connection may queue (deliver's rule).
-		l := s.limits()
-		queued := sc.pending()
-		room := l.high + l.slice - queued
+		// Bridge from the ring, queuing at most what deliver would.
 		evs := s.evs[:0]
-		cut := false
 		for _, ev := range st.ring {
-			if ev.id <= c {
-				continue
-			}
-			if auth.InAudience(sc.tags, ev.audience) {
-				if len(ev.enc) > room && (queued > 0 || len(evs) > 0) {
-					cut = true
-					break
-				}
-				room -= len(ev.enc)
+			if ev.id > c && auth.InAudience(sc.tags, ev.audience) {
 				evs = append(evs, ev)
 			}
-			sc.cursor = ev.id
 		}
-		if len(evs) > 0 {
-			sc.writeEvents(s, evs)
+		n := len(evs)
+		if n > 0 {
+			l := s.limits()
+			n = sc.writeLive(s, evs, l.high+l.slice)
+		}
+		cut := n < len(evs)
+		if cut {
+			sc.cursor = evs[n].id - 1
 		}
 		clear(evs)
 		s.evs = evs[:0]

@@ -296,6 +296,8 @@ func (r *Replayer) query(conn *pgconn.PgConn, req *ReadRequest) ReadResult {
 		chunk    []byte // the current buffer small events are copied (or encoded) into
 		decErr   error
 	)
+	// A chunk need not be larger than the batch can be (plus what an encoding adds).
+	chunkBytes := min(batchChunkBytes, maxBytes+maxBytes/4+1024)
 	for rr.NextRow() {
 		v := rr.Values()
 		if len(v) != 8 {
@@ -333,7 +335,7 @@ func (r *Replayer) query(conn *pgconn.PgConn, req *ReadRequest) ReadResult {
 				continue
 			}
 		}
-		ev.Data, chunk = keepData(chunk, req.Encode, ev.ID, v[3], v[4])
+		ev.Data, chunk = keepData(chunk, chunkBytes, req.Encode, ev.ID, v[3], v[4])
 		res.Events = append(res.Events, ev)
 	}
 	if _, err := rr.Close(); err != nil {
@@ -352,11 +354,11 @@ func (r *Replayer) query(conn *pgconn.PgConn, req *ReadRequest) ReadResult {
 	return res
 }
 
-// keepData copies data — or what encode makes of it — into chunk, or into a new chunk when
-// it does not fit (earlier events keep theirs: nothing already read is copied again); an event
+// keepData copies data — or what encode makes of it — into chunk, or into a new chunk (of
+// chunkBytes, or the event's size if larger) when it does not fit (earlier events keep theirs: nothing already read is copied again); an event
 // larger than largeEventBytes gets a buffer of its own (encode is given nil and sizes it). It
 // returns the kept bytes and the chunk to continue with.
-func keepData(chunk []byte, encode func(dst []byte, id int64, event, data []byte) []byte, id int64, event, data []byte) (kept, next []byte) {
+func keepData(chunk []byte, chunkBytes int, encode func(dst []byte, id int64, event, data []byte) []byte, id int64, event, data []byte) (kept, next []byte) {
 	if len(data) > largeEventBytes {
 		if encode != nil {
 			kept = encode(nil, id, event, data)
@@ -370,7 +372,7 @@ func keepData(chunk []byte, encode func(dst []byte, id int64, event, data []byte
 		need += len(event) + 64
 	}
 	if cap(chunk)-len(chunk) < need {
-		chunk = make([]byte, 0, max(batchChunkBytes, need))
+		chunk = make([]byte, 0, max(chunkBytes, need))
 	}
 	start := len(chunk)
 	if encode != nil {
