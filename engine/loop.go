@@ -16,7 +16,7 @@ import (
 // Tick periods. Waking the loop costs more than the tick's work — each wake pulls the
 // loop's thread out of epoll_wait — so an idle server wakes it 4 times a second, and 50
 // times a second only while a lagging client or hub worker waits for its socket to drain
-// (gnet has no writable callback), or an SSE socket has bytes queued (outbound.go).
+// (gnet has no writable callback; SSE sockets have their own, outbound.go).
 const (
 	tickFast = 20 * time.Millisecond
 	tickSlow = 250 * time.Millisecond
@@ -43,7 +43,7 @@ func (s *Server) leave() {
 		s.reap = s.reap[:len(s.reap)-1]
 		s.removeConn(sc)
 	}
-	if poll := len(s.lagging) > 0 || s.out.queued > 0 || s.hub.needsPoll(); poll != s.needPoll.Load() {
+	if poll := len(s.lagging) > 0 || s.hub.needsPoll(); poll != s.needPoll.Load() {
 		s.needPoll.Store(poll)
 		if poll {
 			select {
@@ -81,8 +81,7 @@ func (s *Server) ticker(ctx context.Context) {
 	}
 }
 
-// tick is the loop's periodic work: the clock, SSE queues whose sockets have room again,
-// lagging connections that drained, the hub's flushing and deadlines, the outbound gauges,
+// tick is the loop's periodic work: the clock, lagging connections that drained, the hub's flushing and deadlines, the outbound gauges,
 // and — at most every sweepIntervalMS — failed reads to retry, queues to retry and the
 // connections' time rules (sweepConns).
 func (s *Server) tick() {
@@ -91,7 +90,6 @@ func (s *Server) tick() {
 	now := time.Now()
 	s.nowMS = now.UnixMilli()
 	s.healthyAt.Store(now.UnixNano())
-	s.flushWritable()
 	s.resumeLagging()
 	s.hub.tick()
 	s.observeOutbound()

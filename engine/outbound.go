@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"syscall"
 	"unsafe"
 
@@ -21,12 +22,13 @@ import (
 // and costs nothing per delivery: a connection whose socket takes everything — the common
 // case — touches no queue and no counter.
 //
-// gnet has no writable callback, so the queues drain on the loop's fast tick: every connection
-// that ever queued is registered once, edge-triggered, for EPOLLOUT in a private epoll set, and
-// the tick asks that set (one non-blocking epoll_wait) which sockets have room again. With
-// edge triggering the kernel reports a socket only after a write found it full, which is
-// exactly when its queue needs the tick. A sweep retries every queue now and then anyway, so
-// that nothing depends on a single wake-up.
+// gnet has no writable callback, so the write path keeps its own: every connection that ever
+// queued is registered once, edge-triggered, for EPOLLOUT in a private epoll set, and
+// watchWritable, a goroutine blocked in epoll_wait on that set, hands the sockets that have
+// room again to the loop as one task (and waits for it before it looks again). With edge
+// triggering the kernel reports a socket only after a write found it full, which is exactly
+// when its queue needs a write. The sweep retries every queue now and then anyway, so that
+// nothing depends on a single wake-up.
 
 // maxIOV bounds one writev (Linux IOV_MAX is 1024).
 const maxIOV = 1024
@@ -59,40 +61,106 @@ type outQueue struct {
 	items   []outItem // items[head:] are unsent
 	head    int
 	bytes   int   // unsent bytes
+	begun   bool  // the socket has taken part of items[head]
 	triedMS int64 // when a write from the queue was last tried
 }
 
 // outbound is the loop's state of the write path: the queues' total, the writability set and
 // scratch space. A field of Server (loop-owned).
 type outbound struct {
-	total   int // bytes held in queues: private bytes, each shared encoding once, outItemBytes per piece
-	queued  int // connections with a non-empty queue
-	epfd    int // edge-triggered EPOLLOUT set of the connections that ever queued; -1 = none
-	byFD    map[int32]*sseConn
-	events  []unix.EpollEvent
-	iovecs  []unix.Iovec
-	items   []outItem // scratch for building one connection's write
-	free    []*outQueue
-	lastTry int64 // when the sweep last retried the queues
-	pressed bool  // the total went over half the budget; cleared (and the heap returned) once it is low again
+	total  int // bytes held in queues: private bytes, each shared encoding once, outItemBytes per piece
+	queued int // connections with a non-empty queue
+	epfd   int // edge-triggered EPOLLOUT set of the connections that ever queued; -1 = none
+	stopFD int // an eventfd in that set: written to end watchWritable
+	byFD   map[int32]*sseConn
+	// ready holds the sockets watchWritable found with room; the loop reads it in flushTask,
+	// then signals readyDone (watchWritable does not touch it in between).
+	ready     []int32
+	readyDone chan struct{}
+	flushTask func()
+	iovecs    []unix.Iovec
+	items     []outItem // scratch for building one connection's write
+	free      []*outQueue
+	lastTry   int64 // when the sweep last retried the queues
+	pressed   bool  // the total went over half the budget; cleared (and the heap returned) once it is low again
 }
 
 func (o *outbound) init() error {
-	o.epfd = -1
+	o.epfd, o.stopFD = -1, -1
 	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return err
 	}
 	o.epfd = fd
+	if o.stopFD, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		o.close()
+		return err
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(o.stopFD)}
+	if err := unix.EpollCtl(o.epfd, unix.EPOLL_CTL_ADD, o.stopFD, &ev); err != nil {
+		o.close()
+		return err
+	}
 	o.byFD = make(map[int32]*sseConn)
-	o.events = make([]unix.EpollEvent, writableEventsMax)
+	o.readyDone = make(chan struct{}, 1)
 	return nil
 }
 
 func (o *outbound) close() {
-	if o.epfd >= 0 {
-		_ = unix.Close(o.epfd)
-		o.epfd = -1
+	for _, fd := range []*int{&o.epfd, &o.stopFD} {
+		if *fd >= 0 {
+			_ = unix.Close(*fd)
+			*fd = -1
+		}
+	}
+}
+
+// stopWatching ends watchWritable (from Run, after its context was cancelled).
+func (o *outbound) stopWatching() {
+	if o.stopFD >= 0 {
+		var one = [8]byte{1}
+		_, _ = unix.Write(o.stopFD, one[:])
+	}
+}
+
+// watchWritable runs beside the loop (Run) until ctx ends (stopWatching wakes it): it waits in
+// epoll_wait for sockets of the writability set that have room again and hands them to the
+// loop as one task, waiting for that task before it looks again.
+func (s *Server) watchWritable(ctx context.Context) {
+	events := make([]unix.EpollEvent, writableEventsMax)
+	s.out.flushTask = func() {
+		s.enter()
+		defer s.leave()
+		s.flushReady(s.out.ready)
+		s.out.readyDone <- struct{}{}
+	}
+	for ctx.Err() == nil {
+		n, err := unix.EpollWait(s.out.epfd, events, -1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			s.log.Error("waiting for SSE sockets to have room failed; queues now drain on the sweep only", "err", err)
+			return
+		}
+		ready := s.out.ready[:0]
+		for _, ev := range events[:n] {
+			if ev.Fd != int32(s.out.stopFD) {
+				ready = append(ready, ev.Fd)
+			}
+		}
+		if len(ready) == 0 {
+			continue
+		}
+		s.out.ready = ready
+		if !s.tasks.push(s.out.flushTask) {
+			return
+		}
+		select {
+		case <-s.out.readyDone:
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 
@@ -289,11 +357,13 @@ func (s *Server) consume(q *outQueue, n int) {
 			if it.ev == nil {
 				s.out.total -= n
 			}
+			q.begun = true
 			return
 		}
 		n -= len(it.b)
 		s.dropItem(it)
 		q.head++
+		q.begun = false
 	}
 }
 
@@ -318,6 +388,30 @@ func (s *Server) flushQueue(sc *sseConn) {
 	sc.lastWriteMS = s.nowMS
 	if q.bytes == 0 {
 		s.emptied(sc)
+		if sc.state == stateClosing && !sc.closed {
+			_ = sc.c.Close() // its last bytes have left (finish)
+		}
+	}
+}
+
+// trimQueue drops what sc has queued except a piece the socket has begun (finish: the
+// connection's last bytes go right after it).
+func (s *Server) trimQueue(sc *sseConn) {
+	q := sc.q
+	if q == nil || q.bytes == 0 {
+		return
+	}
+	keep := q.head
+	if q.begun {
+		keep++
+	}
+	for i := keep; i < len(q.items); i++ {
+		q.bytes -= len(q.items[i].b)
+		s.dropItem(&q.items[i])
+	}
+	q.items = q.items[:keep]
+	if q.bytes == 0 {
+		s.emptied(sc)
 	}
 }
 
@@ -327,7 +421,7 @@ func (s *Server) emptied(sc *sseConn) {
 	sc.q = nil
 	s.out.queued--
 	clear(q.items[q.head:])
-	q.items, q.head, q.bytes = q.items[:0], 0, 0
+	q.items, q.head, q.bytes, q.begun = q.items[:0], 0, 0, false
 	if cap(q.items) > queueKeepItems {
 		q.items = nil
 	}
@@ -360,6 +454,7 @@ func (s *Server) dropQueue(sc *sseConn) {
 		q.bytes = 0
 		s.out.queued--
 	}
+	q.begun = false
 	sc.q = nil
 }
 
@@ -395,23 +490,11 @@ func (s *Server) unwatch(sc *sseConn) {
 	}
 }
 
-// flushWritable writes the queues of the sockets that have room again (from the tick).
-func (s *Server) flushWritable() {
-	if s.out.queued == 0 || s.out.epfd < 0 {
-		return
-	}
-	for {
-		n, err := unix.EpollWait(s.out.epfd, s.out.events, 0)
-		if err != nil || n <= 0 {
-			return
-		}
-		for _, ev := range s.out.events[:n] {
-			if sc := s.out.byFD[ev.Fd]; sc != nil && !sc.closed {
-				s.flushQueue(sc)
-			}
-		}
-		if n < len(s.out.events) {
-			return
+// flushReady writes the queues of sockets that have room again (watchWritable's task).
+func (s *Server) flushReady(fds []int32) {
+	for _, fd := range fds {
+		if sc := s.out.byFD[fd]; sc != nil && !sc.closed {
+			s.flushQueue(sc)
 		}
 	}
 }

@@ -199,10 +199,11 @@ func (s *Server) Run(ctx context.Context) error {
 
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
 	go func() { defer wg.Done(); s.ticker(bg) }()
 	go func() { defer wg.Done(); s.checkSchema(bg) }()
 	go func() { defer wg.Done(); s.keepMemory(bg) }()
+	go func() { defer wg.Done(); s.watchWritable(bg) }()
 	if s.cfg.Retention > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); store.RunRetention(bg, s.cfg.DatabaseURL, s.cfg.Retention, s.log) }()
@@ -221,6 +222,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.drain()
 	}
 	stopBG()
+	s.out.stopWatching()
 	_ = s.listen.Close()
 	s.replayer.Close()
 	wg.Wait()

@@ -24,7 +24,8 @@ import (
 //   - live: taking live writes;
 //   - lagging: over its high watermark queued (budget.go); waits to drain below the low one,
 //     then catches up;
-//   - closing: the last bytes are queued and the socket closes once gnet has flushed them.
+//   - closing: the last bytes are queued and the socket closes once they have left
+//     (closeLingerMS at most).
 //
 // The helpers in this file are the only code that assigns sseConn.state. Each says which
 // transition it makes and does what that transition owes: admit counts the connection and
@@ -51,6 +52,7 @@ const (
 const (
 	headTimeoutMS    = 10_000 // a complete request head within this (SPEC §3)
 	pendingTimeoutMS = 30_000 // a subscription whose LISTEN or head read takes longer is shed
+	closeLingerMS    = 5_000  // a closing connection's last bytes get this long to leave
 	sweepIntervalMS  = 240    // sweepConns runs at most this often: just under tickSlow, so every slow tick sweeps
 )
 
@@ -158,14 +160,20 @@ func (s *Server) pause(sc *sseConn) {
 // resume sends a drained connection back to reading the table: lagging → catch-up.
 func (s *Server) resume(sc *sseConn) { sc.to(stateCatchUp, s.nowMS) }
 
-// finish writes a connection's last bytes (if any) and closes it (gnet flushes what the
-// socket takes before closing): → closing.
+// finish writes a connection's last bytes (if any) and closes it: → closing. Of what the
+// connection still has queued, only an event the socket has begun is kept (the client must
+// not see half an event followed by the last bytes); if the socket does not take it all at
+// once, the close waits until the queue has drained (flushQueue) or closeLingerMS has passed
+// (sweepConns).
 func (s *Server) finish(sc *sseConn, last []byte) {
 	sc.to(stateClosing, s.nowMS)
+	s.trimQueue(sc)
 	if len(last) > 0 {
 		sc.write(s, last)
 	}
-	_ = sc.c.Close()
+	if sc.pending() == 0 {
+		_ = sc.c.Close()
+	}
 }
 
 // shed answers 200 with a jittered retry and closes: EventSource treats any non-200 as
@@ -257,7 +265,8 @@ func subIndex(sc *sseConn) *int32 { return &sc.subIdx }
 // sweepConns applies each state's time rule, at most every sweepIntervalMS: a head not
 // complete within headTimeoutMS is closed, a subscription pending longer than
 // pendingTimeoutMS is shed, a streaming connection whose token expired is closed with a
-// retry, and one without a write for --heartbeat gets a comment line.
+// retry, one without a write for --heartbeat gets a comment line, and a closing one whose
+// last bytes have not left within closeLingerMS is closed without them.
 func (s *Server) sweepConns() {
 	heartbeatMS := s.cfg.Heartbeat.Milliseconds()
 	for _, sc := range s.conns {
@@ -272,6 +281,11 @@ func (s *Server) sweepConns() {
 		case statePending:
 			if s.nowMS-sc.enteredMS > pendingTimeoutMS {
 				s.shed(sc)
+			}
+		case stateClosing:
+			if sc.pending() > 0 && s.nowMS-sc.enteredMS >= closeLingerMS {
+				s.dropQueue(sc) // the client does not read: give up on the last bytes
+				_ = sc.c.Close()
 			}
 		case stateCatchUp, stateLive, stateLagging:
 			if sc.expiresMS > 0 && s.nowMS >= sc.expiresMS {

@@ -1,0 +1,372 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/sse"
+)
+
+// queueServer is a Server that is not running, with the write path's epoll set, and n live
+// connections over socket pairs whose sending side holds little (SO_SNDBUF).
+func queueServer(t *testing.T, n int) (*Server, []*recordConn, []*sseConn) {
+	t.Helper()
+	s, err := New(Config{Heartbeat: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	require.NoError(t, s.out.init())
+	t.Cleanup(s.out.close)
+	var cs []*recordConn
+	var scs []*sseConn
+	for range n {
+		c := newRecordConn(t)
+		require.NoError(t, unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4096))
+		sc := s.openConn(c)
+		s.admit(sc, nil, sse.CORS{})
+		s.respond(sc, stateLive)
+		cs = append(cs, c)
+		scs = append(scs, sc)
+	}
+	return s, cs, scs
+}
+
+// fill writes transient bytes to sc until its socket is full and something is queued.
+func fill(s *Server, sc *sseConn) []byte {
+	var all []byte
+	for i := 0; sc.pending() == 0; i++ {
+		b := bytes.Repeat([]byte{'a' + byte(i%26)}, 1024)
+		all = append(all, b...)
+		sc.write(s, b)
+	}
+	return all
+}
+
+// drainWritable does what watchWritable and its task do, for a Server that is not running.
+func drainWritable(t *testing.T, s *Server) {
+	events := make([]unix.EpollEvent, 16)
+	n, err := unix.EpollWait(s.out.epfd, events, 0)
+	require.NoError(t, err)
+	var fds []int32
+	for _, ev := range events[:n] {
+		fds = append(fds, ev.Fd)
+	}
+	s.flushReady(fds)
+}
+
+// What the queues hold is counted exactly: a shared encoding once however many queues hold
+// it, private bytes per queue, plus outItemBytes per piece; transient bytes are copied; the
+// queues drain in order once the sockets have room (the writability set), and a closed
+// connection's queue is given back.
+func TestOutboundQueueAccounting(t *testing.T) {
+	s, cs, scs := queueServer(t, 3)
+	var prefix [3][]byte
+	for i, sc := range scs {
+		prefix[i] = fill(s, sc)
+	}
+	base := s.out.total
+	require.Equal(t, 3, s.out.queued)
+
+	ev := &event{id: 1, enc: sse.AppendEvent(nil, 1, nil, bytes.Repeat([]byte("x"), 10_000))}
+	for _, sc := range scs {
+		sc.writeEvents(s, []*event{ev})
+	}
+	assert.Equal(t, base+len(ev.enc)+3*outItemBytes, s.out.total, "a shared encoding counts once")
+	assert.EqualValues(t, 3, ev.queued)
+
+	scratch := []byte("private bytes\n")
+	scs[0].write(s, scratch)
+	copy(scratch, "XXXXXXXXXXXXXX") // the caller reuses its scratch at once
+	assert.Equal(t, base+len(ev.enc)+len("private bytes\n")+4*outItemBytes, s.out.total, "transient bytes are copied and count per queue")
+
+	// Connection 2 goes away: its queue is dropped, the shared encoding is still held by two.
+	s.connClosed(scs[2])
+	assert.EqualValues(t, 2, ev.queued)
+	assert.Equal(t, 2, s.out.queued)
+
+	// The peers read; the tick's epoll set reports the sockets and the queues drain in order.
+	want := []string{string(prefix[0]) + string(ev.enc) + "private bytes\n", string(prefix[1]) + string(ev.enc)}
+	for i := range 2 {
+		var got string
+		waitFor(t, 10*time.Second, "connection "+strconv.Itoa(i)+" drained", func() bool {
+			got = cs[i].text()
+			drainWritable(t, s)
+			return scs[i].pending() == 0 && strings.HasSuffix(cs[i].text(), "\n")
+		})
+		got = cs[i].text()
+		head := strings.Index(got, string(prefix[i][:10]))
+		require.GreaterOrEqual(t, head, 0)
+		assert.Equal(t, want[i], got[head:], "connection %d: everything, in order", i)
+	}
+	assert.Zero(t, s.out.queued)
+	assert.Zero(t, s.out.total, "nothing held once every queue drained")
+	assert.Zero(t, ev.queued)
+}
+
+// Live writes queue durable events only up to the limit once the queue holds something; the
+// first event is always taken, ephemeral events always are.
+func TestOutboundLiveLimit(t *testing.T) {
+	s, _, scs := queueServer(t, 1)
+	sc := scs[0]
+	big := &event{id: 1, enc: bytes.Repeat([]byte("b"), 64<<10)}
+	// An empty queue takes the first event whatever its size (the kernel takes some).
+	require.Equal(t, 1, sc.writeLive(s, []*event{big}, 1024))
+	require.Positive(t, sc.pending())
+	small := func(id int64) *event {
+		return &event{id: id, enc: []byte("id: " + strconv.FormatInt(id, 10) + "\ndata: x\n\n")}
+	}
+	eph := &event{enc: []byte("data: e\n\n")}
+	evs := []*event{small(2), eph, small(3)}
+	before := sc.pending()
+	n := sc.writeLive(s, evs, before+len(evs[0].enc))
+	assert.Equal(t, 2, n, "the first durable event over the limit (id 3) and what follows is not sent")
+	assert.Equal(t, before+len(evs[0].enc)+len(eph.enc), sc.pending(), "the ephemeral event is queued anyway")
+	assert.EqualValues(t, 1, evs[0].queued)
+	assert.EqualValues(t, 1, eph.queued)
+	assert.Zero(t, evs[2].queued)
+}
+
+// The limits shrink from the unpressured values at half the budget to the per-connection
+// share at the whole budget.
+func TestOutboundLimits(t *testing.T) {
+	s, err := New(Config{MaxOutboundMemory: 64 << 20, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	s.active = 1000
+	full := outLimits{high: durableHighBytes, slice: durableSliceBytes, low: durableHighBytes / 4, ephemeral: ephemeralLimitBytes}
+	for _, tc := range []struct {
+		total int
+		want  outLimits
+	}{
+		{0, full},
+		{32 << 20, full},
+		// share = 64 MiB / 1000 = 67108 B: high floor 16777, ephemeral floor 67108
+		{64 << 20, outLimits{high: 16777, slice: 16777, low: 4194, ephemeral: 67108}},
+		{1 << 30, outLimits{high: 16777, slice: 16777, low: 4194, ephemeral: 67108}},
+		{48 << 20, outLimits{high: durableHighBytes - (durableHighBytes-16777)/2, slice: durableSliceBytes,
+			low: (durableHighBytes - (durableHighBytes-16777)/2) / 4, ephemeral: ephemeralLimitBytes - (ephemeralLimitBytes-67108)/2}},
+	} {
+		s.out.total = tc.total
+		assert.Equal(t, tc.want, s.limits(), "total %d", tc.total)
+	}
+	s.active = 1_000_000 // a share below the floors
+	s.out.total = 64 << 20
+	assert.Equal(t, outLimits{high: minWatermarkBytes, slice: minWatermarkBytes, low: minWatermarkBytes / 4, ephemeral: minEphemeralBytes}, s.limits())
+}
+
+// The budget holds: with --max-outbound-memory at 1 MiB, 30 durable subscribers that do not
+// read and two channel subscribers that do not read, under a burst far larger than the budget,
+// the queued bytes stay near the budget (not 30 × the 256 KiB watermark), the watermark
+// shrinks, the channel subscribers over their share are closed with retry:, a reading
+// subscriber gets everything, and the stalled durable ones, once they read, get every event
+// with no gap and no duplicate.
+func TestOutboundBudgetHolds(t *testing.T) {
+	const budget = 1 << 20
+	ts := startServer(t, "", func(c *Config) { c.MaxOutboundMemory = budget; c.Heartbeat = time.Hour })
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	const stalled, total, size = 30, 600, 4000
+
+	var slow []*sseClient
+	for range stalled {
+		c := dialWith(t, tinyRcvBuf(4096), addr, "/streams/budget", tok)
+		require.Equal(t, 200, c.Status)
+		slow = append(slow, c)
+	}
+	var chans []*sseClient
+	for range 2 {
+		c := dialWith(t, tinyRcvBuf(4096), addr, "/channels/budget", tok)
+		require.Equal(t, 200, c.Status)
+		chans = append(chans, c)
+	}
+	reader := dial(t, addr, "/streams/budget", tok)
+	require.Equal(t, 200, reader.Status)
+	ts.shrinkSendBuffers(t)
+	readerDone := make(chan error, 1)
+	go func() { readerDone <- readContiguous(reader, 1, total, size, 60*time.Second) }()
+
+	var maxTotal, minWatermark atomic.Int64
+	minWatermark.Store(durableHighBytes)
+	stop := make(chan struct{})
+	var sampling sync.WaitGroup
+	sampling.Add(1)
+	go func() {
+		defer sampling.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			got := make(chan [2]int, 1)
+			if !ts.tasks.push(func() { got <- [2]int{ts.out.total, ts.limits().high} }) {
+				return
+			}
+			v := <-got
+			if int64(v[0]) > maxTotal.Load() {
+				maxTotal.Store(int64(v[0]))
+			}
+			if int64(v[1]) < minWatermark.Load() {
+				minWatermark.Store(int64(v[1]))
+			}
+		}
+	}()
+
+	payload := strings.Repeat("p", size-10)
+	for n := 0; n < total; n += 20 {
+		pgtest.Exec(t, ts.DSN, fmt.Sprintf(
+			"SELECT pgsse.publish('budget', lpad(g::text, 10, '0') || '%s'), pg_notify('budget', g::text || '%s') FROM generate_series(%d, %d) g",
+			payload, payload, n+1, n+20))
+	}
+	require.NoError(t, <-readerDone, "the reading subscriber gets every event in order")
+	close(stop)
+	sampling.Wait()
+	t.Logf("budget %d KiB: most queued %d KiB, lowest high watermark %d B", budget>>10, maxTotal.Load()>>10, minWatermark.Load())
+	// Without a budget the 30 stalled subscribers alone would queue ≈ 30 × 256 KiB. With it,
+	// the total passes the budget only by what one write may add over a connection's share.
+	assert.Less(t, maxTotal.Load(), int64(budget+budget/2), "the queued bytes follow the budget")
+	assert.Less(t, minWatermark.Load(), int64(durableHighBytes/2), "the watermark shrank under pressure")
+	gauge := metricValue(t, ts.metrics.outboundWatermark)
+	assert.Positive(t, gauge, "pgsse_outbound_watermark_bytes is reported")
+
+	// The channel subscribers that did not read were closed over their share: what they
+	// read now ends in retry: and EOF (the close waited for those last bytes).
+	for i, c := range chans {
+		assertJitteredRetry(t, c.retryAtEOF(30*time.Second))
+		_ = i
+	}
+	assert.GreaterOrEqual(t, metricValue(t, ts.metrics.droppedSlowClient), 2.0)
+
+	// The stalled durable subscribers read now: every event, no gap, no duplicate.
+	var wg sync.WaitGroup
+	errs := make([]error, stalled)
+	for i, c := range slow {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = readContiguous(c, 1, total, size, 90*time.Second) }()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		assert.NoError(t, err, "stalled subscriber %d", i)
+	}
+	// Once everyone drained, nothing is held.
+	waitFor(t, 10*time.Second, "queues empty", func() bool {
+		var n int
+		ts.onLoop(t, func() { n = ts.out.total })
+		return n == 0
+	})
+}
+
+// shrinkSendBuffers gives every SSE connection's socket a small send buffer (SO_SNDBUF 4 KiB,
+// which also ends the kernel's autotuning): otherwise a loopback socket takes up to 4 MiB
+// before anything stays in the server's queues.
+func (ts *testServer) shrinkSendBuffers(t *testing.T) {
+	t.Helper()
+	ts.onLoop(t, func() {
+		for _, sc := range ts.conns {
+			if !sc.closed {
+				require.NoError(t, unix.SetsockoptInt(sc.c.Fd(), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096))
+			}
+		}
+	})
+}
+
+// readContiguous reads events first..last (data "<10-digit id>…" of size bytes) from c,
+// failing on a gap, a duplicate, a gap notice or a wrong size.
+func readContiguous(c *sseClient, first, last int64, size int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	next := first
+	for next <= last {
+		ev, err := c.next(time.Until(deadline))
+		if err != nil {
+			return fmt.Errorf("waiting for id %d: %w", next, err)
+		}
+		if !ev.HasID && ev.Data == "" {
+			continue
+		}
+		if ev.Event != "" {
+			return fmt.Errorf("unexpected %q event before id %d: %v", ev.Event, next, ev)
+		}
+		if ev.IDValue != strconv.FormatInt(next, 10) {
+			return fmt.Errorf("want id %d, got %q", next, ev.IDValue)
+		}
+		if len(ev.Data) != size || !strings.HasPrefix(ev.Data, fmt.Sprintf("%010d", next)) {
+			return fmt.Errorf("id %d: %d bytes %.20q", next, len(ev.Data), ev.Data)
+		}
+		next++
+	}
+	return nil
+}
+
+// A large event is held once: queued for five subscribers that do not read, the total counts
+// its encoding once (not five times), and each of them gets it whole once it reads.
+func TestLargeEventQueuedOnce(t *testing.T) {
+	const size = 3 << 20
+	dsn := migratedDB(t)
+	pgtest.Exec(t, dsn, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET pgsse.max_event_bytes = 4194304', current_database()); END $$")
+	ts := startServer(t, dsn, func(c *Config) { c.Heartbeat = time.Hour })
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	var subs []*sseClient
+	for range 5 {
+		c := dialWith(t, tinyRcvBuf(4096), addr, "/streams/large", tok)
+		require.Equal(t, 200, c.Status)
+		subs = append(subs, c)
+	}
+	ts.shrinkSendBuffers(t)
+	conn := connect(t, dsn)
+	_, err := conn.Exec(context.Background(), "SELECT pgsse.publish('large', repeat('v', "+strconv.Itoa(size)+"))").ReadAll()
+	require.NoError(t, err)
+
+	var held, queued int
+	waitFor(t, 30*time.Second, "the event queued for every subscriber", func() bool {
+		ts.onLoop(t, func() {
+			held, queued = ts.out.total, 0
+			for _, sc := range ts.conns {
+				if sc.pending() > size/2 {
+					queued++
+				}
+			}
+		})
+		return queued == 5
+	})
+	t.Logf("queued for %d subscribers; held %d KiB for an event of %d KiB", queued, held>>10, size>>10)
+	assert.Less(t, held, size+size/4, "the encoding is held once, not once per subscriber")
+
+	for i, c := range subs {
+		_ = c.conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		ev := c.mustNextData(30 * time.Second)
+		assert.Equal(t, "1", ev.IDValue, "subscriber %d", i)
+		assert.Equal(t, size, len(ev.Data), "subscriber %d gets it whole", i)
+	}
+}
+
+// retryAtEOF reads (events allowed) until the server closes and returns the last retry
+// value; it fails unless the stream ends in EOF.
+func (c *sseClient) retryAtEOF(timeout time.Duration) int64 {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var retry int64 = -1
+	for {
+		ev, err := c.next(time.Until(deadline))
+		if err != nil {
+			require.ErrorIs(c.t, err, io.EOF, "the server must close the connection (last retry %d)", retry)
+			return retry
+		}
+		if ev.Retry != "" {
+			n, perr := strconv.ParseInt(ev.Retry, 10, 64)
+			require.NoError(c.t, perr)
+			retry = n
+		}
+	}
+}
