@@ -6,6 +6,8 @@ import (
 	"runtime/debug"
 	rtmetrics "runtime/metrics"
 	"time"
+
+	"github.com/pgsse/pgsse/store"
 )
 
 // The outbound memory budget (SPEC §3b "Outbound memory"): --max-outbound-memory bounds the
@@ -41,6 +43,13 @@ const (
 	minEphemeralBytes   = 4 << 10   // nor the ephemeral limit below this
 	replayMinBytes      = 16 << 10  // a catch-up read asks for at least this many bytes
 
+	// SPEC §3b: the server never holds more than a bounded number of large events at once.
+	// An event of largeEventBytes or more read from the table is shared by every connection
+	// that reads it while any queue holds it, and at most maxLargeEvents distinct ones are
+	// held: a read that would bring another one is repeated once one has left.
+	largeEventBytes = 1 << 20
+	maxLargeEvents  = 4
+
 	freeOSMemoryEvery  = 10 * time.Second // debug.FreeOSMemory at most this often
 	memoryLimitEvery   = time.Second      // how often the soft memory limit is recomputed
 	memoryLimitBudgets = 1.5              // budgets of headroom in the soft memory limit
@@ -71,6 +80,38 @@ func (s *Server) limits() outLimits {
 	l.slice = min(durableSliceBytes, l.high)
 	l.low = l.high / 4
 	return l
+}
+
+// tableEvent is the event to write for e, read from stream's table rows: for a large one, the
+// event already held for the same id (shared: no new memory), or a new one counted against
+// maxLargeEvents — or nil when that many are held (the caller reads it again later).
+func (s *Server) tableEvent(stream string, e *store.Event) *event {
+	if len(e.Data) < largeEventBytes {
+		return &event{id: e.ID, enc: e.Data, audience: e.Audience, timeUS: e.TimeUS} // Data is the encoding (encodeEvent)
+	}
+	for _, ev := range s.out.large {
+		if ev.id == e.ID && ev.stream == stream {
+			return ev
+		}
+	}
+	if len(s.out.large) >= maxLargeEvents {
+		return nil
+	}
+	return &event{id: e.ID, enc: e.Data, audience: e.Audience, timeUS: e.TimeUS, stream: stream}
+}
+
+// retryLarge reissues the reads that waited for a large event to leave (from the sweep).
+func (s *Server) retryLarge() {
+	if len(s.out.largeWait) == 0 || len(s.out.large) >= maxLargeEvents {
+		return
+	}
+	waiting := s.out.largeWait
+	s.out.largeWait = nil
+	for _, sc := range waiting {
+		if !sc.closed && sc.state == stateCatchUp {
+			s.replay(sc)
+		}
+	}
 }
 
 // replayBytes is how many bytes one catch-up read for a connection asks for: what the

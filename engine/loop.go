@@ -100,6 +100,7 @@ func (s *Server) tick() {
 	s.retryStreamFetches()
 	s.runReadRetries()
 	s.retryQueues()
+	s.retryLarge()
 	s.sweepConns()
 }
 

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"slices"
 	"syscall"
 	"unsafe"
 
@@ -81,8 +82,10 @@ type outbound struct {
 	iovecs    []unix.Iovec
 	items     []outItem // scratch for building one connection's write
 	free      []*outQueue
-	lastTry   int64 // when the sweep last retried the queues
-	pressed   bool  // the total went over half the budget; cleared (and the heap returned) once it is low again
+	large     []*event   // large events read from the table that queues hold (budget.go)
+	largeWait []*sseConn // connections whose catch-up waits for one of them to leave
+	lastTry   int64      // when the sweep last retried the queues
+	pressed   bool       // the total went over half the budget; cleared (and the heap returned) once it is low again
 }
 
 func (o *outbound) init() error {
@@ -323,6 +326,9 @@ func (s *Server) enqueue(sc *sseConn, it outItem, b []byte) {
 	if it.ev != nil {
 		if it.ev.queued == 0 {
 			s.out.total += len(it.ev.enc)
+			if it.ev.stream != "" {
+				s.out.large = append(s.out.large, it.ev)
+			}
 		}
 		it.ev.queued++
 	} else {
@@ -339,6 +345,9 @@ func (s *Server) dropItem(it *outItem) {
 		it.ev.queued--
 		if it.ev.queued == 0 {
 			s.out.total -= len(it.ev.enc)
+			if it.ev.stream != "" {
+				s.out.large = slices.DeleteFunc(s.out.large, func(e *event) bool { return e == it.ev })
+			}
 		}
 	} else {
 		s.out.total -= len(it.b)

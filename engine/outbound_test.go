@@ -370,3 +370,98 @@ func (c *sseClient) retryAtEOF(timeout time.Duration) int64 {
 		}
 	}
 }
+
+// At most maxLargeEvents large events are held at once: six subscribers catching up from six
+// different positions over six 6 MiB events (more than a loopback socket takes) do not hold
+// six; those beyond the bound wait, and every subscriber still gets every event whole and in
+// order once it reads.
+func TestLargeEventsBounded(t *testing.T) {
+	const size, n = 6 << 20, 6
+	dsn := migratedDB(t)
+	pgtest.Exec(t, dsn, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET pgsse.max_event_bytes = 8388608', current_database()); END $$")
+	conn := connect(t, dsn)
+	for i := 1; i <= n; i++ {
+		_, err := conn.Exec(context.Background(), fmt.Sprintf("SELECT pgsse.publish('big', lpad('%d', %d, 'v'))", i, size)).ReadAll()
+		require.NoError(t, err)
+	}
+	ts := startServer(t, dsn, func(c *Config) { c.Heartbeat = time.Hour })
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+
+	var maxHeld, maxWaiting, maxTotal atomic.Int64
+	stop := make(chan struct{})
+	var sampling sync.WaitGroup
+	sampling.Add(1)
+	go func() {
+		defer sampling.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			got := make(chan [3]int, 1)
+			if !ts.tasks.push(func() { got <- [3]int{len(ts.out.large), len(ts.out.largeWait), ts.out.total} }) {
+				return
+			}
+			v := <-got
+			for i, m := range []*atomic.Int64{&maxHeld, &maxWaiting, &maxTotal} {
+				if int64(v[i]) > m.Load() {
+					m.Store(int64(v[i]))
+				}
+			}
+		}
+	}()
+	var subs []*sseClient
+	for i := range n {
+		c := dialWith(t, tinyRcvBuf(4096), addr, "/streams/big?since="+strconv.Itoa(i), tok)
+		require.Equal(t, 200, c.Status)
+		subs = append(subs, c)
+	}
+	waitFor(t, 30*time.Second, "every subscriber holding or waiting for a large event", func() bool {
+		var held, waiting int
+		ts.onLoop(t, func() {
+			waiting = len(ts.out.largeWait)
+			for _, sc := range ts.conns {
+				if sc.pending() > 0 {
+					held++
+				}
+			}
+		})
+		return held+waiting == n
+	})
+	assert.Positive(t, maxWaiting.Load(), "subscribers beyond the bound wait")
+
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i, c := range subs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for id := i + 1; id <= n; id++ {
+				ev, err := c.next(60 * time.Second)
+				for err == nil && !ev.HasID && ev.Data == "" { // the preamble's retry
+					ev, err = c.next(60 * time.Second)
+				}
+				switch {
+				case err != nil:
+					errs[i] = fmt.Errorf("waiting for id %d: %w", id, err)
+				case ev.IDValue != strconv.Itoa(id) || len(ev.Data) != size || !strings.HasSuffix(ev.Data, "v"+strconv.Itoa(id)):
+					errs[i] = fmt.Errorf("want id %d of %d bytes, got id %q of %d bytes", id, size, ev.IDValue, len(ev.Data))
+				default:
+					continue
+				}
+				return
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	sampling.Wait()
+	for i, err := range errs {
+		assert.NoError(t, err, "subscriber %d", i)
+	}
+	t.Logf("large events held at most %d, connections waiting at most %d, most queued %d MiB", maxHeld.Load(), maxWaiting.Load(), maxTotal.Load()>>20)
+	assert.LessOrEqual(t, maxHeld.Load(), int64(maxLargeEvents))
+	assert.LessOrEqual(t, maxTotal.Load(), int64(maxLargeEvents*(size+size/8)), "the queues hold at most maxLargeEvents large events")
+}

@@ -16,6 +16,9 @@ type event struct {
 	audience []string // nil = everyone
 	timeUS   int64    // publisher's clock (delivery-lag metric)
 	queued   int32    // connection queues holding (part of) enc (outbound.go)
+	// stream is set on a large event read from the table (budget.go: heldLarge): while
+	// queues hold it, it is one of at most maxLargeEvents, and shared by every reader.
+	stream string
 }
 
 // stream is the loop's state for one durable stream that has subscribers.
@@ -280,7 +283,13 @@ func (s *Server) onFetch(st *stream, after int64, res store.ReadResult) {
 		if e.ID != st.last+1 {
 			st.last = e.ID - 1 // ids missing inside a snapshot were pruned
 		}
-		s.appendLive(st, &event{id: e.ID, enc: e.Data, audience: e.Audience, timeUS: e.TimeUS}) // Data is the encoding
+		ev := s.tableEvent(st.name, e)
+		if ev == nil {
+			// Too many large events held: read from here again later.
+			s.retryFetch = append(s.retryFetch, st)
+			return
+		}
+		s.appendLive(st, ev)
 	}
 	if res.Done && res.Head > st.last {
 		st.last = res.Head
@@ -401,12 +410,20 @@ func (s *Server) onReplay(sc *sseConn, res store.ReadResult) {
 	}
 	sc.gapChecked = true
 	n := 0
+	waitLarge := false
 	for i := range res.Events {
 		e := &res.Events[i]
 		if e.ID <= sc.cursor {
 			continue
 		}
-		items = append(items, outItem{b: e.Data}) // the encoding, this connection's alone (encodeEvent)
+		if len(e.Data) < largeEventBytes {
+			items = append(items, outItem{b: e.Data}) // the encoding, this connection's alone (encodeEvent)
+		} else if ev := s.tableEvent(sc.stream.name, e); ev != nil {
+			items = append(items, outItem{b: ev.enc, ev: ev}) // shared with whoever else reads it
+		} else {
+			waitLarge = true // too many large events held: read from here again later
+			break
+		}
 		sc.cursor = e.ID
 		n++
 	}
@@ -416,6 +433,10 @@ func (s *Server) onReplay(sc *sseConn, res store.ReadResult) {
 	clear(items)
 	s.out.items = items[:0]
 	s.metrics.deliveries.Add(float64(n))
+	if waitLarge {
+		s.out.largeWait = append(s.out.largeWait, sc)
+		return
+	}
 	if res.Done {
 		if res.Head > sc.cursor {
 			sc.cursor = res.Head
