@@ -103,6 +103,7 @@ func Stalled(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
 	// The reading subscriber catches up (it is live: nothing should be owed to it for long).
 	caught := c.WaitHave(last, 1, 30*time.Second)
 	rssPeak := peak.done()
+	r.heapProfile(ctx, "7-stalled")
 	queued := r.serverMetric(ctx, "pgsse_outbound_bytes")
 	watermark := r.serverMetric(ctx, "pgsse_outbound_watermark_bytes")
 	if err := r.alive(); err != nil {

@@ -36,6 +36,7 @@ type Params struct {
 	FanoutData   int           // bytes of data per event in 3 and 6
 
 	ThroughputDuration time.Duration // scenario 4: publish flat out this long
+	ThroughputBatch    int           // scenario 4: events per transaction (≤ 1: one pgsse.publish per statement)
 	Data               int           // bytes of data per event in 2 and 4
 
 	SlowPercent   float64 // scenario 6: share of subscribers that stopped reading
@@ -228,7 +229,7 @@ func (r *run) profile(ctx context.Context, scenario string, d time.Duration) (wa
 		return func() {}
 	}
 	secs := max(1, int(d.Round(time.Second)/time.Second))
-	path := filepath.Join(r.e.ProfileDir, r.t.Name+"-"+scenario+".pprof")
+	path := filepath.Join(r.e.ProfileDir, r.t.label()+"-"+scenario+".pprof")
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -245,6 +246,25 @@ func (r *run) profile(ctx context.Context, scenario string, d time.Duration) (wa
 		r.e.logf("%s: CPU profile (%ds) in %s", r.t.Name, secs, path)
 	}()
 	return func() { <-done }
+}
+
+// heapProfile writes the server's heap profile (in use at this moment) when ProfileDir is set.
+func (r *run) heapProfile(ctx context.Context, scenario string) {
+	if r.e.ProfileDir == "" {
+		return
+	}
+	path := filepath.Join(r.e.ProfileDir, r.t.label()+"-"+scenario+".heap.pprof")
+	f, err := os.Create(path)
+	if err != nil {
+		r.e.logf("heap profile: %v", err)
+		return
+	}
+	defer f.Close()
+	if err := r.srv.Get(ctx, "/debug/pprof/heap", f); err != nil {
+		r.e.logf("heap profile %s: %v", path, err)
+		return
+	}
+	r.e.logf("%s: heap profile in %s", r.t.label(), path)
 }
 
 // pgCPU sums the CPU time of the database's backends (publisher, LISTEN and replay sessions).
@@ -600,7 +620,13 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	cpu0, _ := r.srv.CPU()
 	self0, w0 := SelfCPU(), time.Now()
 	for time.Since(w0) < p.ThroughputDuration {
-		if _, err := pub.Publish(ctx); err != nil {
+		var err error
+		if p.ThroughputBatch > 1 {
+			_, err = pub.PublishBatch(ctx, p.ThroughputBatch)
+		} else {
+			_, err = pub.Publish(ctx)
+		}
+		if err != nil {
 			peak.done()
 			return nil, err
 		}
@@ -611,6 +637,7 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	pg1 := r.pgCPU(ctx)
 	last := pub.Seq
 	rssPeak := peak.done()
+	r.heapProfile(ctx, "4-throughput")
 	waitProfile()
 	if err := r.alive(); err != nil {
 		return nil, err

@@ -11,30 +11,33 @@ import (
 )
 
 // The outbound memory budget (SPEC §3b "Outbound memory"): --max-outbound-memory bounds the
-// bytes queued for all SSE connections together (outbound.total, kept exact by outbound.go).
-// Nothing is refused while the total is under half the budget: a durable subscriber takes live
-// writes until it has durableHighBytes queued, an ephemeral or channel subscriber is closed
-// over ephemeralLimitBytes. Between half the budget and the whole of it the limits shrink in
-// proportion, down to a floor that is the connection's share of the budget; so whatever the
-// number of connections, the queues settle below the budget:
+// bytes queued for all SSE connections together (outbound.total, kept exact by outbound.go;
+// with it, what the catch-up reads in flight may bring, outbound.reading: "used" below).
+// Nothing is refused while used is under a quarter of the budget: a durable subscriber takes
+// live writes until it has durableHighBytes queued, an ephemeral or channel subscriber is
+// closed over ephemeralLimitBytes. Between a quarter and half of the budget the limits shrink
+// in proportion, down to floors derived from the connection's share of the budget (budget ÷
+// connections), so that whatever the number of connections the queues settle below half the
+// budget — the other half is for the garbage collector, which lets the heap grow to twice
+// what is live before it collects:
 //
-//	durable high watermark   durableHighBytes … a quarter of (budget ÷ connections)
+//	durable high watermark   durableHighBytes … share ÷ 8
 //	slice over it            durableSliceBytes, never more than the high watermark
 //	durable low watermark    a quarter of the high one
-//	ephemeral limit          ephemeralLimitBytes … budget ÷ connections
+//	ephemeral limit          ephemeralLimitBytes … share ÷ 2
 //
 // A durable subscriber over its high watermark stops taking live writes (lagging) and is
-// caught up from the table once it has drained below the low one; a write to it stops adding
-// events once its queue plus the write would pass high + slice (its cursor is the last event
-// written; the rest comes from the table). An ephemeral or channel subscriber over its limit
-// is closed with retry:.
+// caught up from the ring or the table once it has drained below the low one; of a write to
+// it, durable events are queued only up to high + slice (its cursor is the last event queued;
+// the rest comes from the ring or the table). An ephemeral or channel subscriber over its
+// limit is closed with retry:.
 //
 // Memory the queues gave back is returned to the operating system once the pressure has
 // passed (debug.FreeOSMemory, at most every freeOSMemoryEvery), and unless the operator set
 // GOMEMLIMIT, the Go runtime's soft memory limit follows the budget (Config.GoMemoryLimit):
 // twice the live heap that is not queued bytes, plus the runtime's own memory, plus
 // memoryLimitBudgets × the budget — so garbage left by drained queues is collected before the
-// heap doubles on top of a full budget.
+// heap grows past that.
 const (
 	durableHighBytes    = 256 << 10 // a live durable subscriber queuing more is paused (lagging), without pressure
 	durableSliceBytes   = 64 << 10  // what one write may add over the high watermark
@@ -52,7 +55,7 @@ const (
 
 	freeOSMemoryEvery  = 10 * time.Second // debug.FreeOSMemory at most this often
 	memoryLimitEvery   = time.Second      // how often the soft memory limit is recomputed
-	memoryLimitBudgets = 1.5              // budgets of headroom in the soft memory limit
+	memoryLimitBudgets = 1.0              // budgets of headroom in the soft memory limit
 )
 
 // outLimits are the write limits of the moment (see the table above), in bytes.
@@ -64,18 +67,18 @@ type outLimits struct {
 // per connection per write pass (a few integer operations), never per delivery.
 func (s *Server) limits() outLimits {
 	budget := s.cfg.MaxOutboundMemory
-	half := budget / 2
-	over := s.out.total - half
+	quarter := budget / 4
+	over := s.out.total + s.out.reading - quarter
 	if over <= 0 {
 		return outLimits{high: durableHighBytes, slice: durableSliceBytes, low: durableHighBytes / 4, ephemeral: ephemeralLimitBytes}
 	}
 	share := budget / max(1, s.active)
-	floorHigh := min(max(share/4, minWatermarkBytes), durableHighBytes)
-	floorEph := min(max(share, minEphemeralBytes), ephemeralLimitBytes)
-	over = min(over, half)
+	floorHigh := min(max(share/8, minWatermarkBytes), durableHighBytes)
+	floorEph := min(max(share/2, minEphemeralBytes), ephemeralLimitBytes)
+	over = min(over, quarter)
 	l := outLimits{
-		high:      durableHighBytes - (durableHighBytes-floorHigh)*over/half,
-		ephemeral: ephemeralLimitBytes - (ephemeralLimitBytes-floorEph)*over/half,
+		high:      durableHighBytes - (durableHighBytes-floorHigh)*over/quarter,
+		ephemeral: ephemeralLimitBytes - (ephemeralLimitBytes-floorEph)*over/quarter,
 	}
 	l.slice = min(durableSliceBytes, l.high)
 	l.low = l.high / 4
@@ -125,10 +128,10 @@ func (s *Server) observeOutbound() {
 	s.metrics.outboundBytes.Set(float64(s.out.total))
 	s.metrics.outboundWatermark.Set(float64(l.high))
 	s.outboundTotal.Store(int64(s.out.total))
-	switch {
-	case s.out.total > s.cfg.MaxOutboundMemory/2:
+	switch used := s.out.total + s.out.reading; {
+	case used > s.cfg.MaxOutboundMemory/4:
 		s.out.pressed = true
-	case s.out.pressed && s.out.total < s.cfg.MaxOutboundMemory/8:
+	case s.out.pressed && used < s.cfg.MaxOutboundMemory/16:
 		s.out.pressed = false
 		select {
 		case s.relieved <- struct{}{}:

@@ -71,9 +71,12 @@ type outQueue struct {
 type outbound struct {
 	total  int // bytes held in queues: private bytes, each shared encoding once, outItemBytes per piece
 	queued int // connections with a non-empty queue
-	epfd   int // edge-triggered EPOLLOUT set of the connections that ever queued; -1 = none
-	stopFD int // an eventfd in that set: written to end watchWritable
-	byFD   map[int32]*sseConn
+	// reading is what the catch-up reads in flight may bring (their MaxBytes): the limits
+	// count it with total, so that a thousand reads at once cannot bring a thousand batches.
+	reading int
+	epfd    int // edge-triggered EPOLLOUT set of the connections that ever queued; -1 = none
+	stopFD  int // an eventfd in that set: written to end watchWritable
+	byFD    map[int32]*sseConn
 	// ready holds the sockets watchWritable found with room; the loop reads it in flushTask,
 	// then signals readyDone (watchWritable does not touch it in between).
 	ready     []int32

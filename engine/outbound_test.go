@@ -138,30 +138,32 @@ func TestOutboundLiveLimit(t *testing.T) {
 	assert.Zero(t, evs[2].queued)
 }
 
-// The limits shrink from the unpressured values at half the budget to the per-connection
-// share at the whole budget.
+// The limits shrink from the unpressured values at a quarter of the budget to floors from the
+// per-connection share at half of it.
 func TestOutboundLimits(t *testing.T) {
 	s, err := New(Config{MaxOutboundMemory: 64 << 20, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	s.active = 1000
 	full := outLimits{high: durableHighBytes, slice: durableSliceBytes, low: durableHighBytes / 4, ephemeral: ephemeralLimitBytes}
+	// share = 64 MiB / 1000 = 67108 B: high floor 8388, ephemeral floor 33554
+	floor := outLimits{high: 8388, slice: 8388, low: 8388 / 4, ephemeral: 33554}
+	mid := durableHighBytes - (durableHighBytes-8388)/2
 	for _, tc := range []struct {
-		total int
-		want  outLimits
+		total, reading int
+		want           outLimits
 	}{
-		{0, full},
-		{32 << 20, full},
-		// share = 64 MiB / 1000 = 67108 B: high floor 16777, ephemeral floor 67108
-		{64 << 20, outLimits{high: 16777, slice: 16777, low: 4194, ephemeral: 67108}},
-		{1 << 30, outLimits{high: 16777, slice: 16777, low: 4194, ephemeral: 67108}},
-		{48 << 20, outLimits{high: durableHighBytes - (durableHighBytes-16777)/2, slice: durableSliceBytes,
-			low: (durableHighBytes - (durableHighBytes-16777)/2) / 4, ephemeral: ephemeralLimitBytes - (ephemeralLimitBytes-67108)/2}},
+		{0, 0, full},
+		{16 << 20, 0, full},
+		{32 << 20, 0, floor},
+		{1 << 30, 0, floor},
+		{24 << 20, 0, outLimits{high: mid, slice: durableSliceBytes, low: mid / 4, ephemeral: ephemeralLimitBytes - (ephemeralLimitBytes-33554)/2}},
+		{16 << 20, 8 << 20, outLimits{high: mid, slice: durableSliceBytes, low: mid / 4, ephemeral: ephemeralLimitBytes - (ephemeralLimitBytes-33554)/2}}, // reads in flight count
 	} {
-		s.out.total = tc.total
-		assert.Equal(t, tc.want, s.limits(), "total %d", tc.total)
+		s.out.total, s.out.reading = tc.total, tc.reading
+		assert.Equal(t, tc.want, s.limits(), "total %d, reading %d", tc.total, tc.reading)
 	}
 	s.active = 1_000_000 // a share below the floors
-	s.out.total = 64 << 20
+	s.out.total, s.out.reading = 64<<20, 0
 	assert.Equal(t, outLimits{high: minWatermarkBytes, slice: minWatermarkBytes, low: minWatermarkBytes / 4, ephemeral: minEphemeralBytes}, s.limits())
 }
 
@@ -235,8 +237,8 @@ func TestOutboundBudgetHolds(t *testing.T) {
 	t.Logf("budget %d KiB: most queued %d KiB, lowest high watermark %d B", budget>>10, maxTotal.Load()>>10, minWatermark.Load())
 	// Without a budget the 30 stalled subscribers alone would queue ≈ 30 × 256 KiB. With it,
 	// the total passes the budget only by what one write may add over a connection's share.
-	assert.Less(t, maxTotal.Load(), int64(budget+budget/2), "the queued bytes follow the budget")
-	assert.Less(t, minWatermark.Load(), int64(durableHighBytes/2), "the watermark shrank under pressure")
+	assert.Less(t, maxTotal.Load(), int64(budget), "the queued bytes follow the budget")
+	assert.Less(t, minWatermark.Load(), int64(durableHighBytes), "the watermark shrank under pressure")
 	gauge := metricValue(t, ts.metrics.outboundWatermark)
 	assert.Positive(t, gauge, "pgsse_outbound_watermark_bytes is reported")
 

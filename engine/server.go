@@ -60,6 +60,8 @@ type Server struct {
 
 	outboundTotal atomic.Int64  // outbound.total as of the last tick, for keepMemory
 	relieved      chan struct{} // the loop tells keepMemory that the outbound pressure passed
+	batchSlots    chan struct{} // notification batches queued for the loop (listen.go)
+	stopping      chan struct{} // closed when Run stops the goroutines beside the loop
 
 	// loop-owned
 	parser        sse.Parser
@@ -101,6 +103,8 @@ func New(cfg Config) (*Server, error) {
 		loopsReady: make(chan struct{}),
 		pollNow:    make(chan struct{}, 1),
 		relieved:   make(chan struct{}, 1),
+		batchSlots: make(chan struct{}, listenBatchesQueued),
+		stopping:   make(chan struct{}),
 		started:    make(chan struct{}),
 		streams:    make(map[string]*stream),
 		scratch:    make([]byte, 0, scratchBytes),
@@ -154,6 +158,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	})
 	abort := func(err error) error {
+		close(s.stopping)
 		_ = s.listen.Close()
 		s.replayer.Close()
 		return err
@@ -222,6 +227,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.drain()
 	}
 	stopBG()
+	close(s.stopping)
 	s.out.stopWatching()
 	_ = s.listen.Close()
 	s.replayer.Close()

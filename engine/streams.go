@@ -245,7 +245,7 @@ func (s *Server) startFetch(st *stream) {
 	}
 	st.fetching = true
 	after := st.last
-	ok := s.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: fetchBatchEvents, Encode: encodeEvent},
+	ok := s.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: fetchBatchEvents, Encode: encodeEvent, OwnBuffers: true},
 		func(res store.ReadResult) { s.tasks.push(func() { s.onFetch(st, after, res) }) })
 	if !ok {
 		st.fetching = false
@@ -374,11 +374,16 @@ func (s *Server) replay(sc *sseConn) {
 	}
 	sc.replaying = true
 	s.metrics.replays.Inc()
+	// What the read may bring counts against the budget until it is written (outbound.reading).
+	reserved := s.limits().replayBytes()
 	req := store.ReadRequest{Stream: sc.stream.name, After: sc.cursor, Tags: sc.tags, Limit: replayBatchEvents,
-		MaxBytes: s.limits().replayBytes(), Encode: encodeEvent}
-	ok := s.replayer.Read(req,
-		func(res store.ReadResult) { s.tasks.push(func() { s.onReplay(sc, res) }) })
+		MaxBytes: reserved, Encode: encodeEvent}
+	s.out.reading += reserved
+	ok := s.replayer.Read(req, func(res store.ReadResult) {
+		s.tasks.push(func() { s.out.reading -= reserved; s.onReplay(sc, res) })
+	})
 	if !ok {
+		s.out.reading -= reserved
 		sc.replaying = false
 		s.log.Warn("replay queue full; client told to retry", "stream", sc.stream.name)
 		s.closeWithRetry(sc)

@@ -58,6 +58,10 @@ type ReadRequest struct {
 	// appended bytes) rather than a copy of the data, so a large event is held once, not twice.
 	// It runs on a pool goroutine; event is a view valid during the call.
 	Encode func(dst []byte, id int64, event, data []byte) []byte
+	// OwnBuffers gives each event's Data an allocation of its own instead of a share of the
+	// batch's chunks: for a reader that keeps some events much longer than others (one kept
+	// event would otherwise keep its whole chunk alive).
+	OwnBuffers bool
 }
 
 // Replay read buffers: events are copied (or encoded) into chunks of batchChunkBytes; an event
@@ -93,7 +97,7 @@ type Replayer struct {
 
 	mu     sync.RWMutex // guards closed and sending on queue
 	closed bool
-	queue  chan replayJob
+	queue  chan *replayJob // pointers: a full-size queue of values would be 6 MB resident
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -114,7 +118,7 @@ func newReplayer(dsn string, poolSize int, logger *slog.Logger, queueSize int) *
 	if logger == nil {
 		logger = slog.Default()
 	}
-	r := &Replayer{logger: logger, queue: make(chan replayJob, queueSize)}
+	r := &Replayer{logger: logger, queue: make(chan *replayJob, queueSize)}
 	r.cfg, r.cfgErr = pgconn.ParseConfig(dsn)
 	if r.cfgErr == nil {
 		r.cfg.RuntimeParams["application_name"] = ReplayAppName
@@ -139,7 +143,7 @@ func (r *Replayer) Read(req ReadRequest, done func(ReadResult)) bool {
 		return false
 	}
 	select {
-	case r.queue <- replayJob{req: req, done: done}:
+	case r.queue <- &replayJob{req: req, done: done}:
 		return true
 	default:
 		return false
@@ -335,7 +339,7 @@ func (r *Replayer) query(conn *pgconn.PgConn, req *ReadRequest) ReadResult {
 				continue
 			}
 		}
-		ev.Data, chunk = keepData(chunk, chunkBytes, req.Encode, ev.ID, v[3], v[4])
+		ev.Data, chunk = keepData(chunk, chunkBytes, req.OwnBuffers, req.Encode, ev.ID, v[3], v[4])
 		res.Events = append(res.Events, ev)
 	}
 	if _, err := rr.Close(); err != nil {
@@ -355,11 +359,12 @@ func (r *Replayer) query(conn *pgconn.PgConn, req *ReadRequest) ReadResult {
 }
 
 // keepData copies data — or what encode makes of it — into chunk, or into a new chunk (of
-// chunkBytes, or the event's size if larger) when it does not fit (earlier events keep theirs: nothing already read is copied again); an event
-// larger than largeEventBytes gets a buffer of its own (encode is given nil and sizes it). It
+// chunkBytes, or the event's size if larger) when it does not fit (earlier events keep
+// theirs: nothing already read is copied again); with own, or for an event larger than
+// largeEventBytes, into a buffer of its own (encode is given nil and sizes it). It
 // returns the kept bytes and the chunk to continue with.
-func keepData(chunk []byte, chunkBytes int, encode func(dst []byte, id int64, event, data []byte) []byte, id int64, event, data []byte) (kept, next []byte) {
-	if len(data) > largeEventBytes {
+func keepData(chunk []byte, chunkBytes int, own bool, encode func(dst []byte, id int64, event, data []byte) []byte, id int64, event, data []byte) (kept, next []byte) {
+	if own || len(data) > largeEventBytes {
 		if encode != nil {
 			kept = encode(nil, id, event, data)
 		} else {

@@ -59,6 +59,7 @@ func main() {
 	flag.IntVar(&p.FanoutData, "fanout-data", p.FanoutData, "3, 6: bytes of data per event")
 	flag.DurationVar(&p.ThroughputDuration, "throughput-duration", p.ThroughputDuration, "4: publish flat out this long")
 	flag.IntVar(&p.Data, "data", p.Data, "2, 4: bytes of data per event")
+	flag.IntVar(&p.ThroughputBatch, "throughput-batch", p.ThroughputBatch, "4: events per transaction (1: one pgsse.publish per statement)")
 	flag.Float64Var(&p.SlowPercent, "slow-percent", p.SlowPercent, "6: percent of subscribers that never read")
 	flag.IntVar(&p.SlowRcvBuf, "slow-rcvbuf", p.SlowRcvBuf, "6: SO_RCVBUF of the subscribers that never read")
 	flag.IntVar(&p.Hub.Workers, "hub-workers", p.Hub.Workers, "5: worker connections (one channel each)")
@@ -86,7 +87,8 @@ func main() {
 			"latency-rate": func(q *bench.Params) any { return &q.LatencyRate }, "fanout-events": func(q *bench.Params) any { return &q.FanoutEvents },
 			"fanout-gap": func(q *bench.Params) any { return &q.FanoutGap }, "fanout-data": func(q *bench.Params) any { return &q.FanoutData },
 			"throughput-duration": func(q *bench.Params) any { return &q.ThroughputDuration }, "data": func(q *bench.Params) any { return &q.Data },
-			"slow-percent": func(q *bench.Params) any { return &q.SlowPercent }, "slow-rcvbuf": func(q *bench.Params) any { return &q.SlowRcvBuf },
+			"throughput-batch": func(q *bench.Params) any { return &q.ThroughputBatch },
+			"slow-percent":     func(q *bench.Params) any { return &q.SlowPercent }, "slow-rcvbuf": func(q *bench.Params) any { return &q.SlowRcvBuf },
 			"sources": func(q *bench.Params) any { return &q.Sources }, "readers": func(q *bench.Params) any { return &q.Readers },
 			"hub-workers": func(q *bench.Params) any { return &q.Hub.Workers }, "hub-rate": func(q *bench.Params) any { return &q.Hub.Rate },
 			"hub-duration":  func(q *bench.Params) any { return &q.Hub.Duration },
