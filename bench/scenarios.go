@@ -41,6 +41,7 @@ type Params struct {
 
 	SlowPercent   float64 // scenario 6: share of subscribers that stopped reading
 	SlowRcvBuf    int     // their SO_RCVBUF
+	RcvBuf        int     // SO_RCVBUF of the reading subscribers (0 = the kernel default)
 	PrefillEvents int     // scenario 6: events published to them alone before the others connect (600 × 7,000 B: more than the ≈3 MB loopback socket buffers hold)
 	PrefillData   int     // bytes of data per prefill event (inline in NOTIFY below 7,900)
 
@@ -166,7 +167,7 @@ func (r *run) stop() {
 func (r *run) client(stream string, conns int, p Params, maxSeq int) (*Client, error) {
 	c, err := NewClient(ClientConfig{
 		Addr: r.srv.SSE, Path: "/streams/" + stream, Sources: p.Sources, Readers: p.Readers,
-		MaxSeq: maxSeq, SlowRcvBuf: p.SlowRcvBuf,
+		MaxSeq: maxSeq, SlowRcvBuf: p.SlowRcvBuf, RcvBuf: p.RcvBuf,
 	})
 	if err != nil {
 		return nil, err

@@ -62,6 +62,7 @@ func main() {
 	flag.IntVar(&p.ThroughputBatch, "throughput-batch", p.ThroughputBatch, "4: events per transaction (1: one pgsse.publish per statement)")
 	flag.Float64Var(&p.SlowPercent, "slow-percent", p.SlowPercent, "6: percent of subscribers that never read")
 	flag.IntVar(&p.SlowRcvBuf, "slow-rcvbuf", p.SlowRcvBuf, "6: SO_RCVBUF of the subscribers that never read")
+	flag.IntVar(&p.RcvBuf, "rcvbuf", p.RcvBuf, "SO_RCVBUF of the reading subscribers (0: the kernel's default)")
 	flag.IntVar(&p.Hub.Workers, "hub-workers", p.Hub.Workers, "5: worker connections (one channel each)")
 	flag.Float64Var(&p.Hub.Rate, "hub-rate", p.Hub.Rate, "5: notifications per second")
 	flag.DurationVar(&p.Hub.Duration, "hub-duration", p.Hub.Duration, "5: per phase")
@@ -89,6 +90,7 @@ func main() {
 			"throughput-duration": func(q *bench.Params) any { return &q.ThroughputDuration }, "data": func(q *bench.Params) any { return &q.Data },
 			"throughput-batch": func(q *bench.Params) any { return &q.ThroughputBatch },
 			"slow-percent":     func(q *bench.Params) any { return &q.SlowPercent }, "slow-rcvbuf": func(q *bench.Params) any { return &q.SlowRcvBuf },
+			"rcvbuf":  func(q *bench.Params) any { return &q.RcvBuf },
 			"sources": func(q *bench.Params) any { return &q.Sources }, "readers": func(q *bench.Params) any { return &q.Readers },
 			"hub-workers": func(q *bench.Params) any { return &q.Hub.Workers }, "hub-rate": func(q *bench.Params) any { return &q.Hub.Rate },
 			"hub-duration":  func(q *bench.Params) any { return &q.Hub.Duration },
