@@ -35,9 +35,9 @@ import (
 // Memory the queues gave back is returned to the operating system once the pressure has
 // passed (debug.FreeOSMemory, at most every freeOSMemoryEvery), and unless the operator set
 // GOMEMLIMIT, the Go runtime's soft memory limit follows the budget (Config.GoMemoryLimit):
-// twice the live heap that is not queued bytes, plus the runtime's own memory, plus
-// memoryLimitBudgets × the budget — so garbage left by drained queues is collected before the
-// heap grows past that.
+// the runtime's own memory, plus the live heap that is not queued bytes, plus the budget (or
+// half that live heap, if more) — so the garbage drained queues leave is collected before it
+// adds more than the budget, instead of when the heap has doubled on top of full queues.
 const (
 	durableHighBytes    = 256 << 10 // a live durable subscriber queuing more is paused (lagging), without pressure
 	durableSliceBytes   = 64 << 10  // what one write may add over the high watermark
@@ -53,9 +53,8 @@ const (
 	largeEventBytes = 1 << 20
 	maxLargeEvents  = 4
 
-	freeOSMemoryEvery  = 10 * time.Second // debug.FreeOSMemory at most this often
-	memoryLimitEvery   = time.Second      // how often the soft memory limit is recomputed
-	memoryLimitBudgets = 1.0              // budgets of headroom in the soft memory limit
+	freeOSMemoryEvery = 10 * time.Second // debug.FreeOSMemory at most this often
+	memoryLimitEvery  = time.Second      // how often the soft memory limit is recomputed
 )
 
 // outLimits are the write limits of the moment (see the table above), in bytes.
@@ -199,7 +198,7 @@ func newMemoryLimiter(budget int64) *memoryLimiter {
 func (m *memoryLimiter) limitFor(heapLive, total, heapObjects, heapUnused, heapFree, heapReleased, queued int64) int64 {
 	nonHeap := max(0, total-heapObjects-heapUnused-heapFree-heapReleased)
 	liveOther := max(0, heapLive-queued)
-	return 2*liveOther + nonHeap + int64(memoryLimitBudgets*float64(m.budget))
+	return nonHeap + liveOther + max(m.budget, liveOther/2)
 }
 
 func (m *memoryLimiter) update(queued int64) {
