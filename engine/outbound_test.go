@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -466,4 +467,31 @@ func TestLargeEventsBounded(t *testing.T) {
 	t.Logf("large events held at most %d, connections waiting at most %d, most queued %d MiB", maxHeld.Load(), maxWaiting.Load(), maxTotal.Load()>>20)
 	assert.LessOrEqual(t, maxHeld.Load(), int64(maxLargeEvents))
 	assert.LessOrEqual(t, maxTotal.Load(), int64(maxLargeEvents*(size+size/8)), "the queues hold at most maxLargeEvents large events")
+}
+
+// The soft memory limit: the runtime's own memory + the live heap that is not queued + the
+// budget (or half that heap when larger).
+func TestMemoryLimitFor(t *testing.T) {
+	m := newMemoryLimiter(64 << 20)
+	// live 30 MiB of which 10 queued; total 100, objects 40, unused 5, free 15, released 20: non-heap 20
+	assert.Equal(t, int64(20<<20+20<<20+64<<20), m.limitFor(30<<20, 100<<20, 40<<20, 5<<20, 15<<20, 20<<20, 10<<20))
+	// a live heap far above the budget: half of it as headroom
+	assert.Equal(t, int64(0+400<<20+200<<20), m.limitFor(400<<20, 400<<20, 400<<20, 0, 0, 0, 0))
+}
+
+// With Config.GoMemoryLimit the engine sets the soft memory limit while it runs and puts the
+// previous one back when it stops; without it (GOMEMLIMIT set) it leaves it alone.
+func TestGoMemoryLimitFollowsTheBudget(t *testing.T) {
+	before := debug.SetMemoryLimit(-1)
+	ts := startServer(t, "", func(c *Config) { c.GoMemoryLimit = true; c.MaxOutboundMemory = 64 << 20 })
+	waitFor(t, 10*time.Second, "a memory limit set", func() bool { return debug.SetMemoryLimit(-1) != before })
+	limit := debug.SetMemoryLimit(-1)
+	assert.Greater(t, limit, int64(64<<20), "at least the budget")
+	ts.Stop(t)
+	assert.Equal(t, before, debug.SetMemoryLimit(-1), "restored when the engine stops")
+
+	ts = startServer(t, "", nil)
+	time.Sleep(2 * memoryLimitEvery) // nothing to wait for: the limit must stay as it is
+	assert.Equal(t, before, debug.SetMemoryLimit(-1))
+	ts.Stop(t)
 }
