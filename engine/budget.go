@@ -151,8 +151,12 @@ func (s *Server) keepMemory(ctx context.Context) {
 		limiter = newMemoryLimiter(int64(s.cfg.MaxOutboundMemory))
 		defer debug.SetMemoryLimit(prevLimit)
 	}
-	t := time.NewTicker(memoryLimitEvery)
-	defer t.Stop()
+	var tick <-chan time.Time // only with a limit to keep: an idle server wakes no one
+	if limiter != nil {
+		t := time.NewTicker(memoryLimitEvery)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -162,10 +166,8 @@ func (s *Server) keepMemory(ctx context.Context) {
 				lastFree = time.Now()
 				debug.FreeOSMemory()
 			}
-		case <-t.C:
-			if limiter != nil {
-				limiter.update(s.outboundTotal.Load())
-			}
+		case <-tick:
+			limiter.update(s.outboundTotal.Load())
 		}
 	}
 }
