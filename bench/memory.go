@@ -41,6 +41,15 @@ func budgetArgs(t Target, p Params) []string {
 	return []string{"--max-outbound-memory", strconv.FormatInt(p.OutboundBudget, 10)}
 }
 
+// startPgsse starts a pgsse build for a memory scenario, with the budget of p.
+func (e *Env) startPgsse(ctx context.Context, t Target, p Params, scenario int) (*run, error) {
+	if t.Name != "pgsse" {
+		return nil, fmt.Errorf("scenario %d runs against pgsse builds only", scenario)
+	}
+	t.ExtraArgs = append(append([]string(nil), t.ExtraArgs...), budgetArgs(t, p)...)
+	return e.start(ctx, t, p)
+}
+
 // serverMetric reads one pgsse_… value from the server's /metrics (0 when absent).
 func (r *run) serverMetric(ctx context.Context, name string) float64 {
 	var b bytes.Buffer
@@ -61,11 +70,7 @@ func (r *run) serverMetric(ctx context.Context, name string) float64 {
 // out for p.Memory.StalledDuration → the server's RSS growth, and whether the reading
 // subscriber got every event in order.
 func Stalled(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
-	if t.Name != "pgsse" {
-		return nil, errors.New("scenario 7 runs against pgsse builds only")
-	}
-	t.ExtraArgs = append(append([]string(nil), t.ExtraArgs...), budgetArgs(t, p)...)
-	r, err := e.start(ctx, t, p)
+	r, err := e.startPgsse(ctx, t, p, 7)
 	if err != nil {
 		return nil, err
 	}
@@ -138,11 +143,7 @@ func Stalled(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
 // multiple of the event, time until the last subscriber had it whole. First it checks that
 // the default limit refuses 300 MB with SQLSTATE 22023 (through SELECT pgsse.publish).
 func LargeEvent(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
-	if t.Name != "pgsse" {
-		return nil, errors.New("scenario 8 runs against pgsse builds only")
-	}
-	t.ExtraArgs = append(append([]string(nil), t.ExtraArgs...), budgetArgs(t, p)...)
-	r, err := e.start(ctx, t, p)
+	r, err := e.startPgsse(ctx, t, p, 8)
 	if err != nil {
 		return nil, err
 	}

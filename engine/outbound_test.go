@@ -201,30 +201,10 @@ func TestOutboundBudgetHolds(t *testing.T) {
 
 	var maxTotal, minWatermark atomic.Int64
 	minWatermark.Store(durableHighBytes)
-	stop := make(chan struct{})
-	var sampling sync.WaitGroup
-	sampling.Add(1)
-	go func() {
-		defer sampling.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-			}
-			got := make(chan [2]int, 1)
-			if !ts.tasks.push(func() { got <- [2]int{ts.out.total, ts.limits().high} }) {
-				return
-			}
-			v := <-got
-			if int64(v[0]) > maxTotal.Load() {
-				maxTotal.Store(int64(v[0]))
-			}
-			if int64(v[1]) < minWatermark.Load() {
-				minWatermark.Store(int64(v[1]))
-			}
-		}
-	}()
+	stopSampling := ts.sample(t, 10*time.Millisecond, func() {
+		maxTotal.Store(max(maxTotal.Load(), int64(ts.out.total)))
+		minWatermark.Store(min(minWatermark.Load(), int64(ts.limits().high)))
+	})
 
 	payload := strings.Repeat("p", size-10)
 	for n := 0; n < total; n += 20 {
@@ -233,8 +213,7 @@ func TestOutboundBudgetHolds(t *testing.T) {
 			payload, payload, n+1, n+20))
 	}
 	require.NoError(t, <-readerDone, "the reading subscriber gets every event in order")
-	close(stop)
-	sampling.Wait()
+	stopSampling()
 	t.Logf("budget %d KiB: most queued %d KiB, lowest high watermark %d B", budget>>10, maxTotal.Load()>>10, minWatermark.Load())
 	// Without a budget the 30 stalled subscribers alone would queue ≈ 30 × 256 KiB. With it,
 	// the total passes the budget only by what one write may add over a connection's share.
@@ -246,7 +225,7 @@ func TestOutboundBudgetHolds(t *testing.T) {
 	// The channel subscribers that did not read were closed over their share: what they
 	// read now ends in retry: and EOF (the close waited for those last bytes).
 	for i, c := range chans {
-		assertJitteredRetry(t, c.retryAtEOF(30*time.Second))
+		assertJitteredRetry(t, c.retryBeforeEOF(30*time.Second, true))
 		_ = i
 	}
 	assert.GreaterOrEqual(t, metricValue(t, ts.metrics.droppedSlowClient), 2.0)
@@ -268,6 +247,33 @@ func TestOutboundBudgetHolds(t *testing.T) {
 		ts.onLoop(t, func() { n = ts.out.total })
 		return n == 0
 	})
+}
+
+// sample runs f on the loop every interval until the returned stop is called (white-box
+// sampling of loop-owned state while a test drives the server).
+func (ts *testServer) sample(t *testing.T, every time.Duration, f func()) (stop func()) {
+	t.Helper()
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(every):
+			}
+			ran := make(chan struct{})
+			if !ts.tasks.push(func() { f(); close(ran) }) {
+				return
+			}
+			<-ran
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done); <-stopped }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // shrinkSendBuffers gives every SSE connection's socket a small send buffer (SO_SNDBUF 4 KiB,
@@ -352,121 +358,6 @@ func TestLargeEventQueuedOnce(t *testing.T) {
 		assert.Equal(t, "1", ev.IDValue, "subscriber %d", i)
 		assert.Equal(t, size, len(ev.Data), "subscriber %d gets it whole", i)
 	}
-}
-
-// retryAtEOF reads (events allowed) until the server closes and returns the last retry
-// value; it fails unless the stream ends in EOF.
-func (c *sseClient) retryAtEOF(timeout time.Duration) int64 {
-	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	var retry int64 = -1
-	for {
-		ev, err := c.next(time.Until(deadline))
-		if err != nil {
-			require.ErrorIs(c.t, err, io.EOF, "the server must close the connection (last retry %d)", retry)
-			return retry
-		}
-		if ev.Retry != "" {
-			n, perr := strconv.ParseInt(ev.Retry, 10, 64)
-			require.NoError(c.t, perr)
-			retry = n
-		}
-	}
-}
-
-// At most maxLargeEvents large events are held at once: six subscribers catching up from six
-// different positions over six 6 MiB events (more than a loopback socket takes) do not hold
-// six; those beyond the bound wait, and every subscriber still gets every event whole and in
-// order once it reads.
-func TestLargeEventsBounded(t *testing.T) {
-	const size, n = 6 << 20, 6
-	dsn := migratedDB(t)
-	pgtest.Exec(t, dsn, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET pgsse.max_event_bytes = 8388608', current_database()); END $$")
-	conn := connect(t, dsn)
-	for i := 1; i <= n; i++ {
-		_, err := conn.Exec(context.Background(), fmt.Sprintf("SELECT pgsse.publish('big', lpad('%d', %d, 'v'))", i, size)).ReadAll()
-		require.NoError(t, err)
-	}
-	ts := startServer(t, dsn, func(c *Config) { c.Heartbeat = time.Hour })
-	addr := ts.Addr().String()
-	tok := bearerH(allStreams(t))
-
-	var maxHeld, maxWaiting, maxTotal atomic.Int64
-	stop := make(chan struct{})
-	var sampling sync.WaitGroup
-	sampling.Add(1)
-	go func() {
-		defer sampling.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			got := make(chan [3]int, 1)
-			if !ts.tasks.push(func() { got <- [3]int{len(ts.out.large), len(ts.out.largeWait), ts.out.total} }) {
-				return
-			}
-			v := <-got
-			for i, m := range []*atomic.Int64{&maxHeld, &maxWaiting, &maxTotal} {
-				if int64(v[i]) > m.Load() {
-					m.Store(int64(v[i]))
-				}
-			}
-		}
-	}()
-	var subs []*sseClient
-	for i := range n {
-		c := dialWith(t, tinyRcvBuf(4096), addr, "/streams/big?since="+strconv.Itoa(i), tok)
-		require.Equal(t, 200, c.Status)
-		subs = append(subs, c)
-	}
-	waitFor(t, 30*time.Second, "every subscriber holding or waiting for a large event", func() bool {
-		var held, waiting int
-		ts.onLoop(t, func() {
-			waiting = len(ts.out.largeWait)
-			for _, sc := range ts.conns {
-				if sc.pending() > 0 {
-					held++
-				}
-			}
-		})
-		return held+waiting == n
-	})
-	assert.Positive(t, maxWaiting.Load(), "subscribers beyond the bound wait")
-
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i, c := range subs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for id := i + 1; id <= n; id++ {
-				ev, err := c.next(60 * time.Second)
-				for err == nil && !ev.HasID && ev.Data == "" { // the preamble's retry
-					ev, err = c.next(60 * time.Second)
-				}
-				switch {
-				case err != nil:
-					errs[i] = fmt.Errorf("waiting for id %d: %w", id, err)
-				case ev.IDValue != strconv.Itoa(id) || len(ev.Data) != size || !strings.HasSuffix(ev.Data, "v"+strconv.Itoa(id)):
-					errs[i] = fmt.Errorf("want id %d of %d bytes, got id %q of %d bytes", id, size, ev.IDValue, len(ev.Data))
-				default:
-					continue
-				}
-				return
-			}
-		}()
-	}
-	wg.Wait()
-	close(stop)
-	sampling.Wait()
-	for i, err := range errs {
-		assert.NoError(t, err, "subscriber %d", i)
-	}
-	t.Logf("large events held at most %d, connections waiting at most %d, most queued %d MiB", maxHeld.Load(), maxWaiting.Load(), maxTotal.Load()>>20)
-	assert.LessOrEqual(t, maxHeld.Load(), int64(maxLargeEvents))
-	assert.LessOrEqual(t, maxTotal.Load(), int64(maxLargeEvents*(size+size/8)), "the queues hold at most maxLargeEvents large events")
 }
 
 // The soft memory limit: the runtime's own memory + the live heap that is not queued + the
