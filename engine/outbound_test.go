@@ -386,3 +386,72 @@ func TestGoMemoryLimitFollowsTheBudget(t *testing.T) {
 	assert.Equal(t, before, debug.SetMemoryLimit(-1))
 	ts.Stop(t)
 }
+
+// A slow durable subscriber under its watermark gets at most the watermark plus a slice of a
+// large batch (here one table read of 200 events of 9,000 bytes: 1.8 MB), not the whole batch;
+// the rest comes from the table once it reads, with no gap and no duplicate.
+func TestSlowDurableCappedAtWatermarkPlusSlice(t *testing.T) {
+	ts := startServer(t, "", func(c *Config) { c.Heartbeat = time.Hour })
+	tok := bearerH(allStreams(t))
+	slow := dialWith(t, tinyRcvBuf(4096), ts.Addr().String(), "/streams/cap", tok)
+	require.Equal(t, 200, slow.Status)
+	ts.shrinkSendBuffers(t)
+	const size = 9000 // over NOTIFY's 8000 bytes: the events travel as wakes and are read from the table
+	queued := func() (n int, st connState) {
+		ts.onLoop(t, func() {
+			for _, sc := range ts.conns {
+				if sc.stream != nil && sc.stream.name == "cap" {
+					n, st = sc.pending(), sc.state
+				}
+			}
+		})
+		return n, st
+	}
+	streamLast := func() (l int64) {
+		ts.onLoop(t, func() {
+			if st := ts.streams["cap"]; st != nil {
+				l = st.last
+			}
+		})
+		return l
+	}
+	// Fill the queue to just under the high watermark, one event at a time.
+	next := 1
+	for {
+		n, st := queued()
+		require.Equal(t, stateLive, st)
+		if n >= durableHighBytes-2*size {
+			break
+		}
+		pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.publish('cap', lpad('%d', %d, '0'))", next, size))
+		id := int64(next)
+		waitFor(t, 10*time.Second, "event read and written", func() bool { return streamLast() == id })
+		next++
+	}
+	var most atomic.Int64
+	stop := ts.sample(t, time.Millisecond, func() {
+		for _, sc := range ts.conns {
+			if sc.stream != nil && sc.stream.name == "cap" {
+				most.Store(max(most.Load(), int64(sc.pending())))
+			}
+		}
+	})
+	// One transaction of 200 more: one wake, one table read of them all.
+	pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.publish('cap', lpad(g::text, %d, '0')) FROM generate_series(%d, %d) g", size, next, next+199))
+	last := next + 199
+	waitFor(t, 10*time.Second, "the stream read", func() bool { return streamLast() == int64(last) })
+	_, st := queued()
+	stop()
+	t.Logf("queued at most %d KiB; state %d", most.Load()>>10, st)
+	assert.LessOrEqual(t, most.Load(), int64(durableHighBytes+durableSliceBytes+size+64), "at most the watermark plus a slice (plus the event that crosses it)")
+	assert.Equal(t, stateLagging, st, "paused: the rest comes from the table")
+	for id := 1; id <= last; id++ {
+		ev, err := slow.next(60 * time.Second)
+		for err == nil && !ev.HasID && ev.Data == "" {
+			ev, err = slow.next(60 * time.Second)
+		}
+		require.NoError(t, err, "waiting for id %d", id)
+		require.Equal(t, strconv.Itoa(id), ev.IDValue, "no gap, no duplicate")
+		require.Len(t, ev.Data, size)
+	}
+}
