@@ -37,6 +37,7 @@ type Server struct {
 	log      *slog.Logger
 	metrics  *metrics
 	verifier *auth.Verifier
+	pool     *auth.Pool // the verifier pool (verify.go), from Run; nil without a token key
 	tasks    *taskQueue
 
 	listen   listenSource // the LISTEN session (listen.go)
@@ -150,6 +151,8 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("engine: epoll set for SSE writes: %w", err)
 	}
 	defer s.out.close()
+	s.startVerifier()
+	defer s.stopVerifier()
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
 	s.listen = s.newListenSource()
 	s.listen.Listen(storeChannel, func(err error) {
