@@ -43,7 +43,7 @@ func (s *Server) leave() {
 		s.reap = s.reap[:len(s.reap)-1]
 		s.removeConn(sc)
 	}
-	if poll := len(s.lagging) > 0 || s.hub.needsPoll(); poll != s.needPoll.Load() {
+	if poll := len(s.lagging) > 0 || (pollQueues && s.out.queued > 0) || s.hub.needsPoll(); poll != s.needPoll.Load() {
 		s.needPoll.Store(poll)
 		if poll {
 			select {
@@ -90,6 +90,9 @@ func (s *Server) tick() {
 	now := time.Now()
 	s.nowMS = now.UnixMilli()
 	s.healthyAt.Store(now.UnixNano())
+	if pollQueues {
+		s.retryQueues(0)
+	}
 	s.resumeLagging()
 	s.hub.tick()
 	s.observeOutbound()
@@ -99,7 +102,7 @@ func (s *Server) tick() {
 	s.lastSweepMS = s.nowMS
 	s.retryStreamFetches()
 	s.runReadRetries()
-	s.retryQueues()
+	s.retryQueues(queueRetryMS)
 	s.retryLarge()
 	s.sweepConns()
 }

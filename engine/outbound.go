@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"slices"
 	"syscall"
 	"unsafe"
@@ -23,13 +22,10 @@ import (
 // and costs nothing per delivery: a connection whose socket takes everything — the common
 // case — touches no queue and no counter.
 //
-// gnet has no writable callback, so the write path keeps its own: every connection that ever
-// queued is registered once, edge-triggered, for EPOLLOUT in a private epoll set, and
-// watchWritable, a goroutine blocked in epoll_wait on that set, hands the sockets that have
-// room again to the loop as one task (and waits for it before it looks again). With edge
-// triggering the kernel reports a socket only after a write found it full, which is exactly
-// when its queue needs a write. The sweep retries every queue now and then anyway, so that
-// nothing depends on a single wake-up.
+// gnet has no writable callback, so the write path keeps its own (writable_linux.go: an
+// edge-triggered epoll set watched by one goroutine; elsewhere the tick polls the queues).
+// The sweep retries every queue now and then anyway, so that nothing depends on a single
+// wake-up.
 
 // maxIOV bounds one writev (Linux IOV_MAX is 1024).
 const maxIOV = 1024
@@ -87,87 +83,7 @@ type outbound struct {
 	free      []*outQueue
 	large     []*event   // large events read from the table that queues hold (budget.go)
 	largeWait []*sseConn // connections whose catch-up waits for one of them to leave
-	lastTry   int64      // when the sweep last retried the queues
 	pressed   bool       // the total went over half the budget; cleared (and the heap returned) once it is low again
-}
-
-func (o *outbound) init() error {
-	o.epfd, o.stopFD = -1, -1
-	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
-		return err
-	}
-	o.epfd = fd
-	if o.stopFD, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
-		o.close()
-		return err
-	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(o.stopFD)}
-	if err := unix.EpollCtl(o.epfd, unix.EPOLL_CTL_ADD, o.stopFD, &ev); err != nil {
-		o.close()
-		return err
-	}
-	o.byFD = make(map[int32]*sseConn)
-	o.readyDone = make(chan struct{}, 1)
-	return nil
-}
-
-func (o *outbound) close() {
-	for _, fd := range []*int{&o.epfd, &o.stopFD} {
-		if *fd >= 0 {
-			_ = unix.Close(*fd)
-			*fd = -1
-		}
-	}
-}
-
-// stopWatching ends watchWritable (from Run, after its context was cancelled).
-func (o *outbound) stopWatching() {
-	if o.stopFD >= 0 {
-		var one = [8]byte{1}
-		_, _ = unix.Write(o.stopFD, one[:])
-	}
-}
-
-// watchWritable runs beside the loop (Run) until ctx ends (stopWatching wakes it): it waits in
-// epoll_wait for sockets of the writability set that have room again and hands them to the
-// loop as one task, waiting for that task before it looks again.
-func (s *Server) watchWritable(ctx context.Context) {
-	events := make([]unix.EpollEvent, writableEventsMax)
-	s.out.flushTask = func() {
-		s.enter()
-		defer s.leave()
-		s.flushReady(s.out.ready)
-		s.out.readyDone <- struct{}{}
-	}
-	for ctx.Err() == nil {
-		n, err := unix.EpollWait(s.out.epfd, events, -1)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			s.log.Error("waiting for SSE sockets to have room failed; queues now drain on the sweep only", "err", err)
-			return
-		}
-		ready := s.out.ready[:0]
-		for _, ev := range events[:n] {
-			if ev.Fd != int32(s.out.stopFD) {
-				ready = append(ready, ev.Fd)
-			}
-		}
-		if len(ready) == 0 {
-			continue
-		}
-		s.out.ready = ready
-		if !s.tasks.push(s.out.flushTask) {
-			return
-		}
-		select {
-		case <-s.out.readyDone:
-		case <-ctx.Done():
-			return
-		}
-	}
 }
 
 // pending is the number of bytes sc's socket has not taken yet.
@@ -470,56 +386,15 @@ func (s *Server) dropQueue(sc *sseConn) {
 	sc.q = nil
 }
 
-// watch registers sc's socket in the writability set (once per connection).
-func (s *Server) watch(sc *sseConn) {
-	if sc.watched || s.out.epfd < 0 {
+// retryQueues tries every queue that has not been tried for olderThanMS: from the sweep
+// (queueRetryMS), a safety net under the writability set; from every tick where there is no
+// such set (pollQueues, 0).
+func (s *Server) retryQueues(olderThanMS int64) {
+	if s.out.queued == 0 {
 		return
 	}
-	fd := sc.c.Fd()
-	ev := unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLET, Fd: int32(fd)}
-	err := unix.EpollCtl(s.out.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
-	if err == unix.EEXIST {
-		err = unix.EpollCtl(s.out.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
-	}
-	if err != nil {
-		// The sweep still retries the queue (queueRetryMS); nothing is lost but latency.
-		s.log.Warn("cannot watch an SSE socket for writability; its queue drains on the sweep", "err", err)
-		return
-	}
-	sc.watched = true
-	s.out.byFD[int32(fd)] = sc
-}
-
-// unwatch forgets sc's socket (it is about to be closed, which also removes it from the set).
-func (s *Server) unwatch(sc *sseConn) {
-	if !sc.watched {
-		return
-	}
-	sc.watched = false
-	fd := int32(sc.c.Fd())
-	if s.out.byFD[fd] == sc {
-		delete(s.out.byFD, fd)
-	}
-}
-
-// flushReady writes the queues of sockets that have room again (watchWritable's task).
-func (s *Server) flushReady(fds []int32) {
-	for _, fd := range fds {
-		if sc := s.out.byFD[fd]; sc != nil && !sc.closed {
-			s.flushQueue(sc)
-		}
-	}
-}
-
-// retryQueues tries every queue that has not been tried for queueRetryMS (from the sweep):
-// a safety net under the writability set.
-func (s *Server) retryQueues() {
-	if s.out.queued == 0 || s.nowMS-s.out.lastTry < queueRetryMS {
-		return
-	}
-	s.out.lastTry = s.nowMS
 	for _, sc := range s.conns {
-		if sc.q != nil && sc.q.bytes > 0 && !sc.closed && s.nowMS-sc.q.triedMS >= queueRetryMS {
+		if sc.q != nil && sc.q.bytes > 0 && !sc.closed && s.nowMS-sc.q.triedMS >= olderThanMS {
 			s.flushQueue(sc)
 		}
 	}

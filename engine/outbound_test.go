@@ -55,67 +55,6 @@ func fill(s *Server, sc *sseConn) []byte {
 	return all
 }
 
-// drainWritable does what watchWritable and its task do, for a Server that is not running.
-func drainWritable(t *testing.T, s *Server) {
-	events := make([]unix.EpollEvent, 16)
-	n, err := unix.EpollWait(s.out.epfd, events, 0)
-	require.NoError(t, err)
-	var fds []int32
-	for _, ev := range events[:n] {
-		fds = append(fds, ev.Fd)
-	}
-	s.flushReady(fds)
-}
-
-// What the queues hold is counted exactly: a shared encoding once however many queues hold
-// it, private bytes per queue, plus outItemBytes per piece; transient bytes are copied; the
-// queues drain in order once the sockets have room (the writability set), and a closed
-// connection's queue is given back.
-func TestOutboundQueueAccounting(t *testing.T) {
-	s, cs, scs := queueServer(t, 3)
-	var prefix [3][]byte
-	for i, sc := range scs {
-		prefix[i] = fill(s, sc)
-	}
-	base := s.out.total
-	require.Equal(t, 3, s.out.queued)
-
-	ev := &event{id: 1, enc: sse.AppendEvent(nil, 1, nil, bytes.Repeat([]byte("x"), 10_000))}
-	for _, sc := range scs {
-		sc.writeEvents(s, []*event{ev})
-	}
-	assert.Equal(t, base+len(ev.enc)+3*outItemBytes, s.out.total, "a shared encoding counts once")
-	assert.EqualValues(t, 3, ev.queued)
-
-	scratch := []byte("private bytes\n")
-	scs[0].write(s, scratch)
-	copy(scratch, "XXXXXXXXXXXXXX") // the caller reuses its scratch at once
-	assert.Equal(t, base+len(ev.enc)+len("private bytes\n")+4*outItemBytes, s.out.total, "transient bytes are copied and count per queue")
-
-	// Connection 2 goes away: its queue is dropped, the shared encoding is still held by two.
-	s.connClosed(scs[2])
-	assert.EqualValues(t, 2, ev.queued)
-	assert.Equal(t, 2, s.out.queued)
-
-	// The peers read; the tick's epoll set reports the sockets and the queues drain in order.
-	want := []string{string(prefix[0]) + string(ev.enc) + "private bytes\n", string(prefix[1]) + string(ev.enc)}
-	for i := range 2 {
-		var got string
-		waitFor(t, 10*time.Second, "connection "+strconv.Itoa(i)+" drained", func() bool {
-			got = cs[i].text()
-			drainWritable(t, s)
-			return scs[i].pending() == 0 && strings.HasSuffix(cs[i].text(), "\n")
-		})
-		got = cs[i].text()
-		head := strings.Index(got, string(prefix[i][:10]))
-		require.GreaterOrEqual(t, head, 0)
-		assert.Equal(t, want[i], got[head:], "connection %d: everything, in order", i)
-	}
-	assert.Zero(t, s.out.queued)
-	assert.Zero(t, s.out.total, "nothing held once every queue drained")
-	assert.Zero(t, ev.queued)
-}
-
 // Live writes queue durable events only up to the limit once the queue holds something; the
 // first event is always taken, ephemeral events always are.
 func TestOutboundLiveLimit(t *testing.T) {
