@@ -18,9 +18,9 @@ import (
 // encoding scratch: response heads, gap notices, the last bytes before a close) are copied.
 //
 // What the queues hold is counted as it changes (outbound.total: private bytes, plus each
-// shared encoding once while any queue holds it, plus outItemBytes per queued piece), so the budget (budget.go) is always exact
-// and costs nothing per delivery: a connection whose socket takes everything — the common
-// case — touches no queue and no counter.
+// shared encoding once while any queue holds it, plus outItemBytes per queued piece), so the
+// budget (budget.go) is always exact and costs nothing per delivery: a connection whose socket
+// takes everything — the common case — touches no queue and no counter.
 //
 // gnet has no writable callback, so the write path keeps its own (writable_linux.go: an
 // edge-triggered epoll set watched by one goroutine; elsewhere the tick polls the queues).
@@ -83,7 +83,7 @@ type outbound struct {
 	free      []*outQueue
 	large     []*event   // large events read from the table that queues hold (budget.go)
 	largeWait []*sseConn // connections whose catch-up waits for one of them to leave
-	pressed   bool       // the total went over half the budget; cleared (and the heap returned) once it is low again
+	pressed   bool       // the limits shrank (budget.go); cleared, and the heap returned, once the queues are low again
 }
 
 // pending is the number of bytes sc's socket has not taken yet.
@@ -138,12 +138,13 @@ func (s *Server) writeSocket(sc *sseConn, items []outItem) (sent, total int, err
 			continue
 		}
 		w, _, errno := syscall.Syscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		for errno == syscall.EINTR {
+			w, _, errno = syscall.Syscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		}
 		clear(iov) // no stale pointers into event encodings
 		s.out.iovecs = iov[:0]
 		switch {
 		case errno == syscall.EAGAIN:
-			w = 0
-		case errno == syscall.EINTR:
 			w = 0
 		case errno != 0:
 			return sent, total, errno
@@ -167,7 +168,7 @@ func (s *Server) keep(sc *sseConn, items []outItem, skip int) {
 			skip -= len(it.b)
 			continue
 		}
-		s.enqueue(sc, it, it.b[skip:])
+		s.enqueue(sc, it, it.b[skip:], skip > 0)
 		skip = 0
 	}
 }
@@ -222,13 +223,14 @@ func (s *Server) sendLive(sc *sseConn, evs []*event, limit int) int {
 				continue
 			}
 		}
-		s.enqueue(sc, it, b)
+		s.enqueue(sc, it, b, partial)
 	}
 	return cut
 }
 
-// enqueue appends b (all or the unsent part of it) to sc's queue and counts it.
-func (s *Server) enqueue(sc *sseConn, it outItem, b []byte) {
+// enqueue appends b — all of it.b, or the unsent part when begun (the socket took the rest)
+// — to sc's queue and counts it.
+func (s *Server) enqueue(sc *sseConn, it outItem, b []byte, begun bool) {
 	q := sc.q
 	if q == nil {
 		q = s.newQueue()
@@ -237,6 +239,7 @@ func (s *Server) enqueue(sc *sseConn, it outItem, b []byte) {
 	if q.bytes == 0 {
 		s.out.queued++
 		q.triedMS = s.nowMS
+		q.begun = begun // b is the queue's head: finish must not drop it
 		s.watch(sc)
 	}
 	if it.transient {

@@ -76,3 +76,32 @@ func TestOutboundQueueAccounting(t *testing.T) {
 	assert.Zero(t, s.out.total, "nothing held once every queue drained")
 	assert.Zero(t, ev.queued)
 }
+
+// A connection closed while its socket has taken part of an event: that event is completed,
+// what was queued after it is dropped, and the last bytes (retry:) follow; the socket closes
+// once they have left. A client never sees half an event run into the retry field.
+func TestOutboundFinishCompletesTheBegunEvent(t *testing.T) {
+	s, cs, scs := queueServer(t, 1)
+	c, sc := cs[0], scs[0]
+	first := &event{id: 1, enc: sse.AppendEvent(nil, 1, nil, bytes.Repeat([]byte("a"), 100_000))}
+	second := &event{id: 2, enc: sse.AppendEvent(nil, 2, nil, []byte("dropped"))}
+	sc.writeEvents(s, []*event{first})
+	require.True(t, sc.q != nil && sc.q.begun, "the socket took part of the first event")
+	sc.writeEvents(s, []*event{second})
+	s.closeWithRetry(sc)
+	assert.Equal(t, stateClosing, sc.state)
+	assert.False(t, c.closed, "the close waits for the last bytes")
+	assert.Zero(t, second.queued, "what was queued after the begun event is dropped")
+	waitFor(t, 10*time.Second, "the queue drained and the socket closed", func() bool {
+		c.text()
+		drainWritable(t, s)
+		return c.closed
+	})
+	got := c.text()
+	got = got[strings.Index(got, "\r\n\r\n")+4:] // after the response head
+	got = got[strings.Index(got, "\n\n")+2:]     // and its retry/comment block
+	require.True(t, strings.HasPrefix(got, string(first.enc)), "the first event whole: %.60q", got)
+	rest := got[len(first.enc):]
+	assert.True(t, strings.HasPrefix(rest, "retry: ") && strings.HasSuffix(rest, "\n\n") && !strings.Contains(rest, "dropped"), "then the retry field: %q", rest)
+	assert.Zero(t, s.out.total)
+}
