@@ -5,6 +5,7 @@ import (
 	"math"
 	"runtime/debug"
 	rtmetrics "runtime/metrics"
+	"slices"
 	"time"
 
 	"github.com/pgsse/pgsse/store"
@@ -104,15 +105,17 @@ func (s *Server) tableEvent(stream string, e *store.Event) *event {
 
 // retryLarge reissues the reads that waited for a large event to leave (from the sweep).
 func (s *Server) retryLarge() {
-	if len(s.out.largeWait) == 0 || len(s.out.large) >= maxLargeEvents {
+	if len(s.out.largeWait) == 0 {
+		return
+	}
+	s.out.largeWait = slices.DeleteFunc(s.out.largeWait, func(sc *sseConn) bool { return sc.closed || sc.state != stateCatchUp })
+	if len(s.out.large) >= maxLargeEvents {
 		return
 	}
 	waiting := s.out.largeWait
 	s.out.largeWait = nil
 	for _, sc := range waiting {
-		if !sc.closed && sc.state == stateCatchUp {
-			s.replay(sc)
-		}
+		s.replay(sc)
 	}
 }
 

@@ -65,10 +65,10 @@ type ReadRequest struct {
 }
 
 // Replay read buffers: events are copied (or encoded) into chunks of batchChunkBytes; an event
-// larger than largeEventBytes gets a buffer of its own, allocated to its size.
+// larger than ownBufferBytes gets a buffer of its own, allocated to its size.
 const (
 	batchChunkBytes = 64 << 10
-	largeEventBytes = 64 << 10
+	ownBufferBytes  = 64 << 10
 )
 
 // ReadResult is one batch, read in one snapshot.
@@ -361,10 +361,10 @@ func (r *Replayer) query(conn *pgconn.PgConn, req *ReadRequest) ReadResult {
 // keepData copies data — or what encode makes of it — into chunk, or into a new chunk (of
 // chunkBytes, or the event's size if larger) when it does not fit (earlier events keep
 // theirs: nothing already read is copied again); with own, or for an event larger than
-// largeEventBytes, into a buffer of its own (encode is given nil and sizes it). It
+// ownBufferBytes, into a buffer of its own (encode is given nil and sizes it). It
 // returns the kept bytes and the chunk to continue with.
 func keepData(chunk []byte, chunkBytes int, own bool, encode func(dst []byte, id int64, event, data []byte) []byte, id int64, event, data []byte) (kept, next []byte) {
-	if own || len(data) > largeEventBytes {
+	if own || len(data) > ownBufferBytes {
 		if encode != nil {
 			kept = encode(nil, id, event, data)
 		} else {
