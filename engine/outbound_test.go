@@ -394,3 +394,35 @@ func TestSlowDurableCappedAtWatermarkPlusSlice(t *testing.T) {
 		require.Len(t, ev.Data, size)
 	}
 }
+
+// Once the queues have been over a quarter of the budget and are low again, the loop asks for
+// the heap to be given back (keepMemory runs debug.FreeOSMemory, at most every 10 s); the
+// gauges follow the total.
+func TestOutboundPressurePassing(t *testing.T) {
+	s, err := New(Config{MaxOutboundMemory: 16 << 20, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	relieved := func() bool {
+		select {
+		case <-s.relieved:
+			return true
+		default:
+			return false
+		}
+	}
+	s.out.total = 2 << 20
+	s.observeOutbound()
+	assert.False(t, relieved(), "no pressure yet")
+	s.out.total = 5 << 20 // over a quarter
+	s.observeOutbound()
+	assert.Equal(t, float64(5<<20), metricValue(t, s.metrics.outboundBytes))
+	assert.Less(t, metricValue(t, s.metrics.outboundWatermark), float64(durableHighBytes))
+	s.out.total = 2 << 20 // still over a sixteenth
+	s.observeOutbound()
+	assert.False(t, relieved())
+	s.out.total = 512 << 10
+	s.observeOutbound()
+	assert.True(t, relieved(), "the pressure passed")
+	assert.Equal(t, float64(durableHighBytes), metricValue(t, s.metrics.outboundWatermark))
+	s.observeOutbound()
+	assert.False(t, relieved(), "once per episode")
+}
