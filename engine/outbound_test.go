@@ -409,6 +409,7 @@ func TestOutboundPressurePassing(t *testing.T) {
 			return false
 		}
 	}
+	s.active = 1000
 	s.out.total = 2 << 20
 	s.observeOutbound()
 	assert.False(t, relieved(), "no pressure yet")
