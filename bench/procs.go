@@ -280,11 +280,3 @@ func busiest(before, after map[int]time.Duration) time.Duration {
 	}
 	return top
 }
-
-// label is the target's column in the tables.
-func (t Target) label() string {
-	if t.Label != "" {
-		return t.Label
-	}
-	return t.Name
-}

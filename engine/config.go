@@ -30,7 +30,13 @@ type Config struct {
 	PublicStreams []string // patterns that need no token
 	CORSOrigins   []string // exact origins allowed to read streams cross-origin
 
-	MaxConnections int           // SSE connections; default MaxConnectionsFor(FDLimit())
+	MaxConnections int // SSE connections; default MaxConnectionsFor(FDLimit())
+	// MaxOutboundMemory bounds the bytes queued for all SSE connections together
+	// (--max-outbound-memory, default DefaultMaxOutboundMemory; budget.go).
+	MaxOutboundMemory int
+	// GoMemoryLimit lets the engine keep the Go runtime's soft memory limit in step with
+	// MaxOutboundMemory while it runs (budget.go). The CLI sets it unless GOMEMLIMIT is set.
+	GoMemoryLimit  bool
 	MaxHeaderBytes int           // request head limit, default DefaultMaxHeaderBytes
 	Heartbeat      time.Duration // default DefaultHeartbeat
 	Retry          time.Duration // the retry: field, default DefaultRetry
@@ -55,28 +61,31 @@ type Config struct {
 
 // Defaults (SPEC §6): the CLI's flag defaults, and what New fills in for a zero field.
 const (
-	DefaultListen                      = ":8080"
-	DefaultHubSocketMode   os.FileMode = 0o600
-	DefaultHubWorkerBuffer             = 1 << 20 // bytes
-	DefaultMaxHeaderBytes              = 8192
-	DefaultHeartbeat                   = 15 * time.Second
-	DefaultRetry                       = 2 * time.Second
-	DefaultRetention                   = 24 * time.Hour
-	DefaultReplayPoolSize              = 4
-	DefaultProcs                       = 1 // --procs: processes serving the port; "auto" = ProcsAuto()
+	DefaultListen                        = ":8080"
+	DefaultHubSocketMode     os.FileMode = 0o600
+	DefaultHubWorkerBuffer               = 1 << 20 // bytes
+	DefaultMaxHeaderBytes                = 8192
+	DefaultHeartbeat                     = 15 * time.Second
+	DefaultRetry                         = 2 * time.Second
+	DefaultRetention                     = 24 * time.Hour
+	DefaultReplayPoolSize                = 4
+	DefaultMaxOutboundMemory             = 256 << 20 // bytes queued for all SSE connections together
+	DefaultProcs                         = 1         // --procs: processes serving the port; "auto" = ProcsAuto()
 )
 
 // Bounds on Config values. New refuses values outside them; the CLI checks the same bounds
 // first so that its message names the flag or variable that was set.
 const (
-	MinHubWorkerBuffer = 2 * (framing.HeaderLen + framing.MaxBody) // two maximal frames, bytes
-	MaxHubWorkerBuffer = 1 << 30                                   // bytes
-	MinMaxHeaderBytes  = 1024
-	MaxMaxHeaderBytes  = 1 << 20
-	MinHeartbeat       = 100 * time.Millisecond
-	MinRetry           = time.Millisecond
-	MaxInterval        = 24 * time.Hour // the longest --heartbeat and --retry
-	MaxProcs           = 256            // the most --procs
+	MinHubWorkerBuffer   = 2 * (framing.HeaderLen + framing.MaxBody) // two maximal frames, bytes
+	MaxHubWorkerBuffer   = 1 << 30                                   // bytes
+	MinMaxHeaderBytes    = 1024
+	MaxMaxHeaderBytes    = 1 << 20
+	MinHeartbeat         = 100 * time.Millisecond
+	MinRetry             = time.Millisecond
+	MaxInterval          = 24 * time.Hour // the longest --heartbeat and --retry
+	MinMaxOutboundMemory = 1 << 20        // bytes
+	MaxMaxOutboundMemory = 1 << 40        // bytes
+	MaxProcs             = 256            // the most --procs
 )
 
 // ProcsAuto is --procs auto: one process per CPU this process may run on, at most MaxProcs.
@@ -136,6 +145,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	orDefault(&cfg.Heartbeat, DefaultHeartbeat)
 	orDefault(&cfg.Retry, DefaultRetry)
 	orDefault(&cfg.ReplayPoolSize, DefaultReplayPoolSize)
+	orDefault(&cfg.MaxOutboundMemory, DefaultMaxOutboundMemory)
 	if cfg.MaxConnections == 0 {
 		limit := FDLimit()
 		if cfg.MaxConnections = MaxConnectionsFor(limit); cfg.MaxConnections < 1 {
@@ -158,6 +168,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("--heartbeat: must be between " + MinHeartbeat.String() + " and " + MaxInterval.String())
 	case cfg.Retry < MinRetry || cfg.Retry > MaxInterval:
 		return cfg, errors.New("--retry: must be between " + MinRetry.String() + " and " + MaxInterval.String())
+	case cfg.MaxOutboundMemory < MinMaxOutboundMemory || cfg.MaxOutboundMemory > MaxMaxOutboundMemory:
+		return cfg, errors.New("--max-outbound-memory: must be between 1MiB and 1TiB")
 	case cfg.Retention < 0:
 		return cfg, errors.New("--retention: must not be negative")
 	case cfg.ReusePort && cfg.HubSocket != "":
