@@ -142,7 +142,7 @@ func TestPublisherRejectsBadRequests(t *testing.T) {
 		{"bad stream", one("a b", "x"), `field "stream": ` + names.ErrStreamChars.Error(), names.ErrStreamChars, false},
 		{"bad stream in a batch", batch(PublishEvent{Stream: "", Data: []byte("x")}), `line 3, field "stream": stream name must be 1-200 bytes`, names.ErrStreamLength, false},
 		{"bad event", batch(PublishEvent{Stream: "s", Event: "a/b"}), `line 3, field "event": ` + names.ErrEventChars.Error(), names.ErrEventChars, false},
-		{"bad tag", batch(PublishEvent{Stream: "s", Audience: []string{"a\x01"}}), `line 3, field "audience": ` + ErrTagControl.Error(), ErrTagControl, false},
+		{"bad tag", batch(PublishEvent{Stream: "s", Audience: []string{"a\x01"}}), `line 3, field "audience": ` + names.ErrTagControl.Error(), names.ErrTagControl, false},
 		{"too large", batch(PublishEvent{Stream: "s", Data: make([]byte, DefaultMaxEventBytes+1)}),
 			`line 3, field "data": event data is 1048577 bytes, over pgsse.max_event_bytes (1048576 bytes)`, ErrEventTooLarge, false},
 		{"ephemeral too large", batch(PublishEvent{Stream: "s", Data: make([]byte, 7970), Ephemeral: true}),
@@ -151,7 +151,7 @@ func TestPublisherRejectsBadRequests(t *testing.T) {
 		{"too many events", &PublishRequest{Events: make([]PublishEvent, MaxBatchEvents+1)}, "a batch holds at most 1000 events", ErrTooManyEvents, false},
 		{"data not UTF-8", batch(PublishEvent{Stream: "s", Data: []byte("a\xffb")}), `line 3, field "data": ` + ErrDataNotText.Error(), ErrDataNotText, true},
 		{"data with NUL", batch(PublishEvent{Stream: "s", Data: []byte("a\x00b")}), `line 3, field "data": ` + ErrDataNotText.Error(), ErrDataNotText, true},
-		{"tag not UTF-8", batch(PublishEvent{Stream: "s", Audience: []string{"\xc3"}}), `line 3, field "audience": ` + ErrTagNotUTF8.Error(), ErrTagNotUTF8, true},
+		{"tag not UTF-8", batch(PublishEvent{Stream: "s", Audience: []string{"\xc3"}}), `line 3, field "audience": ` + names.ErrTagUTF8.Error(), names.ErrTagUTF8, false},
 	}
 	t.Run("too large before the setting is known", func(t *testing.T) {
 		p := newTestPublisher(t, PublisherConfig{DatabaseURL: dsn}, testHooks{})
