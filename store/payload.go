@@ -13,7 +13,7 @@ type Kind byte
 // Payload kinds.
 const (
 	KindDurable   Kind = 'D' // durable event, data inline
-	KindWake      Kind = 'W' // durable event too big for NOTIFY: read stream/id from pgsse.events
+	KindWake      Kind = 'W' // durable events from id on (one too big for NOTIFY, or several of one transaction): read them from pgsse.events
 	KindEphemeral Kind = 'E' // pgsse.broadcast: never stored
 )
 
