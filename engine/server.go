@@ -42,6 +42,9 @@ type Server struct {
 
 	listen   listenSource // the LISTEN session (listen.go)
 	replayer *store.Replayer
+	tokens   *auth.Pool // verifies tokens off the loop (verify.go); nil without a key
+
+	publishState // the Publisher and publisher connections (publish.go)
 
 	booted     chan struct{}
 	loopsReady chan struct{}
@@ -103,6 +106,8 @@ func New(cfg Config) (*Server, error) {
 		scratch:    make([]byte, 0, scratchBytes),
 		channels:   make(map[string]*channel),
 	}
+	s.publishBudget = max(publishMemoryBytes, 2*cfg.MaxPublishBytes)
+	s.publishBodyTimeoutMS = publishBodyTimeoutMS
 	s.hub.srv = s
 	s.tasks.enter, s.tasks.leave = s.enter, s.leave
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
@@ -140,6 +145,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.nowMS = time.Now().UnixMilli()
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
 	s.listen = s.newListenSource()
+	s.startVerifier()
 	s.listen.Listen(storeChannel, func(err error) {
 		if err != nil {
 			s.log.Error("LISTEN on the stream channel failed", "channel", storeChannel, "err", err)
@@ -148,6 +154,7 @@ func (s *Server) Run(ctx context.Context) error {
 	abort := func(err error) error {
 		_ = s.listen.Close()
 		s.replayer.Close()
+		s.stopVerifier()
 		return err
 	}
 
@@ -211,9 +218,13 @@ func (s *Server) Run(ctx context.Context) error {
 	if runErr == nil {
 		s.drain()
 	}
+	pubCtx, pubCancel := context.WithTimeout(context.Background(), drainTimeout)
+	s.stopPublisher(pubCtx) // what is still queued is committed (and answered, if its client waited)
+	pubCancel()
 	stopBG()
 	_ = s.listen.Close()
 	s.replayer.Close()
+	s.stopVerifier()
 	wg.Wait()
 	s.tasks.close()
 	stopCtx, cancel := context.WithTimeout(context.Background(), stopTimeout)
@@ -228,7 +239,8 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // drain tells every client to come back later (jittered) and every worker to fail over,
-// flushes and closes, within drainTimeout.
+// flushes and closes, within drainTimeout. A publisher waiting for its COMMIT is answered
+// (and closed) when it comes.
 func (s *Server) drain() {
 	done := make(chan struct{})
 	s.tasks.push(func() {

@@ -56,6 +56,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	limit := engine.FDLimit()
 	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: RLIMIT_NOFILE − %d = %d)", engine.FDReserve, engine.MaxConnectionsFor(limit)))
 	maxHeader := c.Size("max-header-bytes", engine.DefaultMaxHeaderBytes, "request head limit")
+	maxPublish := c.Size("max-publish-bytes", engine.DefaultMaxPublishBytes, "request body limit of POST /streams/… and POST /publish")
 	heartbeat := c.Duration("heartbeat", engine.DefaultHeartbeat, "comment line after this long without writes")
 	retry := c.Duration("retry", engine.DefaultRetry, "the SSE retry: value sent first")
 	retention := c.Duration("retention", engine.DefaultRetention, "prune durable events older than this (0 = keep)")
@@ -121,6 +122,9 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	}
 	if *maxHeader < engine.MinMaxHeaderBytes || *maxHeader > engine.MaxMaxHeaderBytes {
 		return nil, configErrorf("%s: must be between %d and %d", c.source("max-header-bytes"), engine.MinMaxHeaderBytes, engine.MaxMaxHeaderBytes)
+	}
+	if *maxPublish < engine.MinMaxPublishBytes || *maxPublish > engine.MaxMaxPublishBytes {
+		return nil, configErrorf("%s: must be between %d and %s", c.source("max-publish-bytes"), engine.MinMaxPublishBytes, formatSize(engine.MaxMaxPublishBytes))
 	}
 	for _, d := range []struct {
 		name string
@@ -212,6 +216,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		CORSOrigins:     *corsOrigins,
 		MaxConnections:  conns,
 		MaxHeaderBytes:  int(*maxHeader),
+		MaxPublishBytes: *maxPublish,
 		Heartbeat:       *heartbeat,
 		Retry:           *retry,
 		Retention:       *retention,
