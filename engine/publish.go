@@ -189,13 +189,16 @@ func (s *Server) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Claims, 
 // connection moved on (body complete, or refused) so that readRequest goes on.
 func (s *Server) readBody(sc *sseConn) bool {
 	pub := sc.pub
+	if pub.bodyDone {
+		return false // waiting for the token's verdict; what follows is the next request
+	}
 	in, _ := sc.c.Peek(-1)
 	if len(in) == 0 {
 		return false
 	}
 	n, done, err := pub.body.Decode(in)
 	if err != nil {
-		_, _ = sc.c.Discard(n)
+		discard(sc, n)
 		var pe *sse.ParseError
 		if errors.As(err, &pe) && pe.Status == 413 {
 			s.closePublish(sc, 413, "request body is larger than --max-publish-bytes ("+strconv.FormatInt(s.cfg.MaxPublishBytes, 10)+" bytes)")
@@ -205,16 +208,16 @@ func (s *Server) readBody(sc *sseConn) bool {
 		return true
 	}
 	if !s.holdPublishBytes(pub, int64(cap(pub.body.Buffer()))-pub.held) {
-		_, _ = sc.c.Discard(n)
+		discard(sc, n)
 		s.closePublish(sc, 503, "too many publish bodies in flight; retry later")
 		return true
 	}
 	if !done {
-		_, _ = sc.c.Discard(n)
+		discard(sc, n)
 		return false
 	}
-	s.bodyRead(sc) // before Discard: the body may be a view into the input
-	_, _ = sc.c.Discard(n)
+	s.bodyRead(sc) // before discarding: the body may be a view into the input
+	discard(sc, n)
 	switch {
 	case pub.status != 0:
 		s.answerPublishError(sc, pub.status, pub.reason)
@@ -222,6 +225,14 @@ func (s *Server) readBody(sc *sseConn) bool {
 		s.submitPublish(sc)
 	}
 	return true
+}
+
+// discard drops the first n bytes of the connection's input (gnet's Discard(0) would drop
+// all of it).
+func discard(sc *sseConn, n int) {
+	if n > 0 {
+		_, _ = sc.c.Discard(n)
+	}
 }
 
 // bodyRead takes ownership of a complete body: a view into the connection's input is

@@ -83,7 +83,7 @@ func (c *pubClient) readErr(timeout time.Duration) (httpResult, error) {
 	if err != nil {
 		return httpResult{}, err
 	}
-	return httpResult{Status: resp.StatusCode, Header: resp.Header, Body: string(body)}, nil
+	return httpResult{Status: resp.StatusCode, Header: resp.Header, Body: string(body), Close: resp.Close}, nil
 }
 
 // do sends one request and reads its answer.
