@@ -29,6 +29,7 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 	assert.Equal(t, DefaultHeartbeat, cfg.Heartbeat)
 	assert.Equal(t, DefaultRetry, cfg.Retry)
 	assert.Equal(t, DefaultReplayPoolSize, cfg.ReplayPoolSize)
+	assert.Equal(t, int64(DefaultMaxPublishBytes), cfg.MaxPublishBytes)
 	assert.Equal(t, MaxConnectionsFor(FDLimit()), cfg.MaxConnections)
 	assert.Zero(t, cfg.Retention, "zero keeps events forever")
 	assert.NotNil(t, cfg.Logger)
@@ -46,6 +47,8 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 		{func(c *Config) { c.Retry = -time.Second }, "--retry"},
 		{func(c *Config) { c.Retention = -time.Second }, "--retention"},
 		{func(c *Config) { c.HubWorkerBuffer = MinHubWorkerBuffer - 1 }, "--hub-worker-buffer"},
+		{func(c *Config) { c.MaxPublishBytes = -1 }, "--max-publish-bytes"},
+		{func(c *Config) { c.MaxPublishBytes = MaxMaxPublishBytes + 1 }, "--max-publish-bytes"},
 	} {
 		var cfg Config
 		tc.tweak(&cfg)
@@ -54,7 +57,7 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.flag+":")
 		}
 	}
-	cfg = Config{MaxHeaderBytes: MinMaxHeaderBytes, Heartbeat: MinHeartbeat, Retry: MinRetry, HubWorkerBuffer: MinHubWorkerBuffer}
+	cfg = Config{MaxHeaderBytes: MinMaxHeaderBytes, Heartbeat: MinHeartbeat, Retry: MinRetry, HubWorkerBuffer: MinHubWorkerBuffer, MaxPublishBytes: MinMaxPublishBytes}
 	_, err = cfg.withDefaults()
 	assert.NoError(t, err, "the bounds themselves are allowed")
 }
