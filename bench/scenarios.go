@@ -43,7 +43,8 @@ type Params struct {
 	PrefillEvents int     // scenario 6: events published to them alone before the others connect (600 × 7,000 B: more than the ≈3 MB loopback socket buffers hold)
 	PrefillData   int     // bytes of data per prefill event (inline in NOTIFY below 7,900)
 
-	Hub HubParams // scenario 5
+	Hub     HubParams     // scenario 5
+	Publish PublishParams // scenario 7
 
 	Sources int // loopback source addresses
 	Readers int // client epoll loops
@@ -58,6 +59,7 @@ func Full() Params {
 		ThroughputDuration: 10 * time.Second, Data: 64,
 		SlowPercent: 1, SlowRcvBuf: 4096, PrefillEvents: 600, PrefillData: 7000,
 		Hub:     HubParams{Workers: 64, Rate: 5000, Duration: 10 * time.Second},
+		Publish: fullPublish(),
 		Sources: 8, Readers: 1,
 	}
 }
@@ -74,6 +76,7 @@ func Small() Params {
 	p.ThroughputDuration = time.Second
 	p.SlowPercent = 5
 	p.Hub = HubParams{Workers: 8, Rate: 1000, Duration: time.Second}
+	p.Publish = smallPublish()
 	return p
 }
 

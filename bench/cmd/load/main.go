@@ -7,6 +7,7 @@
 //	go run ./bench/cmd/load                      # full scale, every scenario, both servers
 //	go run ./bench/cmd/load --scale small        # seconds
 //	go run ./bench/cmd/load --scenarios 3,4 --profile-dir /tmp/prof
+//	go run ./bench/cmd/load --scenarios 7         # publishing: HTTP vs pgsse.publish
 //
 // PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
 // throwaway cluster started with scripts/pg.sh and stopped at exit. Each scenario and server
@@ -39,7 +40,7 @@ func main() {
 		pgsseBin   = flag.String("pgsse-bin", "", "pgsse binary (default: go build ./cmd/pgsse)")
 		baseBin    = flag.String("baseline-bin", "", "baseline binary (default: go build ./bench/baseline)")
 		servers    = flag.String("servers", "pgsse,baseline", "servers to compare, in table order")
-		scenarios  = flag.String("scenarios", "1,2,3,4,5,6", "scenarios to run")
+		scenarios  = flag.String("scenarios", "1,2,3,4,5,6,7", "scenarios to run")
 		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
 		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4 and 6 here")
 		out        = flag.String("out", "", "also write the table to this file")
@@ -95,8 +96,8 @@ func main() {
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || id < 1 || id > 6 {
-			log.Fatalf("load: --scenarios: %q is not one of 1-6", s)
+		if err != nil || id < 1 || id > 7 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-7", s)
 		}
 		ids = append(ids, id)
 	}
@@ -183,6 +184,23 @@ func main() {
 			for _, r := range rs {
 				for _, m := range r.Metrics {
 					log.Printf("  %-10s %-40s %12s %s", r.Target, m.Name, bench.FormatValue(m.Value), m.Unit)
+				}
+			}
+			results = append(results, rs...)
+			continue
+		}
+		if id == 7 {
+			// Publishing: HTTP (group commit) against pgsse.publish over SQL, both on pgsse.
+			log.Printf("load: scenario 7 (publishing over HTTP vs pgsse.publish)")
+			rs, err := bench.Publish(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, p.Publish, p)
+			if err != nil {
+				log.Printf("load: scenario 7: %v", err)
+				failed = true
+				continue
+			}
+			for _, r := range rs {
+				for _, m := range r.Metrics {
+					log.Printf("  %-10s %-70s %12s %s", r.Target, m.Name, bench.FormatValue(m.Value), m.Unit)
 				}
 			}
 			results = append(results, rs...)
