@@ -13,7 +13,7 @@
 //	sseconn.go           the connection state machine of the SSE port (subscribers and publishers):
 //	                     states, transitions, time rules, writes
 //	publish.go           POST /streams/{stream} and POST /publish: bodies, grants, the Publisher
-//	verify.go            token verification off the loop (auth.Pool), answers as loop tasks
+//	verify.go            checkToken: token checks off the loop (auth.Pool), answers as loop tasks
 //	streams.go           durable and ephemeral streams: fan-out, catch-up, lagging, gaps
 //	channels.go          raw channels: one LISTEN per channel, shared by SSE clients and workers
 //	hub.go, hubsocket.go the hub (its own type) and its socket file

@@ -2,9 +2,11 @@ package engine
 
 import (
 	"strconv"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -30,6 +32,9 @@ type metrics struct {
 	droppedOverCapacity  prometheus.Counter // a connection shed at --max-connections (or draining)
 	droppedBadPayload    prometheus.Counter // a payload on the stream channel that is not pgsse's
 	droppedWakeCoalesced prometheus.Counter // wake-mode hub notifications folded into a RESYNC
+
+	// The verifier pool's counters (auth.Stats), read when scraped; nil until Run starts it.
+	verifyStats atomic.Pointer[auth.Stats]
 
 	// pgsse_rejected_total{status}: one bound counter per status pgsse answers with;
 	// rejectedOther keeps the vector for any other.
@@ -96,9 +101,31 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help:    "Time from sending a publishing transaction to PostgreSQL to the answer to its COMMIT.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	})
-	for _, c := range []prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
+	stat := func(read func(*auth.Stats) uint64) func() float64 {
+		return func() float64 {
+			if st := m.verifyStats.Load(); st != nil {
+				return float64(read(st))
+			}
+			return 0
+		}
+	}
+	tokens := []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pgsse_token_cache_hits_total",
+			Help: "Tokens answered from the verifier cache (verified or refused) without a signature check."},
+			stat(func(st *auth.Stats) uint64 { return st.Hits.Load() + st.FailureHits.Load() })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pgsse_token_verifications_total",
+			Help: "Signature checks run on the verifier pool, by result.", ConstLabels: prometheus.Labels{"result": "ok"}},
+			stat(func(st *auth.Stats) uint64 { return st.Verified.Load() })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pgsse_token_verifications_total",
+			Help: "Signature checks run on the verifier pool, by result.", ConstLabels: prometheus.Labels{"result": "failed"}},
+			stat(func(st *auth.Stats) uint64 { return st.Failed.Load() })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pgsse_token_queue_full_total",
+			Help: "Requests shed because the verifier pool's queue was full."},
+			stat(func(st *auth.Stats) uint64 { return st.QueueFull.Load() })),
+	}
+	for _, c := range append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
 		m.deliveries, dropped, rejected, m.evictions, m.reconnects, m.replays, m.lag,
-		m.publishConns, published, m.publishBatch, m.publishCommit} {
+		m.publishConns, published, m.publishBatch, m.publishCommit}, tokens...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

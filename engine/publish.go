@@ -18,7 +18,7 @@ import (
 // (store.Publisher). A publisher connection carries one request at a time (sseconn.go:
 // publish-body → publish-commit → idle, HTTP/1.1 keep-alive): its body is read into the
 // connection's buffer (at most --max-publish-bytes, and all bodies together at most
-// publishMemoryBytes) while its token is verified off the loop (verify.go); once both are
+// publishMemoryBytes) while its token is checked off the loop (verify.go: checkToken); once both are
 // done the request goes to the Publisher, and the answer is written only after COMMIT,
 // from a loop task (the connection may have closed meanwhile). Pipelined requests wait in
 // the socket's input until then.
@@ -121,12 +121,18 @@ func (s *Server) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	case tok == nil:
 		s.refusePublish(sc, 401, "a bearer token with a publish grant is required")
 		return
-	case s.tokens == nil:
+	case s.pool == nil:
 		s.refusePublish(sc, 401, "token authentication is not configured")
 		return
 	}
 	seq := pub.seq
-	s.verifyToken(tok, func(claims *auth.Claims, err error) { s.onPublishVerdict(sc, seq, claims, err) })
+	claims, err, verdict := s.checkToken(tok, func(claims *auth.Claims, err error) { s.onPublishVerdict(sc, seq, claims, err) })
+	switch verdict {
+	case tokenChecked:
+		s.onPublishVerdict(sc, seq, claims, err)
+	case tokenBusy:
+		s.refusePublish(sc, 503, "token verification is overloaded; retry shortly")
+	}
 }
 
 // singleEventParams checks and copies what POST /streams/{stream} takes from its head:
@@ -165,9 +171,6 @@ func (s *Server) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Claims, 
 		return // closed, answered or refused meanwhile
 	}
 	switch {
-	case errors.Is(err, errVerifierBusy):
-		s.refusePublish(sc, 503, err.Error())
-		return
 	case err != nil:
 		s.refusePublish(sc, 401, err.Error())
 		return

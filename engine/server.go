@@ -38,11 +38,11 @@ type Server struct {
 	log      *slog.Logger
 	metrics  *metrics
 	verifier *auth.Verifier
+	pool     *auth.Pool // the verifier pool (verify.go), from Run; nil without a token key
 	tasks    *taskQueue
 
 	listen   listenSource // the LISTEN session (listen.go)
 	replayer *store.Replayer
-	tokens   *auth.Pool // verifies tokens off the loop (verify.go); nil without a key
 
 	publishState // the Publisher and publisher connections (publish.go)
 
@@ -143,9 +143,10 @@ func (s *Server) Run(ctx context.Context) error {
 	// or /channels/ client that subscribes at once must reach Listen, not a nil source.
 	// Everything the loop reads must be in place before gnet accepts the first connection.
 	s.nowMS = time.Now().UnixMilli()
+	s.startVerifier()
+	defer s.stopVerifier()
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
 	s.listen = s.newListenSource()
-	s.startVerifier()
 	s.listen.Listen(storeChannel, func(err error) {
 		if err != nil {
 			s.log.Error("LISTEN on the stream channel failed", "channel", storeChannel, "err", err)
@@ -154,7 +155,6 @@ func (s *Server) Run(ctx context.Context) error {
 	abort := func(err error) error {
 		_ = s.listen.Close()
 		s.replayer.Close()
-		s.stopVerifier()
 		return err
 	}
 
@@ -224,7 +224,6 @@ func (s *Server) Run(ctx context.Context) error {
 	stopBG()
 	_ = s.listen.Close()
 	s.replayer.Close()
-	s.stopVerifier()
 	wg.Wait()
 	s.tasks.close()
 	stopCtx, cancel := context.WithTimeout(context.Background(), stopTimeout)
