@@ -44,6 +44,7 @@ func main() {
 		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
 		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4 and 6 here")
 		out        = flag.String("out", "", "also write the table to this file")
+		durable    = flag.Bool("pg-durable", false, "turn fsync, synchronous_commit and full_page_writes on in the throwaway cluster (PostgreSQL's defaults; scripts/pg.sh turns them off)")
 	)
 	p := bench.Full()
 	flag.IntVar(&p.Conns, "conns", p.Conns, "subscribers in 1, 3, 4, 6 (at most 15000)")
@@ -142,11 +143,20 @@ func main() {
 		}
 	}
 	if *dbURL != "" {
+		if *durable {
+			log.Fatal("load: --pg-durable changes the settings of the throwaway cluster only; set them on your own cluster yourself")
+		}
 		cluster = bench.UseCluster(*dbURL)
 	} else {
 		log.Printf("load: starting a throwaway PostgreSQL")
 		if cluster, err = bench.StartCluster(ctx, *pgScript); err != nil {
 			log.Fatal(err)
+		}
+		if *durable {
+			if err := cluster.MakeDurable(ctx); err != nil {
+				log.Fatal(err)
+			}
+			log.Printf("load: fsync, synchronous_commit and full_page_writes are on")
 		}
 	}
 	if *profileDir != "" {
@@ -224,6 +234,9 @@ func main() {
 	var b strings.Builder
 	fmt.Fprintf(&b, "- run: %s, %v, commit %s, scale %s, scenarios %s\n", started.UTC().Format("2006-01-02 15:04 MST"),
 		time.Since(started).Round(time.Second), gitDescribe(*root), *scale, *scenarios)
+	if *durable {
+		fmt.Fprintf(&b, "- PostgreSQL with fsync, synchronous_commit and full_page_writes on (--pg-durable)\n")
+	}
 	fmt.Fprintf(&b, "- machine: %d CPUs (%s), %s memory, kernel %s, %s\n", runtime.NumCPU(), cpuModel(), memTotal(), kernel(), runtime.Version())
 	fmt.Fprintf(&b, "- load average (1 min) at start %s, at end %s (other work on the machine shows here)\n\n", loadStart, loadAvg())
 	bench.WriteTable(&b, names, results)
