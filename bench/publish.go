@@ -117,6 +117,8 @@ func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) 
 		st.clientCPU = 100 * (self1 - self0).Seconds() / (2 * wall)
 		if tx := m1.transactions - m0.transactions; tx > 0 {
 			st.perTx = (m1.events - m0.events) / tx
+			st.txTime = time.Duration((m1.commitSeconds - m0.commitSeconds) / tx * 1e9)
+			st.txRate = tx / wall
 		}
 		return st, r.alive()
 	}
@@ -160,6 +162,10 @@ func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) 
 		x.res.add(label+": publish latency p50", "ms", ms(x.st.lat.Quantile(0.5)), true)
 		x.res.add(label+": publish latency p99", "ms", ms(x.st.lat.Quantile(0.99)), true)
 		x.res.add(label+": events per transaction", "", x.st.perTx, false)
+		if x.st.txTime > 0 {
+			x.res.add(label+": transaction time (mean) / transactions per s", "ms", ms(x.st.txTime), true)
+			x.res.add(label+": transactions per s", "tx/s", x.st.txRate, false)
+		}
 		x.res.add(label+": server CPU share (2 cores)", "%", x.st.serverCPU, false)
 		x.res.add(label+": PostgreSQL CPU share (2 cores)", "%", x.st.pgCPU, false)
 		x.res.add(label+": client CPU share (2 cores)", "%", x.st.clientCPU, false)
@@ -200,6 +206,8 @@ type phaseStats struct {
 	errors                      int64
 	firstErr                    string
 	perTx                       float64
+	txTime                      time.Duration // mean time of one transaction (sent → COMMIT answered)
+	txRate                      float64       // transactions per second
 	serverCPU, pgCPU, clientCPU float64
 }
 
@@ -477,7 +485,7 @@ func publishLatency(ctx context.Context, r *run, tok string, pp PublishParams, p
 }
 
 // publishCounters reads the server's publish metrics (transactions and their events).
-type publishTotals struct{ transactions, events float64 }
+type publishTotals struct{ transactions, events, commitSeconds float64 }
 
 func publishCounters(ctx context.Context, r *run) publishTotals {
 	var m bytes.Buffer
@@ -496,6 +504,8 @@ func publishCounters(ctx context.Context, r *run) publishTotals {
 			t.transactions = v
 		case "pgsse_publish_batch_size_sum":
 			t.events = v
+		case "pgsse_publish_commit_seconds_sum":
+			t.commitSeconds = v
 		}
 	}
 	return t
