@@ -2,7 +2,6 @@ package engine
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -15,10 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/scripts/pgtest"
-	"github.com/pgsse/pgsse/store"
 )
 
 // SPEC §3a: PostgreSQL stopped mid-run → 503 with Retry-After and nothing published for
@@ -27,14 +24,7 @@ import (
 func TestPublishPostgresStopped(t *testing.T) {
 	t.Parallel()
 	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{})
-	dsn := cluster.NewDatabase(t)
-	{
-		conn := connectPlain(dsn)
-		require.NotNil(t, conn)
-		_, _, err := store.Migrate(context.Background(), conn)
-		require.NoError(t, err)
-		conn.Close(context.Background())
-	}
+	dsn := migrated(t, cluster.NewDatabase(t))
 	ts := startServer(t, dsn, nil)
 	addr := ts.Addr().String()
 	sub := startFaultClient(t, addr, "/streams/down/a?since=0", bearerH(allStreams(t)))

@@ -3,9 +3,7 @@ package fuzz
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -60,20 +58,8 @@ func FuzzPublishConn(f *testing.F) {
 
 	healthy := newHealthyPublisher(f, srv.Addr().String(), authz)
 	f.Fuzz(func(t *testing.T, data []byte, split uint16) {
-		c, err := net.DialTimeout("tcp", srv.Addr().String(), 5*time.Second)
-		if err != nil {
-			t.Fatalf("dial: %v", err)
-		}
+		c := sendInTwo(t, "tcp", srv.Addr().String(), data, split, 20*time.Second)
 		defer c.Close()
-		cut := 0
-		if len(data) > 0 {
-			cut = int(split) % (len(data) + 1)
-		}
-		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-		if _, err := c.Write(data[:cut]); err == nil {
-			_, _ = c.Write(data[cut:])
-		}
-		_ = c.(*net.TCPConn).CloseWrite()
 		out, err := io.ReadAll(c)
 		if err != nil && !isReset(err) {
 			t.Fatalf("reading the answers: %v (after %q)", err, out)
@@ -119,30 +105,7 @@ func checkResponses(t *testing.T, in, out []byte) {
 // startFuzzPublisher runs one engine with a token key for the whole fuzz process.
 func startFuzzPublisher(f *testing.F) (*engine.Server, []byte) {
 	secret := []byte("fuzz-secret-0123456789-abcdefghijklmn")
-	srv, err := engine.New(engine.Config{
-		DatabaseURL: "postgres://pgsse@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
-		Listen:      "127.0.0.1:0",
-		Auth:        auth.Config{Secret: secret},
-		CORSOrigins: []string{"https://o.example"},
-		Retention:   0,
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		f.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	select {
-	case <-srv.Started():
-	case err := <-done:
-		f.Fatalf("server did not start: %v", err)
-	}
-	f.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	return srv, secret
+	return runFuzzEngine(f, engine.Config{Auth: auth.Config{Secret: secret}, CORSOrigins: []string{"https://o.example"}}), secret
 }
 
 // healthyPublisher is a well-behaved keep-alive publisher that must keep being served

@@ -181,30 +181,21 @@ func main() {
 	var results []*bench.Result
 	failed := false
 	for _, id := range ids {
-		if id == 5 {
-			// The hub exists only in pgsse; its baseline is each worker's own LISTEN session,
-			// measured in the same run.
-			log.Printf("load: scenario 5 (hub vs direct LISTEN)")
-			rs, err := bench.Hub(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, p, p.Hub)
-			if err != nil {
-				log.Printf("load: scenario 5: %v", err)
-				failed = true
-				continue
-			}
-			for _, r := range rs {
-				for _, m := range r.Metrics {
-					log.Printf("  %-10s %-40s %12s %s", r.Target, m.Name, bench.FormatValue(m.Value), m.Unit)
-				}
-			}
-			results = append(results, rs...)
-			continue
+		// Scenarios 5 (the hub) and 7 (publishing) run on pgsse only: each measures its own
+		// baseline (workers' own LISTEN sessions; pgsse.publish over SQL) in the same run.
+		var paired func() ([]*bench.Result, error)
+		pgsseTarget := bench.Target{Name: "pgsse", Bin: *pgsseBin}
+		switch id {
+		case 5:
+			paired = func() ([]*bench.Result, error) { return bench.Hub(ctx, env, pgsseTarget, p, p.Hub) }
+		case 7:
+			paired = func() ([]*bench.Result, error) { return bench.Publish(ctx, env, pgsseTarget, p.Publish, p) }
 		}
-		if id == 7 {
-			// Publishing: HTTP (group commit) against pgsse.publish over SQL, both on pgsse.
-			log.Printf("load: scenario 7 (publishing over HTTP vs pgsse.publish)")
-			rs, err := bench.Publish(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, p.Publish, p)
+		if paired != nil {
+			log.Printf("load: scenario %d (pgsse and its baseline in one run)", id)
+			rs, err := paired()
 			if err != nil {
-				log.Printf("load: scenario 7: %v", err)
+				log.Printf("load: scenario %d: %v", id, err)
 				failed = true
 				continue
 			}
