@@ -34,6 +34,10 @@ func (c *recordConn) Close() error                { c.closed = true; return nil 
 func (c *recordConn) SetContext(v any)            { c.ctx = v }
 func (c *recordConn) Context() any                { return c.ctx }
 
+// OutboundBuffered says something is still queued, so a lingering close closes at once
+// (a recordConn has no socket to shut down).
+func (c *recordConn) OutboundBuffered() int { return 1 }
+
 // openAt opens one SSE connection at nowMS on a Server that is not running.
 func openAt(t *testing.T, nowMS int64) (*Server, *recordConn, *sseConn) {
 	t.Helper()
@@ -97,6 +101,41 @@ func TestSweepConnsTimeRules(t *testing.T) {
 		assert.True(t, c.closed)
 		tail := strings.TrimLeft(c.written.String()[head:], ":\n") // heartbeats meanwhile
 		assert.True(t, strings.HasPrefix(tail, "retry: ") && strings.HasSuffix(tail, "\n\n"), "a retry field last: %q", tail)
+	})
+}
+
+// The publisher states' time rules: a body not complete within publishBodyTimeoutMS is
+// answered 408 and closed; a keep-alive connection idle for keepAliveIdleMS is closed.
+func TestSweepConnsPublisherTimeRules(t *testing.T) {
+	const t0 = 1_000_000
+	t.Run("body", func(t *testing.T) {
+		s, c, sc := openAt(t, t0)
+		sc.pub = &publishConn{keepAlive: true}
+		s.beginPublish(sc)
+		s.nowMS = t0 + s.publishBodyTimeoutMS - 1
+		s.sweepConns()
+		assert.Equal(t, statePublishBody, sc.state)
+		s.nowMS++
+		s.sweepConns()
+		assert.Equal(t, stateClosing, sc.state)
+		assert.True(t, c.closed)
+		assert.True(t, strings.HasPrefix(c.written.String(), "HTTP/1.1 408 "), "got %q", c.written.String())
+		assert.Contains(t, c.written.String(), "Connection: close")
+	})
+	t.Run("idle", func(t *testing.T) {
+		s, c, sc := openAt(t, t0)
+		sc.pub = &publishConn{keepAlive: true}
+		s.beginPublish(sc)
+		s.answerPublish(sc, []byte("HTTP/1.1 200 OK\r\n\r\n"), true, false)
+		require.Equal(t, stateIdle, sc.state)
+		s.nowMS = t0 + keepAliveIdleMS - 1
+		s.sweepConns()
+		assert.Equal(t, stateIdle, sc.state)
+		assert.False(t, c.closed)
+		s.nowMS++
+		s.sweepConns()
+		assert.Equal(t, stateClosing, sc.state)
+		assert.True(t, c.closed)
 	})
 }
 
