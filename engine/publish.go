@@ -27,8 +27,8 @@ import (
 const (
 	publishBodyTimeoutMS     = 30_000    // a body must arrive within this of its head (slow-loris bound)
 	publishMemoryBytes       = 128 << 20 // bodies being received, all connections together (at least 2 × --max-publish-bytes)
-	publishKeepBufBytes      = 64 << 10  // a body buffer up to this size is kept for the connection's next request
-	publishPipelineBytes     = 256 << 10 // input a client may send ahead while its request is committed
+	publishKeepBufBytes      = 4 << 10   // a body buffer up to this size is kept for the connection's next request (idle keep-alive connections hold no more)
+	publishPipelineBytes     = 64 << 10  // input a client may send ahead while its request is committed
 	publishUnreadAnswerBytes = 64 << 10  // answers a client leaves unread before its connection is closed
 	publishRetryAfterSeconds = 2         // Retry-After of a 503: the Publisher reconnects within 0.1–5 s
 )
