@@ -30,7 +30,7 @@ var (
 	buildErr  error
 )
 
-func servers(b *testing.B) []Target {
+func servers(b testing.TB) []Target {
 	b.Helper()
 	buildOnce.Do(func() {
 		if buildDir, buildErr = os.MkdirTemp("", "pgsse-bench-bin."); buildErr != nil {
@@ -102,9 +102,9 @@ func BenchmarkScenario3FanOut(b *testing.B)     { runScenario(b, 3) }
 func BenchmarkScenario4Throughput(b *testing.B) { runScenario(b, 4) }
 func BenchmarkScenario6Isolation(b *testing.B)  { runScenario(b, 6) }
 
-// BenchmarkScenario7Publish reports publishing over HTTP (pgsse) and pgsse.publish over SQL
+// BenchmarkScenario9Publish reports publishing over HTTP (pgsse) and pgsse.publish over SQL
 // (baseline), measured on one server in one run.
-func BenchmarkScenario7Publish(b *testing.B) {
+func BenchmarkScenario9Publish(b *testing.B) {
 	runPaired(b, func(env *Env, t Target, p Params) ([]*Result, error) {
 		return Publish(context.Background(), env, t, p.Publish, p)
 	})

@@ -30,6 +30,18 @@ type Target struct {
 	Heartbeat time.Duration // --heartbeat of both servers
 	Pprof     bool          // serve /debug/pprof on the admin address
 	ExtraArgs []string
+	// Label names the target in results when it is not Name (e.g. "pgsse-old" for an older
+	// pgsse build run beside the current one).
+	Label string
+	// Old marks a pgsse build from before --max-outbound-memory: the flag is not passed.
+	Old bool
+}
+
+func (t Target) label() string {
+	if t.Label != "" {
+		return t.Label
+	}
+	return t.Name
 }
 
 // Server is a running server process under test.

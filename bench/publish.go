@@ -21,7 +21,7 @@ import (
 	"github.com/pgsse/pgsse/store"
 )
 
-// PublishParams sizes scenario 7, publishing (issue 13).
+// PublishParams sizes scenario 9, publishing (issue 13).
 type PublishParams struct {
 	Duration   time.Duration // each throughput phase
 	SQLConns   int           // (a) connections calling pgsse.publish
@@ -50,11 +50,11 @@ func smallPublish() PublishParams {
 	return p
 }
 
-// benchSecret is the HS256 key of the server under test in scenario 7 (publishing needs a
+// benchSecret is the HS256 key of the server under test in scenario 9 (publishing needs a
 // token with a publish grant).
 const benchSecret = "bench-secret-0123456789-abcdefghijklmn"
 
-// Publish is scenario 7 against pgsse, all phases in one run on one server and database:
+// Publish is scenario 9 against pgsse, all phases in one run on one server and database:
 //
 //	(a) p.SQLConns connections calling SELECT pgsse.publish($1, $2), one transaction each
 //	(b) p.HTTPConns keep-alive connections POSTing one event each to /streams/{stream}
@@ -77,8 +77,8 @@ func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) 
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{Scenario: "7 publish", Target: "pgsse"}
-	sql := &Result{Scenario: "7 publish", Target: "baseline"}
+	res := &Result{Scenario: "9 publish", Target: "pgsse"}
+	sql := &Result{Scenario: "9 publish", Target: "baseline"}
 
 	// phase runs one publishing phase: run sets up its connections, calls window to start
 	// the measured window (which ends when the returned context is done) and calls done
@@ -94,7 +94,7 @@ func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) 
 			cancel       context.CancelFunc = func() {}
 		)
 		window := func() context.Context {
-			wait = r.profile(ctx, "7-publish-"+strings.Trim(strings.Fields(name)[0], "()"), pp.Duration)
+			wait = r.profile(ctx, "9-publish-"+strings.Trim(strings.Fields(name)[0], "()"), pp.Duration)
 			pg0, cpu0, self0, m0 = r.pgCPU(ctx), must(r.srv.CPU()), SelfCPU(), publishCounters(ctx, r)
 			var wctx context.Context
 			wctx, cancel = context.WithTimeout(ctx, pp.Duration)

@@ -30,6 +30,12 @@ type Config struct {
 	CORSOrigins   []string // exact origins allowed to read streams cross-origin
 
 	MaxConnections int // SSE-port connections (subscribers and publishers); default MaxConnectionsFor(FDLimit())
+	// MaxOutboundMemory bounds the bytes queued for all SSE connections together
+	// (--max-outbound-memory, default DefaultMaxOutboundMemory; budget.go).
+	MaxOutboundMemory int
+	// GoMemoryLimit lets the engine keep the Go runtime's soft memory limit in step with
+	// MaxOutboundMemory while it runs (budget.go). The CLI sets it unless GOMEMLIMIT is set.
+	GoMemoryLimit  bool
 	MaxHeaderBytes int // request head limit, default DefaultMaxHeaderBytes
 	// MaxPublishBytes is the largest request body of POST /streams/{stream} and POST
 	// /publish (--max-publish-bytes), default DefaultMaxPublishBytes.
@@ -47,29 +53,32 @@ type Config struct {
 
 // Defaults (SPEC §6): the CLI's flag defaults, and what New fills in for a zero field.
 const (
-	DefaultListen                      = ":8080"
-	DefaultHubSocketMode   os.FileMode = 0o600
-	DefaultHubWorkerBuffer             = 1 << 20 // bytes
-	DefaultMaxHeaderBytes              = 8192
-	DefaultHeartbeat                   = 15 * time.Second
-	DefaultRetry                       = 2 * time.Second
-	DefaultRetention                   = 24 * time.Hour
-	DefaultReplayPoolSize              = 4
-	DefaultMaxPublishBytes             = sse.DefaultMaxPublishBytes // SPEC §3a: 1 MiB
+	DefaultListen                        = ":8080"
+	DefaultHubSocketMode     os.FileMode = 0o600
+	DefaultHubWorkerBuffer               = 1 << 20 // bytes
+	DefaultMaxHeaderBytes                = 8192
+	DefaultHeartbeat                     = 15 * time.Second
+	DefaultRetry                         = 2 * time.Second
+	DefaultRetention                     = 24 * time.Hour
+	DefaultReplayPoolSize                = 4
+	DefaultMaxOutboundMemory             = 256 << 20                  // bytes queued for all SSE connections together
+	DefaultMaxPublishBytes               = sse.DefaultMaxPublishBytes // SPEC §3a: 1 MiB
 )
 
 // Bounds on Config values. New refuses values outside them; the CLI checks the same bounds
 // first so that its message names the flag or variable that was set.
 const (
-	MinHubWorkerBuffer = 2 * (framing.HeaderLen + framing.MaxBody) // two maximal frames, bytes
-	MaxHubWorkerBuffer = 1 << 30                                   // bytes
-	MinMaxHeaderBytes  = 1024
-	MaxMaxHeaderBytes  = 1 << 20
-	MinHeartbeat       = 100 * time.Millisecond
-	MinRetry           = time.Millisecond
-	MaxInterval        = 24 * time.Hour // the longest --heartbeat and --retry
-	MinMaxPublishBytes = 1
-	MaxMaxPublishBytes = 1 << 30 // a batch of 1,000 events of 1 MiB
+	MinHubWorkerBuffer   = 2 * (framing.HeaderLen + framing.MaxBody) // two maximal frames, bytes
+	MaxHubWorkerBuffer   = 1 << 30                                   // bytes
+	MinMaxHeaderBytes    = 1024
+	MaxMaxHeaderBytes    = 1 << 20
+	MinHeartbeat         = 100 * time.Millisecond
+	MinRetry             = time.Millisecond
+	MaxInterval          = 24 * time.Hour // the longest --heartbeat and --retry
+	MinMaxOutboundMemory = 1 << 20        // bytes
+	MaxMaxOutboundMemory = 1 << 40        // bytes
+	MinMaxPublishBytes   = 1
+	MaxMaxPublishBytes   = 1 << 30 // a batch of 1,000 events of 1 MiB
 )
 
 // The descriptor budget (SPEC §3b "Descriptors"). Of RLIMIT_NOFILE, FDReserve descriptors
@@ -126,6 +135,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	orDefault(&cfg.Heartbeat, DefaultHeartbeat)
 	orDefault(&cfg.Retry, DefaultRetry)
 	orDefault(&cfg.ReplayPoolSize, DefaultReplayPoolSize)
+	orDefault(&cfg.MaxOutboundMemory, DefaultMaxOutboundMemory)
 	orDefault(&cfg.MaxPublishBytes, DefaultMaxPublishBytes)
 	if cfg.MaxConnections == 0 {
 		limit := FDLimit()
@@ -151,6 +161,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("--retry: must be between " + MinRetry.String() + " and " + MaxInterval.String())
 	case cfg.MaxPublishBytes < MinMaxPublishBytes || cfg.MaxPublishBytes > MaxMaxPublishBytes:
 		return cfg, errors.New("--max-publish-bytes: must be between " + strconv.Itoa(MinMaxPublishBytes) + " and " + strconv.Itoa(MaxMaxPublishBytes))
+	case cfg.MaxOutboundMemory < MinMaxOutboundMemory || cfg.MaxOutboundMemory > MaxMaxOutboundMemory:
+		return cfg, errors.New("--max-outbound-memory: must be between 1MiB and 1TiB")
 	case cfg.Retention < 0:
 		return cfg, errors.New("--retention: must not be negative")
 	case cfg.HubWorkerBuffer < MinHubWorkerBuffer || cfg.HubWorkerBuffer > MaxHubWorkerBuffer:

@@ -30,6 +30,7 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 	assert.Equal(t, DefaultRetry, cfg.Retry)
 	assert.Equal(t, DefaultReplayPoolSize, cfg.ReplayPoolSize)
 	assert.Equal(t, int64(DefaultMaxPublishBytes), cfg.MaxPublishBytes)
+	assert.Equal(t, DefaultMaxOutboundMemory, cfg.MaxOutboundMemory)
 	assert.Equal(t, MaxConnectionsFor(FDLimit()), cfg.MaxConnections)
 	assert.Zero(t, cfg.Retention, "zero keeps events forever")
 	assert.NotNil(t, cfg.Logger)
@@ -49,6 +50,8 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 		{func(c *Config) { c.HubWorkerBuffer = MinHubWorkerBuffer - 1 }, "--hub-worker-buffer"},
 		{func(c *Config) { c.MaxPublishBytes = -1 }, "--max-publish-bytes"},
 		{func(c *Config) { c.MaxPublishBytes = MaxMaxPublishBytes + 1 }, "--max-publish-bytes"},
+		{func(c *Config) { c.MaxOutboundMemory = MinMaxOutboundMemory - 1 }, "--max-outbound-memory"},
+		{func(c *Config) { c.MaxOutboundMemory = MaxMaxOutboundMemory + 1 }, "--max-outbound-memory"},
 	} {
 		var cfg Config
 		tc.tweak(&cfg)
@@ -57,7 +60,8 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.flag+":")
 		}
 	}
-	cfg = Config{MaxHeaderBytes: MinMaxHeaderBytes, Heartbeat: MinHeartbeat, Retry: MinRetry, HubWorkerBuffer: MinHubWorkerBuffer, MaxPublishBytes: MinMaxPublishBytes}
+	cfg = Config{MaxHeaderBytes: MinMaxHeaderBytes, Heartbeat: MinHeartbeat, Retry: MinRetry, HubWorkerBuffer: MinHubWorkerBuffer,
+		MaxOutboundMemory: MinMaxOutboundMemory, MaxPublishBytes: MinMaxPublishBytes}
 	_, err = cfg.withDefaults()
 	assert.NoError(t, err, "the bounds themselves are allowed")
 }

@@ -41,7 +41,7 @@ func (s *Server) readRequest(sc *sseConn) {
 			if sc.c.InboundBuffered() == 0 {
 				return
 			}
-			if sc.c.OutboundBuffered() > publishUnreadAnswerBytes {
+			if sc.pending() > publishUnreadAnswerBytes {
 				s.finish(sc, nil) // the client does not read its answers
 				return
 			}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/sse"
@@ -62,6 +61,11 @@ type Server struct {
 	schemaOK  atomic.Bool
 	schemaMsg atomic.Value // string: why the schema is not ready
 
+	outboundTotal atomic.Int64  // outbound.total as of the last tick, for keepMemory
+	relieved      chan struct{} // the loop tells keepMemory that the outbound pressure passed
+	batchSlots    chan struct{} // notification batches queued for the loop (listen.go)
+	stopping      chan struct{} // closed when Run stops the goroutines beside the loop
+
 	// loop-owned
 	parser        sse.Parser
 	nowMS         int64 // the loop clock: unix milliseconds, refreshed every tick
@@ -73,13 +77,13 @@ type Server struct {
 	dirtyStreams  []*stream
 	dirtyChannels []*channel
 	lagging       []*sseConn
+	laggingSpare  []*sseConn
 	retryFetch    []*stream
 	retryConns    []*sseConn
 	reap          []*sseConn
-	depth         int // nesting of enter/leave
-	iov           [][]byte
-	iovecs        []unix.Iovec
-	iovCopy       [][]byte
+	depth         int      // nesting of enter/leave
+	evs           []*event // scratch: the events one connection gets in one write
+	out           outbound // the write path's queues and budget (outbound.go, budget.go)
 	scratch       []byte
 	payload       store.Payload
 	listenUp      bool
@@ -101,6 +105,9 @@ func New(cfg Config) (*Server, error) {
 		booted:     make(chan struct{}),
 		loopsReady: make(chan struct{}),
 		pollNow:    make(chan struct{}, 1),
+		relieved:   make(chan struct{}, 1),
+		batchSlots: make(chan struct{}, listenBatchesQueued),
+		stopping:   make(chan struct{}),
 		started:    make(chan struct{}),
 		streams:    make(map[string]*stream),
 		scratch:    make([]byte, 0, scratchBytes),
@@ -109,6 +116,7 @@ func New(cfg Config) (*Server, error) {
 	s.publishBudget = max(publishMemoryBytes, 2*cfg.MaxPublishBytes)
 	s.publishBodyTimeoutMS = publishBodyTimeoutMS
 	s.hub.srv = s
+	s.out.epfd = -1
 	s.tasks.enter, s.tasks.leave = s.enter, s.leave
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
 		v, err := auth.NewVerifier(cfg.Auth)
@@ -143,6 +151,10 @@ func (s *Server) Run(ctx context.Context) error {
 	// or /channels/ client that subscribes at once must reach Listen, not a nil source.
 	// Everything the loop reads must be in place before gnet accepts the first connection.
 	s.nowMS = time.Now().UnixMilli()
+	if err := s.out.init(); err != nil {
+		return fmt.Errorf("engine: epoll set for SSE writes: %w", err)
+	}
+	defer s.out.close()
 	s.startVerifier()
 	defer s.stopVerifier()
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
@@ -153,6 +165,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	})
 	abort := func(err error) error {
+		close(s.stopping)
 		_ = s.listen.Close()
 		s.replayer.Close()
 		return err
@@ -198,9 +211,11 @@ func (s *Server) Run(ctx context.Context) error {
 
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(4)
 	go func() { defer wg.Done(); s.ticker(bg) }()
 	go func() { defer wg.Done(); s.checkSchema(bg) }()
+	go func() { defer wg.Done(); s.keepMemory(bg) }()
+	go func() { defer wg.Done(); s.watchWritable(bg) }()
 	if s.cfg.Retention > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); store.RunRetention(bg, s.cfg.DatabaseURL, s.cfg.Retention, s.log) }()
@@ -222,6 +237,8 @@ func (s *Server) Run(ctx context.Context) error {
 	s.stopPublisher(pubCtx) // what is still queued is committed (and answered, if its client waited)
 	pubCancel()
 	stopBG()
+	close(s.stopping)
+	s.out.stopWatching()
 	_ = s.listen.Close()
 	s.replayer.Close()
 	wg.Wait()

@@ -31,10 +31,12 @@ import (
 //   - catch-up: the response head is sent; history is read from the table, live durable
 //     events are not written (ephemeral ones are);
 //   - live: taking live writes;
-//   - lagging: over durableHigh buffered; waits to drain below durableLow, then catches up;
-//   - closing: the last bytes are queued and the socket closes once gnet has flushed them;
+//   - lagging: over its high watermark queued (budget.go); waits to drain below the low one,
+//     then catches up;
+//   - closing: the last bytes are queued and the socket closes once they have left
+//     (closeLingerMS at most);
 //   - publish-body: a publish request's head was accepted; its body is read (bounded by
-//     --max-publish-bytes) while its token is verified off the loop (publishBodyTimeoutMS);
+//     --max-publish-bytes) while its token is checked off the loop (publishBodyTimeoutMS);
 //   - publish-commit: the request is with the Publisher; the answer goes out after COMMIT
 //     (the connection reads nothing more until then: one request in flight);
 //   - idle: a keep-alive connection between requests (keepAliveIdleMS);
@@ -47,7 +49,8 @@ import (
 // transition it makes and does what that transition owes: admit counts the connection and
 // records its token, respond writes the response head, pause enrols a lagging connection for
 // the tick, finish writes the last bytes and closes. sweepConns (from the tick) applies the
-// time rules of each state. Every byte to an SSE client goes out through write or writev.
+// time rules of each state. Every byte to an SSE client goes out through write, writeEvents or
+// writev (outbound.go has what happens underneath).
 //
 // Times are the loop clock, Server.nowMS (unix milliseconds, refreshed every tick).
 
@@ -73,6 +76,7 @@ const (
 	pendingTimeoutMS = 30_000 // a subscription whose LISTEN or head read takes longer is shed
 	keepAliveIdleMS  = 30_000 // a keep-alive connection without a new request for this long is closed
 	lingerTimeoutMS  = 2_000  // a lingering close waits at most this long for the client's EOF
+	closeLingerMS    = 5_000  // a closing connection's last bytes get this long to leave
 	sweepIntervalMS  = 240    // sweepConns runs at most this often: just under tickSlow, so every slow tick sweeps
 )
 
@@ -95,6 +99,7 @@ type sseConn struct {
 	gapChecked bool
 	counted    bool  // counted in Server.active (admitted)
 	retries    uint8 // consecutive failed history reads
+	watched    bool  // registered in the writability set (outbound.go)
 
 	all    int32 // index in Server.conns
 	subIdx int32 // index in stream.subs or channel.sse (a connection is on one of them at most)
@@ -104,6 +109,7 @@ type sseConn struct {
 	lastWriteMS int64 // when it was last written to (heartbeats)
 	expiresMS   int64 // the token's exp, unix ms; 0 = none
 
+	q      *outQueue // what the socket has not taken yet; nil when nothing (outbound.go)
 	stream *stream
 	ch     *channel
 	pub    *publishConn // a publisher's request state (publish.go); kept across keep-alive requests
@@ -179,27 +185,39 @@ func (s *Server) pause(sc *sseConn) {
 // resume sends a drained connection back to reading the table: lagging → catch-up.
 func (s *Server) resume(sc *sseConn) { sc.to(stateCatchUp, s.nowMS) }
 
-// finish writes a connection's last bytes (if any) and closes it (gnet flushes what the
-// socket takes before closing): → closing.
+// finish writes a connection's last bytes (if any) and closes it: → closing. Of what the
+// connection still has queued, only an event the socket has begun is kept (the client must
+// not see half an event followed by the last bytes); if the socket does not take it all at
+// once, the close waits until the queue has drained (flushQueue) or closeLingerMS has passed
+// (sweepConns).
 func (s *Server) finish(sc *sseConn, last []byte) {
 	sc.to(stateClosing, s.nowMS)
+	s.trimQueue(sc)
 	if len(last) > 0 {
 		sc.write(s, last)
 	}
-	_ = sc.c.Close()
+	if sc.pending() == 0 {
+		_ = sc.c.Close()
+	}
 }
 
 // linger writes a connection's last bytes and closes it gracefully although the client may
-// still be sending (a publish refused before its body was read): → linger. Once gnet has
-// handed the answer to the kernel, the write side is shut (the client sees the answer and
-// EOF); input is discarded until the client's EOF closes the connection or
-// lingerTimeoutMS passes. If the answer could not be written at once, it closes as finish.
+// still be sending (a publish refused before its body was read): → linger. Once the socket
+// has taken the answer, the write side is shut (the client sees the answer and EOF); input
+// is discarded until the client's EOF closes the connection or lingerTimeoutMS passes. If
+// the answer could not be written at once, it closes as finish does (→ closing).
 func (s *Server) linger(sc *sseConn, last []byte) {
-	if len(last) > 0 {
-		sc.write(s, last)
+	if sc.closed || sc.pending() > 0 || sc.c.OutboundBuffered() > 0 {
+		s.finish(sc, last)
+		return
 	}
-	if sc.closed || sc.c.OutboundBuffered() > 0 || unix.Shutdown(sc.c.Fd(), unix.SHUT_WR) != nil {
-		s.finish(sc, nil)
+	sc.write(s, last)
+	if sc.closed {
+		return
+	}
+	if sc.pending() > 0 || unix.Shutdown(sc.c.Fd(), unix.SHUT_WR) != nil {
+		// Part of the answer waits in the queue: close once it has left, as finish does.
+		sc.to(stateClosing, s.nowMS)
 		return
 	}
 	sc.to(stateLinger, s.nowMS)
@@ -297,6 +315,9 @@ func (s *Server) connClosed(sc *sseConn) {
 	if sc.closed {
 		return
 	}
+	if sc.state == stateClosing {
+		s.flushQueue(sc) // the last bytes, as far as the socket takes them now
+	}
 	sc.closed = true
 	s.reap = append(s.reap, sc)
 	if s.depth == 0 {
@@ -327,6 +348,8 @@ func (s *Server) removeConn(sc *sseConn) {
 		s.releaseChannel(ch)
 	}
 	s.conns = swapRemove(s.conns, sc, connIndex)
+	s.unwatch(sc)
+	s.dropQueue(sc)
 	sc.c = nil
 	sc.tags = nil
 }
@@ -342,7 +365,8 @@ func subIndex(sc *sseConn) *int32 { return &sc.subIdx }
 // sweepConns applies each state's time rule, at most every sweepIntervalMS: a head not
 // complete within headTimeoutMS is closed, a subscription pending longer than
 // pendingTimeoutMS is shed, a streaming connection whose token expired is closed with a
-// retry, and one without a write for --heartbeat gets a comment line; a publish body not
+// retry, one without a write for --heartbeat gets a comment line, and a closing one whose
+// last bytes have not left within closeLingerMS is closed without them; a publish body not
 // complete within publishBodyTimeoutMS is answered 408, a keep-alive connection idle for
 // keepAliveIdleMS and a lingering one after lingerTimeoutMS are closed.
 func (s *Server) sweepConns() {
@@ -373,6 +397,11 @@ func (s *Server) sweepConns() {
 				s.refusePublish(sc, 408, "the request body did not arrive within "+
 					strconv.FormatInt(s.publishBodyTimeoutMS/1000, 10)+" s")
 			}
+		case stateClosing:
+			if sc.pending() > 0 && s.nowMS-sc.enteredMS >= closeLingerMS {
+				s.dropQueue(sc) // the client does not read: give up on the last bytes
+				_ = sc.c.Close()
+			}
 		case stateCatchUp, stateLive, stateLagging:
 			if sc.expiresMS > 0 && s.nowMS >= sc.expiresMS {
 				s.closeWithRetry(sc) // token expired
@@ -389,14 +418,44 @@ var heartbeat = []byte(":\n")
 
 // --- writes -------------------------------------------------------------------------------
 
-// write and writev are the only paths from the engine to an SSE client's socket.
+// write, writeEvents and writev are the only paths from the engine to an SSE client's
+// socket; each is one writev (outbound.go: Server.send).
+
+// write sends b, which the caller may reuse at once (it is copied if the socket does not take
+// it all now).
 func (sc *sseConn) write(s *Server, b []byte) {
-	_, _ = sc.c.Write(b)
+	items := append(s.out.items[:0], outItem{b: b, transient: true})
+	s.send(sc, items)
+	clear(items)
+	s.out.items = items[:0]
 	sc.lastWriteMS = s.nowMS
 }
 
-func (sc *sseConn) writev(s *Server, bs [][]byte) {
-	s.writevConn(sc.c, bs)
+// writeEvents sends the encodings of evs, which are shared by every subscriber: what the
+// socket does not take is kept by reference, never copied.
+func (sc *sseConn) writeEvents(s *Server, evs []*event) {
+	items := s.out.items[:0]
+	for _, ev := range evs {
+		items = append(items, outItem{b: ev.enc, ev: ev})
+	}
+	s.send(sc, items)
+	clear(items)
+	s.out.items = items[:0]
+	sc.lastWriteMS = s.nowMS
+}
+
+// writeLive sends live events like writeEvents, but queues durable ones only up to limit
+// bytes (Server.sendLive); it returns the index in evs of the first durable event not sent.
+func (sc *sseConn) writeLive(s *Server, evs []*event, limit int) int {
+	n := s.sendLive(sc, evs, limit)
+	sc.lastWriteMS = s.nowMS
+	return n
+}
+
+// writev sends items as they are: shared (ev set), the connection's own and immutable, or
+// transient (copied if kept).
+func (sc *sseConn) writev(s *Server, items []outItem) {
+	s.send(sc, items)
 	sc.lastWriteMS = s.nowMS
 }
 

@@ -15,28 +15,49 @@ import (
 	"github.com/panjf2000/gnet/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/sse"
 )
 
-// recordConn is a gnet.Conn that records what is written and whether it was closed (only
-// what the state machine calls is implemented).
+// recordConn is a gnet.Conn over one end of a socket pair, recording what reaches the other
+// end and whether it was closed (only what the state machine calls is implemented).
 type recordConn struct {
 	gnet.Conn
 	ctx     any
+	fd      int // ours: the engine writes here (outbound.go writes to the descriptor)
+	peer    int // the other end: what arrived is read from here
 	written strings.Builder
 	closed  bool
 }
 
-func (c *recordConn) Write(b []byte) (int, error) { c.written.Write(b); return len(b), nil }
-func (c *recordConn) Close() error                { c.closed = true; return nil }
-func (c *recordConn) SetContext(v any)            { c.ctx = v }
-func (c *recordConn) Context() any                { return c.ctx }
+func newRecordConn(t *testing.T) *recordConn {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
+	return &recordConn{fd: fds[0], peer: fds[1]}
+}
 
-// OutboundBuffered says something is still queued, so a lingering close closes at once
-// (a recordConn has no socket to shut down).
-func (c *recordConn) OutboundBuffered() int { return 1 }
+func (c *recordConn) Fd() int                  { return c.fd }
+func (c *recordConn) OutboundBuffered() int    { return 0 }
+func (c *recordConn) Close() error             { c.closed = true; return nil }
+func (c *recordConn) SetContext(v any)         { c.ctx = v }
+func (c *recordConn) Context() any             { return c.ctx }
+func (c *recordConn) Discard(int) (int, error) { return 0, nil }
+
+// text is everything written so far.
+func (c *recordConn) text() string {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := unix.Read(c.peer, buf)
+		if n <= 0 || err != nil {
+			return c.written.String()
+		}
+		c.written.Write(buf[:n])
+	}
+}
 
 // openAt opens one SSE connection at nowMS on a Server that is not running.
 func openAt(t *testing.T, nowMS int64) (*Server, *recordConn, *sseConn) {
@@ -44,7 +65,7 @@ func openAt(t *testing.T, nowMS int64) (*Server, *recordConn, *sseConn) {
 	s, err := New(Config{Heartbeat: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	s.nowMS = nowMS
-	c := &recordConn{}
+	c := newRecordConn(t)
 	return s, c, s.openConn(c)
 }
 
@@ -62,7 +83,7 @@ func TestSweepConnsTimeRules(t *testing.T) {
 		s.sweepConns()
 		assert.Equal(t, stateClosing, sc.state)
 		assert.True(t, c.closed)
-		assert.Empty(t, c.written.String(), "a connection that sent no head gets no answer")
+		assert.Empty(t, c.text(), "a connection that sent no head gets no answer")
 	})
 
 	t.Run("pending", func(t *testing.T) {
@@ -76,8 +97,8 @@ func TestSweepConnsTimeRules(t *testing.T) {
 		s.sweepConns()
 		assert.Equal(t, stateClosing, sc.state)
 		assert.True(t, c.closed)
-		assert.True(t, strings.HasPrefix(c.written.String(), "HTTP/1.1 200 "), "shed with 200: %q", c.written.String())
-		assert.Contains(t, c.written.String(), "\nretry: ")
+		assert.True(t, strings.HasPrefix(c.text(), "HTTP/1.1 200 "), "shed with 200: %q", c.text())
+		assert.Contains(t, c.text(), "\nretry: ")
 	})
 
 	t.Run("heartbeat and token expiry", func(t *testing.T) {
@@ -85,13 +106,13 @@ func TestSweepConnsTimeRules(t *testing.T) {
 		s.admit(sc, &auth.Claims{Expires: time.UnixMilli(t0 + 5_000)}, sse.CORS{})
 		s.respond(sc, stateLive)
 		assert.Equal(t, int64(t0+5_000), sc.expiresMS)
-		head := c.written.Len()
+		head := len(c.text())
 		s.nowMS = t0 + s.cfg.Heartbeat.Milliseconds() - 1
 		s.sweepConns()
-		assert.Equal(t, head, c.written.Len(), "no heartbeat before --heartbeat")
+		assert.Equal(t, head, len(c.text()), "no heartbeat before --heartbeat")
 		s.nowMS++
 		s.sweepConns()
-		assert.Equal(t, ":\n", c.written.String()[head:], "a comment line after --heartbeat without writes")
+		assert.Equal(t, ":\n", c.text()[head:], "a comment line after --heartbeat without writes")
 		s.nowMS = t0 + 5_000 - 1
 		s.sweepConns()
 		assert.Equal(t, stateLive, sc.state)
@@ -99,7 +120,7 @@ func TestSweepConnsTimeRules(t *testing.T) {
 		s.sweepConns()
 		assert.Equal(t, stateClosing, sc.state, "closed once the token's exp passes")
 		assert.True(t, c.closed)
-		tail := strings.TrimLeft(c.written.String()[head:], ":\n") // heartbeats meanwhile
+		tail := strings.TrimLeft(c.text()[head:], ":\n") // heartbeats meanwhile
 		assert.True(t, strings.HasPrefix(tail, "retry: ") && strings.HasSuffix(tail, "\n\n"), "a retry field last: %q", tail)
 	})
 }
@@ -117,10 +138,12 @@ func TestSweepConnsPublisherTimeRules(t *testing.T) {
 		assert.Equal(t, statePublishBody, sc.state)
 		s.nowMS++
 		s.sweepConns()
-		assert.Equal(t, stateClosing, sc.state)
-		assert.True(t, c.closed)
-		assert.True(t, strings.HasPrefix(c.written.String(), "HTTP/1.1 408 "), "got %q", c.written.String())
-		assert.Contains(t, c.written.String(), "Connection: close")
+		assert.Equal(t, stateLinger, sc.state, "answered, write side shut, waiting for the client's EOF")
+		assert.True(t, strings.HasPrefix(c.text(), "HTTP/1.1 408 "), "got %q", c.text())
+		assert.Contains(t, c.text(), "Connection: close")
+		s.nowMS += lingerTimeoutMS
+		s.sweepConns()
+		assert.True(t, c.closed, "closed after lingerTimeoutMS without the client's EOF")
 	})
 	t.Run("idle", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
