@@ -105,16 +105,32 @@ func BenchmarkScenario3FanOut(b *testing.B)     { runScenario(b, 3) }
 func BenchmarkScenario4Throughput(b *testing.B) { runScenario(b, 4) }
 func BenchmarkScenario6Isolation(b *testing.B)  { runScenario(b, 6) }
 
+// BenchmarkScenario9Publish reports publishing over HTTP (pgsse) and pgsse.publish over SQL
+// (baseline), measured on one server in one run.
+func BenchmarkScenario9Publish(b *testing.B) {
+	runPaired(b, func(env *Env, t Target, p Params) ([]*Result, error) {
+		return Publish(context.Background(), env, t, p.Publish, p)
+	})
+}
+
 // BenchmarkScenario5Hub reports the hub phase (pgsse) and the direct-LISTEN phase (baseline)
 // of each run.
 func BenchmarkScenario5Hub(b *testing.B) {
+	runPaired(b, func(env *Env, t Target, p Params) ([]*Result, error) {
+		return Hub(context.Background(), env, t, p, p.Hub)
+	})
+}
+
+// runPaired runs a scenario that measures pgsse against its own baseline in one run, and
+// reports both results' metrics prefixed with their target.
+func runPaired(b *testing.B, scenario func(*Env, Target, Params) ([]*Result, error)) {
 	targets := servers(b)
 	env := &Env{Cluster: UseCluster(pgtest.URL(b)), Dir: b.TempDir(), Logf: b.Logf}
 	p := params()
 	sums := map[string]float64{}
 	var order []string
 	for range b.N {
-		rs, err := Hub(context.Background(), env, targets[0], p, p.Hub)
+		rs, err := scenario(env, targets[0], p)
 		require.NoError(b, err)
 		for _, r := range rs {
 			for _, m := range r.Metrics {
@@ -134,7 +150,7 @@ func BenchmarkScenario5Hub(b *testing.B) {
 	}
 }
 
-// holdEnv makes the test binary a holder process of scenario 9: "ADDR N SOURCES".
+// holdEnv makes the test binary a holder process of scenario 10: "ADDR N SOURCES".
 const holdEnv = "PGSSE_BENCH_HOLD"
 
 func holdFromEnv(spec string) int {
@@ -155,9 +171,9 @@ func holdFromEnv(spec string) int {
 	return 0
 }
 
-// BenchmarkScenario9Procs is scenario 9 (--procs): idle connections through one port held by
+// BenchmarkScenario10Procs is scenario 10 (--procs): idle connections through one port held by
 // holder processes (this test binary again), then the fan-out with --procs 1 and 2.
-func BenchmarkScenario9Procs(b *testing.B) {
+func BenchmarkScenario10Procs(b *testing.B) {
 	t := servers(b)[0]
 	env := &Env{Cluster: UseCluster(pgtest.URL(b)), Dir: b.TempDir(), Logf: b.Logf}
 	p := params()

@@ -19,7 +19,7 @@ import (
 
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(holdEnv); spec != "" {
-		os.Exit(holdFromEnv(spec)) // a holder process of scenario 9 (BenchmarkScenario9Procs)
+		os.Exit(holdFromEnv(spec)) // a holder process of scenario 10 (BenchmarkScenario10Procs)
 	}
 	code := m.Run()
 	if buildDir != "" {

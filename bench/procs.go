@@ -16,13 +16,13 @@ import (
 	"time"
 )
 
-// Scenario 9, every core of a host (issue 14): `pgsse serve --procs N`.
+// Scenario 10, every core of a host (issue 14): `pgsse serve --procs N`.
 //
-//	9 procs idle     p.ProcsConns idle connections through one port with --procs 2, held by
+//	10 procs idle     p.ProcsConns idle connections through one port with --procs 2, held by
 //	                 several load processes (p.HolderConns each: one process may hold at
 //	                 most 20,000 descriptors) → RSS per connection over the whole process tree,
 //	                 how the kernel spread them, CPU while idle.
-//	9 procs fan-out  scenario 3 (p.Conns subscribers, one event at a time) against --procs 1
+//	10 procs fan-out  scenario 3 (p.Conns subscribers, one event at a time) against --procs 1
 //	                 and --procs 2 in the same run → time to last p50/p99, server CPU per
 //	                 delivery (the tree's), and the client's CPU share beside each: the load
 //	                 generator shares the cores the server processes would have.
@@ -122,7 +122,7 @@ func HoldMain(addr netip.AddrPort, path string, n, sources int) error {
 	return nil
 }
 
-// ProcsIdle is scenario 9's first part: p.ProcsConns idle connections to `pgsse serve
+// ProcsIdle is scenario 10's first part: p.ProcsConns idle connections to `pgsse serve
 // --procs 2`, opened by holder processes (at most p.HolderConns each) that holder makes.
 func ProcsIdle(ctx context.Context, e *Env, t Target, p Params, holder HolderCommand) (*Result, error) {
 	t.Procs, t.Label = 2, t.Name+" --procs 2"
@@ -187,7 +187,7 @@ func ProcsIdle(ctx context.Context, e *Env, t Target, p Params, holder HolderCom
 	}
 	var metrics strings.Builder
 	_ = r.srv.Get(ctx, "/metrics", &metrics)
-	res := &Result{Scenario: "9 procs idle", Target: t.label()}
+	res := &Result{Scenario: "10 procs idle", Target: t.label()}
 	res.add("connections through one port", "", float64(held), false)
 	res.add("load processes holding them", "", float64(len(holders)), false)
 	for ln := range strings.Lines(metrics.String()) {
@@ -209,7 +209,7 @@ func ProcsIdle(ctx context.Context, e *Env, t Target, p Params, holder HolderCom
 	return res, nil
 }
 
-// ProcsFanOut is scenario 9's second part: scenario 3 against t with --procs 1 and with
+// ProcsFanOut is scenario 10's second part: scenario 3 against t with --procs 1 and with
 // --procs 2, one after the other in the same run.
 func ProcsFanOut(ctx context.Context, e *Env, t Target, p Params) ([]*Result, error) {
 	var out []*Result
@@ -220,7 +220,7 @@ func ProcsFanOut(ctx context.Context, e *Env, t Target, p Params) ([]*Result, er
 		if err != nil {
 			return out, err
 		}
-		r.Scenario = "9 procs fan-out"
+		r.Scenario = "10 procs fan-out"
 		out = append(out, r)
 	}
 	return out, nil

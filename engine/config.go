@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/framing"
+	"github.com/pgsse/pgsse/sse"
 )
 
 // Config is everything `pgsse serve` configures (SPEC §6). cmd/pgsse fills it from flags
@@ -30,18 +31,21 @@ type Config struct {
 	PublicStreams []string // patterns that need no token
 	CORSOrigins   []string // exact origins allowed to read streams cross-origin
 
-	MaxConnections int // SSE connections; default MaxConnectionsFor(FDLimit())
+	MaxConnections int // SSE-port connections (subscribers and publishers); default MaxConnectionsFor(FDLimit())
 	// MaxOutboundMemory bounds the bytes queued for all SSE connections together
 	// (--max-outbound-memory, default DefaultMaxOutboundMemory; budget.go).
 	MaxOutboundMemory int
 	// GoMemoryLimit lets the engine keep the Go runtime's soft memory limit in step with
 	// MaxOutboundMemory while it runs (budget.go). The CLI sets it unless GOMEMLIMIT is set.
 	GoMemoryLimit  bool
-	MaxHeaderBytes int           // request head limit, default DefaultMaxHeaderBytes
-	Heartbeat      time.Duration // default DefaultHeartbeat
-	Retry          time.Duration // the retry: field, default DefaultRetry
-	Retention      time.Duration // prune events older than this; 0 = keep forever (the CLI's default is DefaultRetention)
-	Demo           bool          // serve the demo page at /
+	MaxHeaderBytes int // request head limit, default DefaultMaxHeaderBytes
+	// MaxPublishBytes is the largest request body of POST /streams/{stream} and POST
+	// /publish (--max-publish-bytes), default DefaultMaxPublishBytes.
+	MaxPublishBytes int64
+	Heartbeat       time.Duration // default DefaultHeartbeat
+	Retry           time.Duration // the retry: field, default DefaultRetry
+	Retention       time.Duration // prune events older than this; 0 = keep forever (the CLI's default is DefaultRetention)
+	Demo            bool          // serve the demo page at /
 
 	ReplayPoolSize int // replay connections (application_name pgsse-replay), default DefaultReplayPoolSize
 
@@ -69,8 +73,9 @@ const (
 	DefaultRetry                         = 2 * time.Second
 	DefaultRetention                     = 24 * time.Hour
 	DefaultReplayPoolSize                = 4
-	DefaultMaxOutboundMemory             = 256 << 20 // bytes queued for all SSE connections together
-	DefaultProcs                         = 1         // --procs: processes serving the port; "auto" = ProcsAuto()
+	DefaultMaxOutboundMemory             = 256 << 20                  // bytes queued for all SSE connections together
+	DefaultMaxPublishBytes               = sse.DefaultMaxPublishBytes // SPEC §3a: 1 MiB
+	DefaultProcs                         = 1                          // --procs: processes serving the port; "auto" = ProcsAuto()
 )
 
 // Bounds on Config values. New refuses values outside them; the CLI checks the same bounds
@@ -85,7 +90,9 @@ const (
 	MaxInterval          = 24 * time.Hour // the longest --heartbeat and --retry
 	MinMaxOutboundMemory = 1 << 20        // bytes
 	MaxMaxOutboundMemory = 1 << 40        // bytes
-	MaxProcs             = 256            // the most --procs
+	MinMaxPublishBytes   = 1
+	MaxMaxPublishBytes   = 1 << 30 // a batch of 1,000 events of 1 MiB
+	MaxProcs             = 256     // the most --procs
 )
 
 // ProcsAuto is --procs auto: one process per CPU this process may run on, at most MaxProcs.
@@ -146,6 +153,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	orDefault(&cfg.Retry, DefaultRetry)
 	orDefault(&cfg.ReplayPoolSize, DefaultReplayPoolSize)
 	orDefault(&cfg.MaxOutboundMemory, DefaultMaxOutboundMemory)
+	orDefault(&cfg.MaxPublishBytes, DefaultMaxPublishBytes)
 	if cfg.MaxConnections == 0 {
 		limit := FDLimit()
 		if cfg.MaxConnections = MaxConnectionsFor(limit); cfg.MaxConnections < 1 {
@@ -168,6 +176,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("--heartbeat: must be between " + MinHeartbeat.String() + " and " + MaxInterval.String())
 	case cfg.Retry < MinRetry || cfg.Retry > MaxInterval:
 		return cfg, errors.New("--retry: must be between " + MinRetry.String() + " and " + MaxInterval.String())
+	case cfg.MaxPublishBytes < MinMaxPublishBytes || cfg.MaxPublishBytes > MaxMaxPublishBytes:
+		return cfg, errors.New("--max-publish-bytes: must be between " + strconv.Itoa(MinMaxPublishBytes) + " and " + strconv.Itoa(MaxMaxPublishBytes))
 	case cfg.MaxOutboundMemory < MinMaxOutboundMemory || cfg.MaxOutboundMemory > MaxMaxOutboundMemory:
 		return cfg, errors.New("--max-outbound-memory: must be between 1MiB and 1TiB")
 	case cfg.Retention < 0:

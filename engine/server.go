@@ -43,6 +43,8 @@ type Server struct {
 	listen   listenSource // the LISTEN session (listen.go)
 	replayer *store.Replayer
 
+	publishState // the Publisher and publisher connections (publish.go)
+
 	booted     chan struct{}
 	loopsReady chan struct{}
 	loopsOnce  sync.Once
@@ -111,6 +113,8 @@ func New(cfg Config) (*Server, error) {
 		scratch:    make([]byte, 0, scratchBytes),
 		channels:   make(map[string]*channel),
 	}
+	s.publishBudget = max(publishMemoryBytes, 2*cfg.MaxPublishBytes)
+	s.publishBodyTimeoutMS = publishBodyTimeoutMS
 	s.hub.srv = s
 	s.out.epfd = -1
 	s.tasks.enter, s.tasks.leave = s.enter, s.leave
@@ -230,6 +234,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if runErr == nil {
 		s.drain()
 	}
+	pubCtx, pubCancel := context.WithTimeout(context.Background(), drainTimeout)
+	s.stopPublisher(pubCtx) // what is still queued is committed (and answered, if its client waited)
+	pubCancel()
 	stopBG()
 	close(s.stopping)
 	s.out.stopWatching()
@@ -249,7 +256,8 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // drain tells every client to come back later (jittered) and every worker to fail over,
-// flushes and closes, within drainTimeout.
+// flushes and closes, within drainTimeout. A publisher waiting for its COMMIT is answered
+// (and closed) when it comes.
 func (s *Server) drain() {
 	done := make(chan struct{})
 	s.tasks.push(func() {

@@ -299,14 +299,7 @@ func TestSSEFaultOutageCatchUpWithoutLaterTraffic(t *testing.T) {
 func TestSSEFaultPostgresRestart(t *testing.T) {
 	t.Parallel()
 	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{})
-	dsn := cluster.NewDatabase(t)
-	{
-		conn := connectPlain(dsn)
-		require.NotNil(t, conn)
-		_, _, err := store.Migrate(context.Background(), conn)
-		require.NoError(t, err)
-		conn.Close(context.Background())
-	}
+	dsn := migrated(t, cluster.NewDatabase(t))
 	ts := startServer(t, dsn, nil)
 	addr := ts.Addr().String()
 	tok := bearerH(allStreams(t))

@@ -2,21 +2,30 @@ package engine
 
 import (
 	"math/rand/v2"
+	"strconv"
 
 	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/sse"
 )
 
-// The SSE connection state machine (SPEC §3). A connection on the SSE port moves through
+// The connection state machine of the SSE port (SPEC §3, §3a). A subscriber moves through
 //
 //	head ─► pending ─► catch-up ◄─► live
 //	                      ▲    ╲     │
 //	                      │     ▼    ▼
 //	                      └──── lagging          and from any state ─► closing
 //
-//   - head: reading the request head (headTimeoutMS from the accept);
+// and a publisher (POST /streams/{stream}, POST /publish), one request at a time, through
+//
+//	head ─► publish-body ─► publish-commit ─► idle ─► head …   (keep-alive)
+//	              │                │
+//	              └────────────────┴─► closing, or linger ─► closing
+//
+//   - head: reading the request head (headTimeoutMS from the accept, or from the first byte
+//     of a keep-alive connection's next request);
 //   - pending: authorised and registered on its stream or channel, waiting for the LISTEN
 //     or the head read before the response head goes out (pendingTimeoutMS);
 //   - catch-up: the response head is sent; history is read from the table, live durable
@@ -25,7 +34,16 @@ import (
 //   - lagging: over its high watermark queued (budget.go); waits to drain below the low one,
 //     then catches up;
 //   - closing: the last bytes are queued and the socket closes once they have left
-//     (closeLingerMS at most).
+//     (closeLingerMS at most);
+//   - publish-body: a publish request's head was accepted; its body is read (bounded by
+//     --max-publish-bytes) while its token is checked off the loop (publishBodyTimeoutMS);
+//   - publish-commit: the request is with the Publisher; the answer goes out after COMMIT
+//     (the connection reads nothing more until then: one request in flight);
+//   - idle: a keep-alive connection between requests (keepAliveIdleMS);
+//   - linger: answered with "Connection: close" while the client may still be sending its
+//     body: the write side is shut and input is discarded until EOF or lingerTimeoutMS, so
+//     that closing with unread input does not reset the connection before the client has
+//     read the answer.
 //
 // The helpers in this file are the only code that assigns sseConn.state. Each says which
 // transition it makes and does what that transition owes: admit counts the connection and
@@ -40,18 +58,24 @@ import (
 type connState uint8
 
 const (
-	stateHead    connState = iota // reading the request head
-	statePending                  // authorised and registered; no response head yet
-	stateCatchUp                  // response sent; reading history from the table
-	stateLive                     // taking live writes
-	stateLagging                  // over the high watermark; waiting to drain
-	stateClosing                  // a final write is queued; the socket closes once it is flushed
+	stateHead          connState = iota // reading the request head
+	statePending                        // authorised and registered; no response head yet
+	stateCatchUp                        // response sent; reading history from the table
+	stateLive                           // taking live writes
+	stateLagging                        // over the high watermark; waiting to drain
+	stateClosing                        // a final write is queued; the socket closes once it is flushed
+	statePublishBody                    // a publish request: reading its body, verifying its token
+	statePublishCommit                  // a publish request with the Publisher: answered after COMMIT
+	stateIdle                           // keep-alive: between a publisher's requests
+	stateLinger                         // answered and closing: discarding input until EOF
 )
 
 // Time rules of the states.
 const (
 	headTimeoutMS    = 10_000 // a complete request head within this (SPEC §3)
 	pendingTimeoutMS = 30_000 // a subscription whose LISTEN or head read takes longer is shed
+	keepAliveIdleMS  = 30_000 // a keep-alive connection without a new request for this long is closed
+	lingerTimeoutMS  = 2_000  // a lingering close waits at most this long for the client's EOF
 	closeLingerMS    = 5_000  // a closing connection's last bytes get this long to leave
 	sweepIntervalMS  = 240    // sweepConns runs at most this often: just under tickSlow, so every slow tick sweeps
 )
@@ -88,8 +112,9 @@ type sseConn struct {
 	q      *outQueue // what the socket has not taken yet; nil when nothing (outbound.go)
 	stream *stream
 	ch     *channel
-	tags   []string // token tags (audience)
-	cors   []byte   // allowed Origin to echo in the response head, until it is sent
+	pub    *publishConn // a publisher's request state (publish.go); kept across keep-alive requests
+	tags   []string     // token tags (audience)
+	cors   []byte       // allowed Origin to echo in the response head, until it is sent
 }
 
 // to is the one assignment of a state; only the transition helpers below call it.
@@ -176,6 +201,73 @@ func (s *Server) finish(sc *sseConn, last []byte) {
 	}
 }
 
+// linger writes a connection's last bytes and closes it gracefully although the client may
+// still be sending (a publish refused before its body was read): → linger. Once the socket
+// has taken the answer, the write side is shut (the client sees the answer and EOF); input
+// is discarded until the client's EOF closes the connection or lingerTimeoutMS passes. If
+// the answer could not be written at once, it closes as finish does (→ closing).
+func (s *Server) linger(sc *sseConn, last []byte) {
+	if sc.closed || sc.pending() > 0 || sc.c.OutboundBuffered() > 0 {
+		s.finish(sc, last)
+		return
+	}
+	sc.write(s, last)
+	if sc.closed {
+		return
+	}
+	if sc.pending() > 0 || unix.Shutdown(sc.c.Fd(), unix.SHUT_WR) != nil {
+		// Part of the answer waits in the queue: close once it has left, as finish does.
+		sc.to(stateClosing, s.nowMS)
+		return
+	}
+	sc.to(stateLinger, s.nowMS)
+	_, _ = sc.c.Discard(-1)
+}
+
+// beginPublish makes a connection whose head is a publish request a publisher: head →
+// publish-body. A connection counts against MaxConnections as a publisher from its first
+// publish request until it closes or turns into a subscriber.
+func (s *Server) beginPublish(sc *sseConn) {
+	if !sc.pub.counted {
+		sc.pub.counted = true
+		s.publishers++
+		s.metrics.publishConns.Set(float64(s.publishers))
+	}
+	sc.to(statePublishBody, s.nowMS)
+}
+
+// submitted records that a publish request is with the Publisher: publish-body →
+// publish-commit. Nothing more is read from the connection until it is answered.
+func (s *Server) submitted(sc *sseConn) { sc.to(statePublishCommit, s.nowMS) }
+
+// answerPublish writes the answer to a publish request: publish-body or publish-commit →
+// idle when the connection is kept alive; otherwise it closes (lingering when the client
+// may still be sending).
+func (s *Server) answerPublish(sc *sseConn, b []byte, keepAlive, bodyUnread bool) {
+	switch {
+	case keepAlive:
+		sc.write(s, b)
+		sc.to(stateIdle, s.nowMS)
+	case bodyUnread:
+		s.linger(sc, b)
+	default:
+		s.finish(sc, b)
+	}
+}
+
+// nextRequest starts reading a keep-alive connection's next request: idle → head.
+func (s *Server) nextRequest(sc *sseConn) { sc.to(stateHead, s.nowMS) }
+
+// uncountPublisher stops counting a publisher connection that closed or turned into a
+// subscriber.
+func (s *Server) uncountPublisher(sc *sseConn) {
+	if sc.pub != nil && sc.pub.counted {
+		sc.pub.counted = false
+		s.publishers--
+		s.metrics.publishConns.Set(float64(s.publishers))
+	}
+}
+
 // shed answers 200 with a jittered retry and closes: EventSource treats any non-200 as
 // final, so load shedding must not use 503. For a connection whose response head has not
 // been sent (head, pending).
@@ -197,13 +289,19 @@ func (s *Server) closeWithRetry(sc *sseConn) {
 	s.finish(sc, append(b, '\n'))
 }
 
-// retryLater sends a connection away, whatever its state: one still sending its head is
-// closed, one without a response head is shed, a streaming one gets a retry field.
+// retryLater sends a connection away, whatever its state: one still sending its head (or
+// idle between requests) is closed, one without a response head is shed, a streaming one
+// gets a retry field; a publisher reading its body is answered 503, one waiting for its
+// COMMIT is answered (and closed) when it comes.
 func (s *Server) retryLater(sc *sseConn) {
 	switch {
 	case sc.closed || sc.state == stateClosing:
-	case sc.state == stateHead:
+	case sc.state == stateHead, sc.state == stateIdle, sc.state == stateLinger:
 		s.finish(sc, nil)
+	case sc.state == statePublishBody:
+		s.refusePublish(sc, 503, "the server is shutting down; retry elsewhere")
+	case sc.state == statePublishCommit:
+		// Answered after COMMIT (with a close: the server is draining).
 	case sc.state == statePending:
 		s.shed(sc)
 	default:
@@ -235,6 +333,8 @@ func (s *Server) removeConn(sc *sseConn) {
 		s.active--
 		s.metrics.sseConns.Set(float64(s.active))
 	}
+	s.uncountPublisher(sc)
+	s.releasePublish(sc)
 	switch {
 	case sc.stream != nil:
 		st := sc.stream
@@ -266,7 +366,9 @@ func subIndex(sc *sseConn) *int32 { return &sc.subIdx }
 // complete within headTimeoutMS is closed, a subscription pending longer than
 // pendingTimeoutMS is shed, a streaming connection whose token expired is closed with a
 // retry, one without a write for --heartbeat gets a comment line, and a closing one whose
-// last bytes have not left within closeLingerMS is closed without them.
+// last bytes have not left within closeLingerMS is closed without them; a publish body not
+// complete within publishBodyTimeoutMS is answered 408, a keep-alive connection idle for
+// keepAliveIdleMS and a lingering one after lingerTimeoutMS are closed.
 func (s *Server) sweepConns() {
 	heartbeatMS := s.cfg.Heartbeat.Milliseconds()
 	for _, sc := range s.conns {
@@ -281,6 +383,19 @@ func (s *Server) sweepConns() {
 		case statePending:
 			if s.nowMS-sc.enteredMS > pendingTimeoutMS {
 				s.shed(sc)
+			}
+		case stateIdle:
+			if s.nowMS-sc.enteredMS >= keepAliveIdleMS {
+				s.finish(sc, nil)
+			}
+		case stateLinger:
+			if s.nowMS-sc.enteredMS >= lingerTimeoutMS {
+				s.finish(sc, nil)
+			}
+		case statePublishBody:
+			if s.nowMS-sc.enteredMS >= s.publishBodyTimeoutMS {
+				s.refusePublish(sc, 408, "the request body did not arrive within "+
+					strconv.FormatInt(s.publishBodyTimeoutMS/1000, 10)+" s")
 			}
 		case stateClosing:
 			if sc.pending() > 0 && s.nowMS-sc.enteredMS >= closeLingerMS {

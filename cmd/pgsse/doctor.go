@@ -212,14 +212,16 @@ func readBudget(ctx context.Context, conn *pgconn.PgConn) *serverBudget {
 // budget reports pgsse's PostgreSQL connections, and what the hub saves: worker processes
 // that share its one LISTEN session instead of holding one each. Without a hub (and no
 // --workers given) it claims nothing about workers. With --procs N every process has its
-// own replay pool, and the host still one LISTEN session — except for the grace period
-// after the first process died, when each sibling holds one of its own (procs.go).
+// own replay pool and publishing connections, and the host still one LISTEN session — except
+// for the grace period after the first process died, when each sibling holds one of its own
+// (procs.go).
 func (d *doctor) budget(procs, workers int, workersSet, hub bool, server *serverBudget) {
-	ours := 1 + procs*engine.DefaultReplayPoolSize
-	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay)", ours, engine.DefaultReplayPoolSize)
+	perProc := engine.DefaultReplayPoolSize + store.DefaultPublishConns
+	ours := 1 + procs*perProc
+	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay + %d publishing)", ours, engine.DefaultReplayPoolSize, store.DefaultPublishConns)
 	if procs > 1 {
-		msg = fmt.Sprintf("pgsse holds %d PostgreSQL connections with --procs %d (1 LISTEN + %d processes × %d replay; for %s after the first process dies, each of its %d siblings holds a LISTEN session of its own)",
-			ours, procs, procs, engine.DefaultReplayPoolSize, orphanGrace, procs-1)
+		msg = fmt.Sprintf("pgsse holds %d PostgreSQL connections with --procs %d (1 LISTEN + %d processes × (%d replay + %d publishing); for %s after the first process dies, each of its %d siblings holds a LISTEN session of its own)",
+			ours, procs, procs, engine.DefaultReplayPoolSize, store.DefaultPublishConns, orphanGrace, procs-1)
 	}
 	switch {
 	case hub && workersSet:
