@@ -279,7 +279,7 @@ func (sv *supervisor) spawn(sl *siblingSlot) {
 // command prepares the child: the same binary, arguments and environment, the marker, and the
 // hub socket as descriptor 3 (its other end enrolled in this process's hub).
 func (sv *supervisor) command(sl *siblingSlot) (*exec.Cmd, error) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	fds, err := siblingSocketpair()
 	if err != nil {
 		return nil, fmt.Errorf("socketpair: %w", err)
 	}
@@ -306,7 +306,7 @@ func (sv *supervisor) command(sl *siblingSlot) (*exec.Cmd, error) {
 	cmd.Env = append(append([]string(nil), sv.env...), siblingEnv+"="+string(marker))
 	cmd.Stdout, cmd.Stderr = sv.stdout, sv.stderr
 	cmd.ExtraFiles = []*os.File{theirs}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: parentDeathSignal}
+	cmd.SysProcAttr = siblingProcAttr()
 	return cmd, nil
 }
 

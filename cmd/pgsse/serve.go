@@ -81,6 +81,9 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	}
 
 	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit, procs: *procs}
+	if *procs > 1 && !procsSupported {
+		return nil, configErrorf("%s: more than one process needs Linux (elsewhere SO_REUSEPORT does not spread connections over processes)", c.source("procs"))
+	}
 
 	var level slog.Level
 	switch strings.ToLower(*logLevel) {
