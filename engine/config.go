@@ -28,12 +28,15 @@ type Config struct {
 	PublicStreams []string // patterns that need no token
 	CORSOrigins   []string // exact origins allowed to read streams cross-origin
 
-	MaxConnections int           // SSE connections; default MaxConnectionsFor(FDLimit())
-	MaxHeaderBytes int           // request head limit, default DefaultMaxHeaderBytes
-	Heartbeat      time.Duration // default DefaultHeartbeat
-	Retry          time.Duration // the retry: field, default DefaultRetry
-	Retention      time.Duration // prune events older than this; 0 = keep forever (the CLI's default is DefaultRetention)
-	Demo           bool          // serve the demo page at /
+	MaxConnections int // SSE connections; default MaxConnectionsFor(FDLimit())
+	// MaxConnectionsPerSubject caps the SSE connections of one token subject (SPEC §3b);
+	// default DefaultMaxConnectionsPerSubject, NoLimit for none.
+	MaxConnectionsPerSubject int
+	MaxHeaderBytes           int           // request head limit, default DefaultMaxHeaderBytes
+	Heartbeat                time.Duration // default DefaultHeartbeat
+	Retry                    time.Duration // the retry: field, default DefaultRetry
+	Retention                time.Duration // prune events older than this; 0 = keep forever (the CLI's default is DefaultRetention)
+	Demo                     bool          // serve the demo page at /
 
 	ReplayPoolSize int // replay connections (application_name pgsse-replay), default DefaultReplayPoolSize
 
@@ -51,7 +54,13 @@ const (
 	DefaultRetry                       = 2 * time.Second
 	DefaultRetention                   = 24 * time.Hour
 	DefaultReplayPoolSize              = 4
+	// DefaultMaxConnectionsPerSubject is --max-connections-per-subject's default (0 on the
+	// command line is NoLimit).
+	DefaultMaxConnectionsPerSubject = 256
 )
+
+// NoLimit in a Config limit field means "no limit" (the zero value means "the default").
+const NoLimit = -1
 
 // Bounds on Config values. New refuses values outside them; the CLI checks the same bounds
 // first so that its message names the flag or variable that was set.
@@ -119,6 +128,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	orDefault(&cfg.Heartbeat, DefaultHeartbeat)
 	orDefault(&cfg.Retry, DefaultRetry)
 	orDefault(&cfg.ReplayPoolSize, DefaultReplayPoolSize)
+	orDefault(&cfg.MaxConnectionsPerSubject, DefaultMaxConnectionsPerSubject)
 	if cfg.MaxConnections == 0 {
 		limit := FDLimit()
 		if cfg.MaxConnections = MaxConnectionsFor(limit); cfg.MaxConnections < 1 {
@@ -135,6 +145,8 @@ func (cfg Config) withDefaults() (Config, error) {
 	switch {
 	case cfg.MaxConnections < 1:
 		return cfg, errors.New("--max-connections: must be at least 1")
+	case cfg.MaxConnectionsPerSubject < NoLimit:
+		return cfg, errors.New("--max-connections-per-subject: must not be negative")
 	case cfg.MaxHeaderBytes < MinMaxHeaderBytes || cfg.MaxHeaderBytes > MaxMaxHeaderBytes:
 		return cfg, errors.New("--max-header-bytes: must be between " + strconv.Itoa(MinMaxHeaderBytes) + " and " + strconv.Itoa(MaxMaxHeaderBytes))
 	case cfg.Heartbeat < MinHeartbeat || cfg.Heartbeat > MaxInterval:

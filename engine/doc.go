@@ -9,6 +9,9 @@
 //	loop.go              the task queue, enter/leave around every loop entry, the ticker
 //	handler.go           the gnet callbacks, dispatching by connection kind
 //	request.go           HTTP request heads on the SSE port: routing, authorisation, CORS
+//	verify.go            token checks off the loop: the verifier pool's cache, or the pool and back as a task
+//	admission.go         who becomes a subscriber and when: the admission FIFO (a bounded number per
+//	                     round between deliveries), capacity, draining, per-subject caps
 //	sseconn.go           the SSE connection state machine: states, transitions, time rules, writes
 //	streams.go           durable and ephemeral streams: fan-out, catch-up, lagging, gaps
 //	channels.go          raw channels: one LISTEN per channel, shared by SSE clients and workers

@@ -34,7 +34,7 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	}
 	if len(s.conns) >= s.cfg.MaxConnections+shedSlack {
 		// Far over the limit: do not even read the request; keep descriptors for others.
-		s.metrics.droppedOverCapacity.Inc()
+		s.metrics.shed[shedOverCapacity].Inc()
 		return nil, gnet.Close
 	}
 	s.openConn(c)

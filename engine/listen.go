@@ -69,6 +69,7 @@ func (s *Server) onDown(err error) {
 	s.enter()
 	defer s.leave()
 	s.listenUp = false
+	s.listenDownSinceMS = s.nowMS
 	s.listenOK.Store(false)
 	s.log.Warn("LISTEN session lost; clients keep their connections and will be caught up", "err", err)
 	for _, ch := range s.channels {

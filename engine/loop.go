@@ -102,10 +102,12 @@ func (s *Server) tick() {
 }
 
 // taskQueue hands work from other goroutines (the LISTEN session, replay reads, the
-// ticker, shutdown) to the loop goroutine, strictly in push order.
+// verifier pool, the ticker, shutdown) to the loop goroutine, strictly in push order.
 //
 // gnet's Execute queue may reorder low-priority tasks under load (DESIGN invariant 1), so
 // Execute is used only as a wake-up: the loop drains this FIFO, which alone fixes order.
+// Between rounds of tasks the drain services the admission FIFO (between), so new
+// connections are set up a bounded number at a time with deliveries in between.
 type taskQueue struct {
 	mu        sync.Mutex
 	tasks     []func()
@@ -114,9 +116,12 @@ type taskQueue struct {
 	closed    bool
 	loop      gnet.EventLoop // set once the anchor connection is registered
 	drainFn   gnet.RunnableFunc
-	// enter and leave bracket each drain (Server.enter/leave): whatever the tasks queued
-	// is written out once the batch has run.
+	// enter and leave bracket each round of tasks (Server.enter/leave): whatever the tasks
+	// queued is written out once the round has run.
 	enter, leave func()
+	// between runs after each round (on the loop, bracketing itself) and reports whether it
+	// has more to do (Server.admitQueued via admitRound).
+	between func() bool
 }
 
 func newTaskQueue() *taskQueue {
@@ -134,6 +139,24 @@ func (q *taskQueue) push(f func()) bool {
 		return false
 	}
 	q.tasks = append(q.tasks, f)
+	q.mu.Unlock()
+	q.wake()
+	return true
+}
+
+// kick makes sure a drain runs soon, for work the drain finds itself (between).
+func (q *taskQueue) kick() {
+	q.mu.Lock()
+	closed := q.closed
+	q.mu.Unlock()
+	if !closed {
+		q.wake()
+	}
+}
+
+// wake schedules a drain unless one is scheduled or running.
+func (q *taskQueue) wake() {
+	q.mu.Lock()
 	wake := !q.scheduled && q.loop != nil
 	if wake {
 		q.scheduled = true
@@ -146,10 +169,8 @@ func (q *taskQueue) push(f func()) bool {
 			q.mu.Lock()
 			q.scheduled = false
 			q.mu.Unlock()
-			return false
 		}
 	}
-	return true
 }
 
 // start attaches the loop and runs whatever was queued before it existed.
@@ -166,30 +187,37 @@ func (q *taskQueue) start(loop gnet.EventLoop) {
 	}
 }
 
-// drain runs on the loop goroutine.
+// drain runs on the loop goroutine: rounds of every queued task, each round followed by
+// between, until neither has anything left.
 func (q *taskQueue) drain() {
-	if q.enter != nil {
-		q.enter()
-		defer q.leave()
-	}
+	more := q.between != nil // a kick may have scheduled this drain for between alone
 	for {
 		q.mu.Lock()
 		batch := q.tasks
 		q.tasks = q.spare[:0]
-		if len(batch) == 0 {
+		if len(batch) == 0 && !more {
 			q.scheduled = false
 			q.spare = batch
 			q.mu.Unlock()
 			return
 		}
 		q.mu.Unlock()
-		for i, f := range batch {
-			f()
-			batch[i] = nil
+		if len(batch) > 0 {
+			if q.enter != nil {
+				q.enter()
+			}
+			for i, f := range batch {
+				f()
+				batch[i] = nil
+			}
+			if q.leave != nil {
+				q.leave()
+			}
 		}
 		q.mu.Lock()
 		q.spare = batch[:0]
 		q.mu.Unlock()
+		more = q.between != nil && q.between()
 	}
 }
 

@@ -28,9 +28,12 @@ type metrics struct {
 
 	// pgsse_dropped_total{reason}
 	droppedSlowClient    prometheus.Counter // an ephemeral or channel subscriber over its buffer limit, closed
-	droppedOverCapacity  prometheus.Counter // a connection shed at --max-connections (or draining)
 	droppedBadPayload    prometheus.Counter // a payload on the stream channel that is not pgsse's
 	droppedWakeCoalesced prometheus.Counter // wake-mode hub notifications folded into a RESYNC
+
+	// pgsse_dropped_total{reason}: connections shed before their response head, by why
+	// (over_capacity, draining, database_unavailable, subject_limit)
+	shed [shedReasons]prometheus.Counter
 
 	// The verifier pool's counters (auth.Stats), read when scraped; nil until Run starts it.
 	verifyStats atomic.Pointer[auth.Stats]
@@ -63,7 +66,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}),
 		droppedSlowClient:    dropped.WithLabelValues("slow_client"),
-		droppedOverCapacity:  dropped.WithLabelValues("over_capacity"),
 		droppedBadPayload:    dropped.WithLabelValues("bad_payload"),
 		droppedWakeCoalesced: dropped.WithLabelValues("hub_wake_coalesced"),
 		rejected:             make(map[int]prometheus.Counter, len(rejectedStatuses)),
@@ -71,6 +73,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, status := range rejectedStatuses {
 		m.rejected[status] = rejected.WithLabelValues(strconv.Itoa(status))
+	}
+	for why, label := range [shedReasons]string{
+		shedOverCapacity: "over_capacity", shedDraining: "draining",
+		shedDatabaseUnavailable: "database_unavailable", shedSubjectLimit: "subject_limit",
+	} {
+		m.shed[why] = dropped.WithLabelValues(label)
 	}
 	stat := func(read func(*auth.Stats) uint64) func() float64 {
 		return func() float64 {

@@ -83,7 +83,11 @@ type Server struct {
 	listenUp      bool
 	everUp        bool
 	draining      bool
-	hub           hub
+	// listenDownSinceMS: when the LISTEN session went down (or Run started it)
+	listenDownSinceMS int64
+	admitQ            connFIFO         // authorised connections waiting to be admitted (admission.go)
+	subjects          map[string]int32 // connections per subject (--max-connections-per-subject)
+	hub               hub
 }
 
 // New checks cfg and prepares a Server; nothing is started until Run.
@@ -103,9 +107,11 @@ func New(cfg Config) (*Server, error) {
 		streams:    make(map[string]*stream),
 		scratch:    make([]byte, 0, scratchBytes),
 		channels:   make(map[string]*channel),
+		subjects:   make(map[string]int32),
 	}
 	s.hub.srv = s
 	s.tasks.enter, s.tasks.leave = s.enter, s.leave
+	s.tasks.between = s.admitRound
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
 		v, err := auth.NewVerifier(cfg.Auth)
 		if err != nil {
@@ -139,6 +145,7 @@ func (s *Server) Run(ctx context.Context) error {
 	// or /channels/ client that subscribes at once must reach Listen, not a nil source.
 	// Everything the loop reads must be in place before gnet accepts the first connection.
 	s.nowMS = time.Now().UnixMilli()
+	s.listenDownSinceMS = s.nowMS
 	s.startVerifier()
 	defer s.stopVerifier()
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
@@ -230,6 +237,16 @@ func (s *Server) Run(ctx context.Context) error {
 	return runErr
 }
 
+// admitRound is one round of admissions between rounds of tasks (taskQueue.between).
+func (s *Server) admitRound() bool {
+	if s.admitQ.len() == 0 {
+		return false
+	}
+	s.enter()
+	defer s.leave()
+	return s.admitQueued()
+}
+
 // drain tells every client to come back later (jittered) and every worker to fail over,
 // flushes and closes, within drainTimeout.
 func (s *Server) drain() {
@@ -240,7 +257,7 @@ func (s *Server) drain() {
 		s.log.Info("shutting down: telling clients to retry", "connections", s.active, "hub_workers", s.hub.count())
 		s.draining = true
 		for _, sc := range s.conns {
-			s.retryLater(sc)
+			s.retryLater(sc, shedDraining)
 		}
 		s.hub.shutdown()
 		close(done)

@@ -55,6 +55,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	corsOrigins := c.List("cors-origins", "exact origins allowed cross-origin, comma-separated")
 	limit := engine.FDLimit()
 	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: RLIMIT_NOFILE − %d = %d)", engine.FDReserve, engine.MaxConnectionsFor(limit)))
+	perSubject := c.Int("max-connections-per-subject", engine.DefaultMaxConnectionsPerSubject, "SSE connections one token subject (sub, else the token) may hold at once (0 = no limit)")
 	maxHeader := c.Size("max-header-bytes", engine.DefaultMaxHeaderBytes, "request head limit")
 	heartbeat := c.Duration("heartbeat", engine.DefaultHeartbeat, "comment line after this long without writes")
 	retry := c.Duration("retry", engine.DefaultRetry, "the SSE retry: value sent first")
@@ -157,6 +158,13 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		conns = allowed
 	}
 
+	if *perSubject < 0 {
+		return nil, configErrorf("%s: must not be negative (0 = no limit)", c.source("max-connections-per-subject"))
+	}
+	if *perSubject == 0 {
+		*perSubject = engine.NoLimit
+	}
+
 	// Authorization.
 	secret, err := c.secret(*jwtSecret, *jwtSecretFile)
 	if err != nil {
@@ -202,22 +210,23 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	s.cfg = engine.Config{
-		DatabaseURL:     dsn,
-		Listen:          *listen,
-		HubSocket:       *hubSocket,
-		HubSocketMode:   *hubMode,
-		HubWorkerBuffer: int(*hubBuffer),
-		Auth:            ac,
-		PublicStreams:   *publicStreams,
-		CORSOrigins:     *corsOrigins,
-		MaxConnections:  conns,
-		MaxHeaderBytes:  int(*maxHeader),
-		Heartbeat:       *heartbeat,
-		Retry:           *retry,
-		Retention:       *retention,
-		Demo:            *demo,
-		Logger:          s.logger,
-		Registry:        s.registry,
+		DatabaseURL:              dsn,
+		Listen:                   *listen,
+		HubSocket:                *hubSocket,
+		HubSocketMode:            *hubMode,
+		HubWorkerBuffer:          int(*hubBuffer),
+		Auth:                     ac,
+		PublicStreams:            *publicStreams,
+		CORSOrigins:              *corsOrigins,
+		MaxConnections:           conns,
+		MaxConnectionsPerSubject: *perSubject,
+		MaxHeaderBytes:           int(*maxHeader),
+		Heartbeat:                *heartbeat,
+		Retry:                    *retry,
+		Retention:                *retention,
+		Demo:                     *demo,
+		Logger:                   s.logger,
+		Registry:                 s.registry,
 	}
 	return s, nil
 }
