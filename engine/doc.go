@@ -4,8 +4,10 @@
 //
 // The parts, one file (or two) each:
 //
-//	config.go            Config, every default and bound, the descriptor budget (MaxConnectionsFor)
+//	config.go            Config, every default and bound, the descriptor budget (Config.FDBudget)
 //	server.go            Server: New, Run, drain, the probes (/healthz, /readyz)
+//	accept.go            accepting connections: one acceptor per listener hands them to the loop
+//	                     (a bounded number in flight), EMFILE/ENFILE contained; the admin listener's cap
 //	loop.go              the task queue, enter/leave around every loop entry, the ticker
 //	handler.go           the gnet callbacks, dispatching by connection kind
 //	request.go           HTTP request heads on the SSE port: routing, authorisation, CORS

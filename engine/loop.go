@@ -255,9 +255,7 @@ func registerAnchor(eng gnet.Engine) (gnet.Conn, net.Conn, error) {
 		dialed.Close()
 		return nil, nil, net.ErrClosed
 	}
-	ctx := gnet.NewNetConnContext(context.Background(), dialed)
-	ctx = context.WithValue(ctx, anchorKey{}, true)
-	res, err := eng.Register(ctx)
+	res, err := eng.Register(gnet.NewNetConnContext(gnet.NewContext(context.Background(), originAnchor), dialed))
 	if err != nil {
 		dialed.Close()
 		peer.Close()
@@ -271,5 +269,3 @@ func registerAnchor(eng gnet.Engine) (gnet.Conn, net.Conn, error) {
 	}
 	return r.Conn, peer, nil
 }
-
-type anchorKey struct{}

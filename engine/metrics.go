@@ -35,6 +35,9 @@ type metrics struct {
 	// (over_capacity, draining, database_unavailable, subject_limit)
 	shed [shedReasons]prometheus.Counter
 
+	// pgsse_accept_errors_total{reason}: accept (or handing to the loop) failed (accept.go)
+	acceptErrors [acceptReasons]prometheus.Counter
+
 	// The verifier pool's counters (auth.Stats), read when scraped; nil until Run starts it.
 	verifyStats atomic.Pointer[auth.Stats]
 
@@ -80,6 +83,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	} {
 		m.shed[why] = dropped.WithLabelValues(label)
 	}
+	acceptErrors := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_accept_errors_total",
+		Help: "Connections that could not be accepted or handed to the loop (and were shed), by reason."}, []string{"reason"})
+	for reason, label := range acceptReasonLabels {
+		m.acceptErrors[reason] = acceptErrors.WithLabelValues(label)
+	}
 	stat := func(read func(*auth.Stats) uint64) func() float64 {
 		return func() float64 {
 			if st := m.verifyStats.Load(); st != nil {
@@ -103,7 +111,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			stat(func(st *auth.Stats) uint64 { return st.QueueFull.Load() })),
 	}
 	for _, c := range append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
-		m.deliveries, dropped, rejected, m.evictions, m.reconnects, m.replays, m.lag}, tokens...) {
+		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.reconnects, m.replays, m.lag}, tokens...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -137,6 +137,7 @@ func (s *Server) openConn(c gnet.Conn) *sseConn {
 	sc := &sseConn{c: c, all: int32(len(s.conns))}
 	sc.to(stateHead, s.nowMS)
 	s.conns = append(s.conns, sc)
+	s.sseOpen.Store(int64(len(s.conns)))
 	c.SetContext(sc)
 	return sc
 }
@@ -277,6 +278,7 @@ func (s *Server) removeConn(sc *sseConn) {
 		s.releaseChannel(ch)
 	}
 	s.conns = swapRemove(s.conns, sc, connIndex)
+	s.sseOpen.Store(int64(len(s.conns)))
 	sc.c = nil
 	sc.tags = nil
 	sc.req = nil

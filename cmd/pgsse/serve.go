@@ -42,6 +42,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	dbURL := c.dbFlag()
 	listen := c.String("listen", engine.DefaultListen, "SSE listen `ADDR`")
 	adminListen := c.String("admin-listen", "127.0.0.1:9090", "admin `ADDR` for /metrics, /healthz, /readyz (empty = off)")
+	adminMax := c.Int("admin-max-connections", engine.DefaultAdminMaxConnections, "admin connections open at once; beyond them the admin port stops accepting")
 	hubSocket := c.String("hub-socket", "", "Unix socket `PATH` for worker processes (empty = no hub)")
 	hubMode := c.Mode("hub-socket-mode", engine.DefaultHubSocketMode, "permissions of the hub socket, octal")
 	hubBuffer := c.Size("hub-worker-buffer", engine.DefaultHubWorkerBuffer, "outbound buffer per hub worker")
@@ -54,7 +55,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	publicStreams := c.List("public-streams", "stream patterns readable without a token, comma-separated")
 	corsOrigins := c.List("cors-origins", "exact origins allowed cross-origin, comma-separated")
 	limit := engine.FDLimit()
-	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: RLIMIT_NOFILE − %d = %d)", engine.FDReserve, engine.MaxConnectionsFor(limit)))
+	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: what RLIMIT_NOFILE leaves after the other consumers, pgsse doctor shows the budget; now %d)", engine.MaxConnectionsFor(limit)))
 	perSubject := c.Int("max-connections-per-subject", engine.DefaultMaxConnectionsPerSubject, "SSE connections one token subject (sub, else the token) may hold at once (0 = no limit)")
 	maxHeader := c.Size("max-header-bytes", engine.DefaultMaxHeaderBytes, "request head limit")
 	heartbeat := c.Duration("heartbeat", engine.DefaultHeartbeat, "comment line after this long without writes")
@@ -140,20 +141,25 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		}
 	}
 
-	// The connection limit: what the fd limit allows after the reserve.
-	allowed := engine.MaxConnectionsFor(limit)
+	if *adminMax < 1 {
+		return nil, configErrorf("%s: must be at least 1", c.source("admin-max-connections"))
+	}
+
+	// The connection limit: what the fd limit allows after every other consumer's share.
+	budget := engine.Config{HubSocket: *hubSocket, AdminMaxConnections: *adminMax}.FDBudget(limit)
+	allowed := budget.MaxConnections
 	conns := *maxConns
 	if c.isSet("max-connections") {
 		switch {
 		case conns < 1:
 			return nil, configErrorf("%s: must be at least 1", c.source("max-connections"))
 		case limit > 0 && conns > allowed:
-			return nil, configErrorf("%s: %d exceeds what the file-descriptor limit allows (RLIMIT_NOFILE %d − %d reserved = %d); raise the limit (ulimit -n, LimitNOFILE=)",
-				c.source("max-connections"), conns, limit, engine.FDReserve, allowed)
+			return nil, configErrorf("%s: %d exceeds what the file-descriptor limit allows (RLIMIT_NOFILE %d − %d reserved = %d; pgsse doctor shows the budget); raise the limit (ulimit -n, LimitNOFILE=)",
+				c.source("max-connections"), conns, limit, budget.Reserved(), allowed)
 		}
 	} else {
 		if allowed < 1 {
-			return nil, configErrorf("file-descriptor limit %d is too low: need more than %d (ulimit -n, LimitNOFILE=)", limit, engine.FDReserve)
+			return nil, configErrorf("file-descriptor limit %d is too low: need more than %d (ulimit -n, LimitNOFILE=; pgsse doctor shows the budget)", limit, budget.Reserved())
 		}
 		conns = allowed
 	}
@@ -220,6 +226,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		CORSOrigins:              *corsOrigins,
 		MaxConnections:           conns,
 		MaxConnectionsPerSubject: *perSubject,
+		AdminMaxConnections:      *adminMax,
 		MaxHeaderBytes:           int(*maxHeader),
 		Heartbeat:                *heartbeat,
 		Retry:                    *retry,
@@ -325,7 +332,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			MaxHeaderBytes:    16 << 10,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
-		go func() { adminDone <- admin.Serve(ln) }()
+		go func() { adminDone <- admin.Serve(srv.AdminListener(ln)) }()
 	}
 
 	runDone := make(chan error, 1)

@@ -1,0 +1,420 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+)
+
+// Accepting connections (SPEC §3b "Descriptors"). gnet v2.9.7's acceptor treats an accept
+// error such as EMFILE as fatal (acceptor_unix.go: ErrAcceptSocket stops the loop and the
+// process exits), so pgsse owns its accepts: an acceptor per listening socket (the SSE
+// --listen socket, the hub's Unix socket) accepts with the net package on its own goroutine
+// and hands each connection to the loop with gnet.Engine.Register — which dups the
+// descriptor, closes ours and runs OnOpen on the loop — at most acceptWindow connections in
+// flight, so the loop takes on at most that many new connections per pass. gnet keeps only a
+// placeholder listener that nothing can connect to (Register needs one).
+//
+// When accept fails with EMFILE or ENFILE the server keeps serving what it has: the acceptor
+// closes its reserve descriptor, accepts the waiting connection and closes it at once (shed:
+// the client sees the connection end rather than hang in the backlog), takes the reserve back,
+// counts pgsse_accept_errors_total{reason}, backs off accepting (acceptBackoffMin doubling to
+// acceptBackoffMax) and logs at most one line per acceptLogEvery. The admin endpoint's
+// listener (AdminListener) follows the same policy, with a cap on its connections.
+//
+// The --listen socket is bound with SO_REUSEPORT so that the processes of --procs can share
+// it; without Config.ShareListen an address another socket already holds is refused first.
+
+// Accept policy.
+const (
+	acceptWindow     = 64                     // connections handed to gnet and not yet opened on the loop, per listener
+	acceptBackoffMin = 5 * time.Millisecond   // first pause after a failed accept
+	acceptBackoffMax = time.Second            // longest pause
+	acceptLogEvery   = 10 * time.Second       // at most one log line per listener this often
+	acceptShedWait   = 10 * time.Millisecond  // how long the shedding accept waits for the waiting connection
+	stopAcceptWait   = 100 * time.Millisecond // how long stopping waits for a connection being handed over
+)
+
+// origin says which listener a connection came in on; it is the connection's context when
+// OnOpen runs (gnet.NewContext), so the handler knows what to make of it.
+type origin uint8
+
+const (
+	originSSE    origin = iota + 1 // the --listen socket
+	originHub                      // the hub's Unix socket
+	originAnchor                   // the loop's own anchor connection (loop.go)
+)
+
+// Reasons of pgsse_accept_errors_total.
+const (
+	acceptEMFILE = iota // the process's descriptor limit
+	acceptENFILE        // the system's descriptor limit
+	acceptENOMEM        // ENOBUFS or ENOMEM
+	acceptEnroll        // handing the connection to the loop failed
+	acceptOther
+	acceptReasons
+)
+
+var acceptReasonLabels = [acceptReasons]string{"emfile", "enfile", "enomem", "enroll", "other"}
+
+// acceptReason classifies an accept (or dup) error.
+func acceptReason(err error) int {
+	switch {
+	case errors.Is(err, syscall.EMFILE):
+		return acceptEMFILE
+	case errors.Is(err, syscall.ENFILE):
+		return acceptENFILE
+	case errors.Is(err, syscall.ENOBUFS), errors.Is(err, syscall.ENOMEM):
+		return acceptENOMEM
+	}
+	return acceptOther
+}
+
+// acceptGuard is what every listener does when accept fails: shed with the reserve
+// descriptor on EMFILE/ENFILE, count, log at most once per acceptLogEvery, back off. One
+// goroutine uses a guard at a time.
+type acceptGuard struct {
+	name    string // the flag and address, for the log: "--listen 127.0.0.1:8080"
+	spare   int    // the reserve descriptor (/dev/null), -1 while not held
+	backoff time.Duration
+	log     *slog.Logger
+	errors  *[acceptReasons]prometheus.Counter
+	logged  time.Time // when the last line was logged
+	quiet   int       // failures since then, not logged
+}
+
+func newAcceptGuard(name string, log *slog.Logger, errs *[acceptReasons]prometheus.Counter) *acceptGuard {
+	g := &acceptGuard{name: name, spare: -1, log: log, errors: errs}
+	g.takeSpare()
+	return g
+}
+
+func (g *acceptGuard) takeSpare() {
+	if g.spare >= 0 {
+		return
+	}
+	if fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+		g.spare = fd
+	}
+}
+
+func (g *acceptGuard) close() {
+	if g.spare >= 0 {
+		_ = unix.Close(g.spare)
+		g.spare = -1
+	}
+}
+
+// accepted resets the back-off after a successful accept.
+func (g *acceptGuard) accepted() {
+	g.backoff = 0
+	g.takeSpare()
+}
+
+// failed handles an accept error on ln: false when ln is closed (stop accepting). Otherwise
+// it counts the error, sheds one waiting connection on EMFILE/ENFILE, logs (rate-limited)
+// and pauses; stop cuts the pause short.
+func (g *acceptGuard) failed(ln net.Listener, err error, stop <-chan struct{}) bool {
+	if errors.Is(err, net.ErrClosed) {
+		return false
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true // a deadline we set (shedding)
+	}
+	reason := acceptReason(err)
+	g.errors[reason].Inc()
+	shed := false
+	if reason == acceptEMFILE || reason == acceptENFILE {
+		shed = g.shed(ln)
+	}
+	g.backoff = min(max(2*g.backoff, acceptBackoffMin), acceptBackoffMax)
+	g.report(err, reason, shed)
+	t := time.NewTimer(g.backoff)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+	}
+	return true
+}
+
+// shed frees the reserve descriptor, accepts one waiting connection and closes it, then takes
+// the reserve back. It reports whether a connection was shed.
+func (g *acceptGuard) shed(ln net.Listener) bool {
+	if g.spare < 0 {
+		g.takeSpare() // another goroutine took the number last time; try to hold one again
+		return false
+	}
+	_ = unix.Close(g.spare)
+	g.spare = -1
+	defer g.takeSpare()
+	dl, ok := ln.(interface{ SetDeadline(time.Time) error })
+	if !ok {
+		return false
+	}
+	_ = dl.SetDeadline(time.Now().Add(acceptShedWait))
+	defer dl.SetDeadline(time.Time{})
+	c, err := ln.Accept()
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+// report logs an accept failure at most once per acceptLogEvery, saying what happened and
+// what pgsse does about it.
+func (g *acceptGuard) report(err error, reason int, shed bool) {
+	now := time.Now()
+	if now.Sub(g.logged) < acceptLogEvery {
+		g.quiet++
+		return
+	}
+	what := "accept failed; backing off"
+	switch reason {
+	case acceptEMFILE:
+		what = "out of file descriptors (RLIMIT_NOFILE " + strconv.FormatUint(FDLimit(), 10) +
+			"): serving the connections already open, shedding new ones and backing off; raise the limit (ulimit -n, LimitNOFILE=) or lower --max-connections"
+	case acceptENFILE:
+		what = "the system is out of file descriptors (fs.file-max): serving the connections already open, shedding new ones and backing off"
+	}
+	g.log.Error("cannot accept on "+g.name+": "+what, "err", err, "shed", shed,
+		"backoff", g.backoff.String(), "failures_not_logged", g.quiet)
+	g.logged, g.quiet = now, 0
+}
+
+// acceptor accepts on one listener and hands connections to the loop.
+type acceptor struct {
+	srv    *Server
+	ln     net.Listener
+	origin origin
+	guard  *acceptGuard
+	ctx    context.Context // carries origin for OnOpen
+	// open and limit: connections of this kind open on the loop, and how many may be; beyond
+	// it a new connection is closed at once, unread and never handed to the loop.
+	open  *atomic.Int64
+	limit func() int64
+	stop  chan struct{}
+	done  chan struct{}
+	// inflight: Register results not yet received, oldest first.
+	inflight []<-chan gnet.RegisteredResult
+}
+
+func (s *Server) newAcceptor(name string, ln net.Listener, o origin, open *atomic.Int64, limit func() int64) *acceptor {
+	return &acceptor{
+		srv: s, ln: ln, origin: o, open: open, limit: limit,
+		guard: newAcceptGuard(name, s.log, &s.metrics.acceptErrors),
+		ctx:   gnet.NewContext(context.Background(), o),
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+}
+
+// run accepts until the listener is closed (close).
+func (a *acceptor) run() {
+	defer close(a.done)
+	defer a.guard.close()
+	for {
+		c, err := a.ln.Accept()
+		if err != nil {
+			if !a.guard.failed(a.ln, err, a.stop) {
+				return
+			}
+			continue
+		}
+		a.guard.accepted()
+		a.collect(false)
+		if a.open.Load()+int64(len(a.inflight)) >= a.limit() {
+			// Far over the limit: do not even read the request; keep descriptors for others.
+			a.srv.metrics.shed[shedOverCapacity].Inc()
+			_ = c.Close()
+			continue
+		}
+		if !a.enroll(c) {
+			return
+		}
+	}
+}
+
+// enroll hands c to the loop, first waiting while acceptWindow connections are in flight.
+// It reports false once the acceptor is stopping.
+func (a *acceptor) enroll(c net.Conn) bool {
+	if !a.collect(len(a.inflight) >= acceptWindow) {
+		_ = c.Close()
+		return false
+	}
+	res, err := a.srv.eng.Register(gnet.NewNetConnContext(a.ctx, c))
+	if err != nil {
+		_ = c.Close()
+		a.enrollFailed(err)
+		return true
+	}
+	a.inflight = append(a.inflight, res)
+	return true
+}
+
+// collect receives the Register results that are in, oldest first; with wait it blocks for
+// the oldest. It reports false if stop came first.
+func (a *acceptor) collect(wait bool) bool {
+	for len(a.inflight) > 0 {
+		var r gnet.RegisteredResult
+		select {
+		case r = <-a.inflight[0]:
+		default:
+			if !wait {
+				return true
+			}
+			select {
+			case r = <-a.inflight[0]:
+			case <-a.stop:
+				return false
+			}
+		}
+		wait = false
+		a.inflight[0] = nil
+		a.inflight = a.inflight[1:]
+		if r.Err != nil {
+			a.enrollFailed(r.Err) // gnet has closed the connection
+		}
+	}
+	a.inflight = a.inflight[:0:0]
+	return true
+}
+
+// enrollFailed counts a connection gnet could not take (its dup failed, or the engine is
+// stopping) — the connection is closed — and logs like a failed accept.
+func (a *acceptor) enrollFailed(err error) {
+	reason := acceptReason(err)
+	if reason == acceptOther {
+		reason = acceptEnroll
+	}
+	a.srv.metrics.acceptErrors[reason].Inc()
+	a.guard.report(err, reason, true)
+}
+
+// close stops accepting and waits for the goroutine.
+func (a *acceptor) close() {
+	close(a.stop)
+	_ = a.ln.Close()
+	<-a.done
+}
+
+// listenSSE binds --listen: TCP with SO_REUSEPORT (for --procs). Unless share, an address
+// another socket already holds is refused first (SO_REUSEPORT would quietly share it).
+func listenSSE(addr string, share bool) (net.Listener, error) {
+	if _, port, _ := net.SplitHostPort(addr); !share && port != "0" {
+		probe, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		_ = probe.Close()
+	}
+	lc := net.ListenConfig{
+		KeepAlive: -1, // heartbeat writes find dead peers; no keep-alive syscalls per accept
+		Control: func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			})
+			return errors.Join(err, serr)
+		},
+	}
+	return lc.Listen(context.Background(), "tcp", addr)
+}
+
+// placeholderListener is the gnet engine's listener: a Unix socket bound in a private
+// directory whose path is removed once gnet has started, so nothing can ever connect to it.
+// gnet needs one listener for Engine.Register; pgsse's own acceptors do the accepting.
+type placeholderListener struct{ dir, path string }
+
+func newPlaceholder() (*placeholderListener, error) {
+	dir, err := os.MkdirTemp("", "pgsse-loop-")
+	if err != nil {
+		return nil, err
+	}
+	return &placeholderListener{dir: dir, path: filepath.Join(dir, "loop.sock")}, nil
+}
+
+func (p *placeholderListener) addr() string { return "unix://" + p.path }
+
+// remove takes the path away (nothing can connect after that) and the directory with it.
+func (p *placeholderListener) remove() { _ = os.RemoveAll(p.dir) }
+
+// AdminListener wraps the admin endpoint's listener (cmd/pgsse) with the accept policy of the
+// other listeners: at most Config.AdminMaxConnections connections open at once — at the cap
+// it stops accepting (the kernel's backlog holds the rest) rather than accept and close — and
+// EMFILE/ENFILE are contained, counted and logged as for the SSE port.
+func (s *Server) AdminListener(ln net.Listener) net.Listener {
+	return &adminListener{
+		Listener: ln,
+		slots:    make(chan struct{}, s.cfg.AdminMaxConnections),
+		guard:    newAcceptGuard("--admin-listen "+ln.Addr().String(), s.log, &s.metrics.acceptErrors),
+		stop:     make(chan struct{}),
+	}
+}
+
+type adminListener struct {
+	net.Listener
+	slots    chan struct{}
+	mu       sync.Mutex // one Accept at a time (the guard is not concurrent)
+	guard    *acceptGuard
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+func (l *adminListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.stop:
+		return nil, net.ErrClosed
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil {
+			l.guard.accepted()
+			return &adminConn{Conn: c, slots: l.slots}, nil
+		}
+		if !l.guard.failed(l.Listener, err, l.stop) {
+			<-l.slots
+			return nil, err
+		}
+	}
+}
+
+func (l *adminListener) Close() error {
+	l.stopOnce.Do(func() { close(l.stop) })
+	err := l.Listener.Close()
+	l.mu.Lock()
+	l.guard.close()
+	l.mu.Unlock()
+	return err
+}
+
+// adminConn gives its slot back once, when closed.
+type adminConn struct {
+	net.Conn
+	slots chan struct{}
+	once  sync.Once
+}
+
+func (c *adminConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { <-c.slots })
+	return err
+}
