@@ -26,14 +26,19 @@ import (
 // A new frame type: framing (the type, its encoder and decoder) and hub.frame below.
 
 const (
-	hubMaxChannels        = 4096     // channels per worker (SUB beyond it: ACK LIMIT)
-	hubWriteChunkBytes    = 64 << 10 // bytes handed to gnet per write
-	hubOutboundLimitBytes = 64 << 10 // hand more only while gnet buffers fewer bytes than this
-	hubWritesPerPump      = 16       // ≤ 1 MiB per worker per pump, so one worker cannot hog the loop
-	hubHelloTimeoutMS     = 10_000   // a worker must say HELLO within this
-	hubFinalGraceMS       = 10_000   // an evicted or failed worker has this long to read its last STATUS
-	hubControlTextMaxLen  = 1024     // bytes of text in an ACK or STATUS frame we send
-	hubRefusedLogEveryMS  = 10_000   // "refusing workers" at most this often
+	// The hub's share of the LISTEN session's channels (listenMaxChannels): the workers
+	// together hold at most half of them, one worker at most a fifth, so SSE clients (whose
+	// /channels/ subscriptions are capped per subject) always keep half, and no single worker
+	// takes the whole share. A SUB beyond either gets ACK LIMIT.
+	hubMaxChannels          = listenMaxChannels / 2 // distinct channels all workers together
+	hubMaxChannelsPerWorker = listenMaxChannels / 5 // channels one worker
+	hubWriteChunkBytes      = 64 << 10              // bytes handed to gnet per write
+	hubOutboundLimitBytes   = 64 << 10              // hand more only while gnet buffers fewer bytes than this
+	hubWritesPerPump        = 16                    // ≤ 1 MiB per worker per pump, so one worker cannot hog the loop
+	hubHelloTimeoutMS       = 10_000                // a worker must say HELLO within this
+	hubFinalGraceMS         = 10_000                // an evicted or failed worker has this long to read its last STATUS
+	hubControlTextMaxLen    = 1024                  // bytes of text in an ACK or STATUS frame we send
+	hubRefusedLogEveryMS    = 10_000                // "refusing workers" at most this often
 )
 
 // hub is the hub's loop-owned state: the workers, their subscriptions (on the shared channel
@@ -48,15 +53,19 @@ type hub struct {
 	openCount atomic.Int64 // open, for the hub socket's acceptor (its hard cap)
 	// refusedLogMS: when "refusing workers" was last logged (at most every hubRefusedLogEveryMS)
 	refusedLogMS int64
-	pending      []*worker // workers with ring bytes not yet handed to gnet
-	spare        []*worker
-	dead         []*worker // closed during an iteration; removed on the way out
-	lingering    []*worker // sent a final STATUS; closed once it is flushed (closeLingering)
-	iter         int       // depth of iterations over workers or subscriptions (enter/leave)
-	buf          []byte    // control frame scratch (ACK, STATUS, PONG)
-	msg          []byte    // text scratch for control frames
-	nbuf         []byte    // NOTIFY scratch: one encoding for every subscriber
-	iov          [][]byte  // writev scratch
+	// channels: distinct channels with at least one worker subscription; maxChannels and
+	// maxWorkerChannels are their caps (hubMaxChannels, hubMaxChannelsPerWorker; tests lower them)
+	channels                       int
+	maxChannels, maxWorkerChannels int
+	pending                        []*worker // workers with ring bytes not yet handed to gnet
+	spare                          []*worker
+	dead                           []*worker // closed during an iteration; removed on the way out
+	lingering                      []*worker // sent a final STATUS; closed once it is flushed (closeLingering)
+	iter                           int       // depth of iterations over workers or subscriptions (enter/leave)
+	buf                            []byte    // control frame scratch (ACK, STATUS, PONG)
+	msg                            []byte    // text scratch for control frames
+	nbuf                           []byte    // NOTIFY scratch: one encoding for every subscriber
+	iov                            [][]byte  // writev scratch
 }
 
 // worker is one connected worker process (loop-owned).
@@ -197,6 +206,9 @@ func (h *hub) detach(sub *hubSub) {
 		sub.reqs = nil
 	}
 	ch.hub.subs = swapRemove(ch.hub.subs, sub, hubSubIndex)
+	if len(ch.hub.subs) == 0 {
+		h.channels--
+	}
 	h.srv.releaseChannel(ch)
 }
 
@@ -296,12 +308,20 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 		h.ack(w, req, framing.AckBadChannel, errReservedChannel.Error())
 		return
 	}
-	if len(w.subs) >= hubMaxChannels {
-		h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(hubMaxChannels)+" channels per worker")
+	if len(w.subs) >= h.maxWorkerChannels {
+		h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(h.maxWorkerChannels)+" channels per worker")
+		return
+	}
+	if existing := s.channels[string(channel)]; (existing == nil || len(existing.hub.subs) == 0) && h.channels >= h.maxChannels {
+		h.ack(w, req, framing.AckLimit, "the hub's workers hold "+strconv.Itoa(h.maxChannels)+
+			" channels together, their share of the LISTEN session (the rest is kept for SSE clients)")
 		return
 	}
 	// Register before LISTEN (DESIGN invariant 4); ACK once it completed on this session.
 	ch := s.holdChannel(string(channel))
+	if len(ch.hub.subs) == 0 {
+		h.channels++
+	}
 	if ch.hub.name == nil {
 		ch.hub.name = []byte(ch.name)
 	}

@@ -110,6 +110,7 @@ func New(cfg Config) (*Server, error) {
 		subjects:   make(map[string]int32),
 	}
 	s.hub.srv = s
+	s.hub.maxChannels, s.hub.maxWorkerChannels = hubMaxChannels, hubMaxChannelsPerWorker
 	s.tasks.enter, s.tasks.leave = s.enter, s.leave
 	s.tasks.between = s.admitRound
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
