@@ -60,6 +60,8 @@ type Server struct {
 	listenOK  atomic.Bool
 	schemaOK  atomic.Bool
 	schemaMsg atomic.Value // string: why the schema is not ready
+	// schemaLogged: when "not ready" was last logged (schema.go)
+	schemaLogged atomic.Pointer[time.Time]
 
 	// loop-owned
 	parser        sse.Parser
@@ -99,7 +101,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg:        cfg,
-		log:        cfg.Logger,
+		log:        slog.New(newRepeatLimiter(cfg.Logger.Handler(), logRepeatEvery)),
 		tasks:      newTaskQueue(),
 		loopsReady: make(chan struct{}),
 		pollNow:    make(chan struct{}, 1),
@@ -151,6 +153,11 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("--hub-socket %s: %w", s.cfg.HubSocket, bindError(err))
 		}
 		defer hubLn.Close()
+	}
+	// The database, before anything runs on it: a refusal retrying cannot fix (no such
+	// database, authentication) ends the start here, with one line.
+	if err := s.checkDatabase(ctx, startCheckTimeout, true); err != nil {
+		return err
 	}
 	placeholder, err := newPlaceholder()
 	if err != nil {

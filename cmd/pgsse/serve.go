@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -33,6 +34,7 @@ type serveSetup struct {
 	adminListen string
 	pprof       bool
 	logger      *slog.Logger
+	redactor    *redactor // the secrets to keep out of logs and /debug/pprof/cmdline
 	fdLimit     uint64
 	algorithms  []string
 }
@@ -75,7 +77,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		return nil, err
 	}
 
-	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit}
+	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit, redactor: &redactor{}}
 
 	var level slog.Level
 	switch strings.ToLower(*logLevel) {
@@ -91,18 +93,27 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		return nil, configErrorf("%s: must be debug, info, warn or error", c.source("log-level"))
 	}
 	opts := &slog.HandlerOptions{Level: level}
+	var handler slog.Handler
 	switch *logFormat {
 	case "text":
-		s.logger = slog.New(slog.NewTextHandler(stderr, opts))
+		handler = slog.NewTextHandler(stderr, opts)
 	case "json":
-		s.logger = slog.New(slog.NewJSONHandler(stderr, opts))
+		handler = slog.NewJSONHandler(stderr, opts)
 	default:
 		return nil, configErrorf("%s: must be text or json", c.source("log-format"))
 	}
+	// Every line is redacted; the secrets are registered below, before anything is logged.
+	s.logger = slog.New(redactingHandler{inner: handler, r: s.redactor})
 
-	dsn, _, err := c.database(*dbURL)
+	dsn, pgcfg, err := c.database(*dbURL)
 	if err != nil {
 		return nil, err
+	}
+	s.redactor.add(pgcfg.Password)
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok {
+			s.redactor.add(pw)
+		}
 	}
 
 	if err := checkHostPort(*listen); err != nil {
@@ -176,6 +187,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	if err != nil {
 		return nil, err
 	}
+	s.redactor.add(string(secret))
 	var pub []byte
 	if *jwtPubFile != "" {
 		if pub, err = c.readKeyFile("jwt-public-key-file", *jwtPubFile); err != nil {
@@ -258,8 +270,9 @@ type probe interface {
 // notReadyReason is optional: an engine that can say why it is not ready.
 type notReadyReason interface{ NotReadyReason() string }
 
-// adminHandler serves SPEC §4: /metrics, /healthz, /readyz and, with pprof, /debug/pprof/.
-func adminHandler(p probe, g prometheus.Gatherer, withPprof bool) http.Handler {
+// adminHandler serves SPEC §4: /metrics, /healthz, /readyz and, with pprof, /debug/pprof/
+// (whose cmdline is redacted with red).
+func adminHandler(p probe, g prometheus.Gatherer, withPprof bool, red *redactor) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -290,7 +303,7 @@ func adminHandler(p probe, g prometheus.Gatherer, withPprof bool) http.Handler {
 	})
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/cmdline", cmdlineHandler(red))
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
@@ -326,7 +339,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		}
 		adminAddr = ln.Addr().String()
 		admin = &http.Server{
-			Handler:           adminHandler(srv, s.registry, s.pprof),
+			Handler:           adminHandler(srv, s.registry, s.pprof, s.redactor),
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       time.Minute,
 			MaxHeaderBytes:    16 << 10,
@@ -339,8 +352,10 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 	go func() { runDone <- srv.Run(ctx) }()
 
 	var runErr error
+	started := false
 	select {
 	case <-srv.Started():
+		started = true
 		addr := s.cfg.Listen
 		if a := srv.Addr(); a != nil {
 			addr = a.String()
@@ -372,7 +387,11 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		cancel()
 	}
 	if runErr != nil {
-		log.Error("pgsse stopped", "err", runErr)
+		msg := "pgsse stopped"
+		if !started {
+			msg = "pgsse cannot start"
+		}
+		log.Error(msg, "err", runErr)
 		return errReported
 	}
 	return nil
