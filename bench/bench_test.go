@@ -130,3 +130,30 @@ func BenchmarkScenario5Hub(b *testing.B) {
 		b.ReportMetric(sums[u]/float64(b.N), u)
 	}
 }
+
+// BenchmarkScenarioStorm runs the reconnect storm (issue 11) against this build's pgsse;
+// bench/cmd/storm compares two builds in one run.
+func BenchmarkScenarioStorm(b *testing.B) {
+	targets := servers(b)
+	env := &Env{Cluster: UseCluster(pgtest.URL(b)), Dir: b.TempDir(), Logf: b.Logf}
+	sp := SmallStorm()
+	if os.Getenv("PGSSE_BENCH_FULL") == "1" {
+		sp = FullStorm()
+	}
+	sums := map[string]float64{}
+	var order []string
+	for range b.N {
+		r, err := Storm(context.Background(), env, targets[0], sp)
+		require.NoError(b, err)
+		for _, m := range r.Metrics {
+			u := metricUnit(m)
+			if _, ok := sums[u]; !ok {
+				order = append(order, u)
+			}
+			sums[u] += m.Value
+		}
+	}
+	for _, u := range order {
+		b.ReportMetric(sums[u]/float64(b.N), u)
+	}
+}

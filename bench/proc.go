@@ -30,6 +30,14 @@ type Target struct {
 	Heartbeat time.Duration // --heartbeat of both servers
 	Pprof     bool          // serve /debug/pprof on the admin address
 	ExtraArgs []string
+	Label     string // how results name it (default Name), e.g. to compare two pgsse builds
+}
+
+func (t Target) label() string {
+	if t.Label != "" {
+		return t.Label
+	}
+	return t.Name
 }
 
 // Server is a running server process under test.

@@ -24,7 +24,9 @@ import (
 // --listen socket, the hub's Unix socket) accepts with the net package on its own goroutine
 // and hands each connection to the loop with gnet.Engine.Register — which dups the
 // descriptor, closes ours and runs OnOpen on the loop — at most acceptWindow connections in
-// flight, so the loop takes on at most that many new connections per pass. gnet keeps only a
+// flight, so the loop takes on at most that many new connections per pass; connections
+// accepted meanwhile wait in the acceptor's queue rather than in the kernel's backlog, which
+// drops SYNs once full (the clients then retry after 1 s, 3 s, 7 s…). gnet keeps only a
 // placeholder listener that nothing can connect to (Register needs one).
 //
 // When accept fails with EMFILE or ENFILE the server keeps serving what it has: the acceptor
@@ -39,7 +41,7 @@ import (
 
 // Accept policy.
 const (
-	acceptWindow     = 64                     // connections handed to gnet and not yet opened on the loop, per listener
+	acceptWindow     = 64                     // connections being registered with gnet and not yet opened on the loop, per listener
 	acceptBackoffMin = 5 * time.Millisecond   // first pause after a failed accept
 	acceptBackoffMax = time.Second            // longest pause
 	acceptLogEvery   = 10 * time.Second       // at most one log line per listener this often
@@ -91,8 +93,9 @@ type acceptGuard struct {
 	backoff time.Duration
 	log     *slog.Logger
 	errors  *[acceptReasons]prometheus.Counter
-	logged  time.Time // when the last line was logged
-	quiet   int       // failures since then, not logged
+	mu      sync.Mutex // report is called by the accepting and the enrolling goroutine
+	logged  time.Time  // when the last line was logged
+	quiet   int        // failures since then, not logged
 }
 
 func newAcceptGuard(name string, log *slog.Logger, errs *[acceptReasons]prometheus.Counter) *acceptGuard {
@@ -179,6 +182,8 @@ func (g *acceptGuard) shed(ln net.Listener) bool {
 // report logs an accept failure at most once per acceptLogEvery, saying what happened and
 // what pgsse does about it.
 func (g *acceptGuard) report(err error, reason int, shed bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	now := time.Now()
 	if now.Sub(g.logged) < acceptLogEvery {
 		g.quiet++
@@ -197,36 +202,53 @@ func (g *acceptGuard) report(err error, reason int, shed bool) {
 	g.logged, g.quiet = now, 0
 }
 
-// acceptor accepts on one listener and hands connections to the loop.
+// acceptor accepts on one listener and hands connections to the loop: one goroutine accepts
+// as fast as the kernel gives connections (so its backlog never overflows into dropped SYNs
+// and clients retrying a second later) into a queue of at most acceptQueue; another takes them
+// from the queue and registers them with gnet, acceptWindow in flight.
 type acceptor struct {
 	srv    *Server
 	ln     net.Listener
 	origin origin
 	guard  *acceptGuard
 	ctx    context.Context // carries origin for OnOpen
-	// open and limit: connections of this kind open on the loop, and how many may be; beyond
-	// it a new connection is closed at once, unread and never handed to the loop.
-	open  *atomic.Int64
-	limit func() int64
-	stop  chan struct{}
-	done  chan struct{}
-	// inflight: Register results not yet received, oldest first.
+	// open and limit: connections of this kind open on the loop, and how many may be open,
+	// queued and in flight together; beyond it a new connection is closed at once, unread.
+	open    *atomic.Int64
+	limit   func() int64
+	pending atomic.Int64 // accepted, not yet opened on the loop (queued or in flight)
+	queue   chan net.Conn
+	stop    chan struct{}
+	done    sync.WaitGroup
+	// inflight: Register results not yet received, oldest first (enroll goroutine only).
 	inflight []<-chan gnet.RegisteredResult
 }
+
+// acceptQueue bounds the accepted connections waiting to be handed to the loop, per listener
+// (they also count against the listener's limit, which the descriptor budget covers).
+const acceptQueue = 4096
 
 func (s *Server) newAcceptor(name string, ln net.Listener, o origin, open *atomic.Int64, limit func() int64) *acceptor {
 	return &acceptor{
 		srv: s, ln: ln, origin: o, open: open, limit: limit,
 		guard: newAcceptGuard(name, s.log, &s.metrics.acceptErrors),
 		ctx:   gnet.NewContext(context.Background(), o),
+		queue: make(chan net.Conn, acceptQueue),
 		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
 	}
 }
 
-// run accepts until the listener is closed (close).
-func (a *acceptor) run() {
-	defer close(a.done)
+// start runs the two goroutines until close.
+func (a *acceptor) start() {
+	a.done.Add(2)
+	go a.accept()
+	go a.enroll()
+}
+
+// accept accepts until the listener is closed.
+func (a *acceptor) accept() {
+	defer a.done.Done()
+	defer close(a.queue)
 	defer a.guard.close()
 	for {
 		c, err := a.ln.Accept()
@@ -237,34 +259,42 @@ func (a *acceptor) run() {
 			continue
 		}
 		a.guard.accepted()
-		a.collect(false)
-		if a.open.Load()+int64(len(a.inflight)) >= a.limit() {
+		if a.open.Load()+a.pending.Load() >= a.limit() {
 			// Far over the limit: do not even read the request; keep descriptors for others.
 			a.srv.metrics.shed[shedOverCapacity].Inc()
 			_ = c.Close()
 			continue
 		}
-		if !a.enroll(c) {
+		a.pending.Add(1)
+		select {
+		case a.queue <- c:
+		case <-a.stop:
+			_ = c.Close()
 			return
 		}
 	}
 }
 
-// enroll hands c to the loop, first waiting while acceptWindow connections are in flight.
-// It reports false once the acceptor is stopping.
-func (a *acceptor) enroll(c net.Conn) bool {
-	if !a.collect(len(a.inflight) >= acceptWindow) {
-		_ = c.Close()
-		return false
+// enroll hands queued connections to the loop, acceptWindow at a time; once stopping, it
+// closes what is left.
+func (a *acceptor) enroll() {
+	defer a.done.Done()
+	for c := range a.queue {
+		if !a.collect(len(a.inflight) >= acceptWindow) {
+			_ = c.Close()
+			a.pending.Add(-1)
+			continue // stopping: close the rest
+		}
+		res, err := a.srv.eng.Register(gnet.NewNetConnContext(a.ctx, c))
+		if err != nil {
+			_ = c.Close()
+			a.pending.Add(-1)
+			a.enrollFailed(err)
+			continue
+		}
+		a.inflight = append(a.inflight, res)
+		a.collect(false)
 	}
-	res, err := a.srv.eng.Register(gnet.NewNetConnContext(a.ctx, c))
-	if err != nil {
-		_ = c.Close()
-		a.enrollFailed(err)
-		return true
-	}
-	a.inflight = append(a.inflight, res)
-	return true
 }
 
 // collect receives the Register results that are in, oldest first; with wait it blocks for
@@ -287,6 +317,7 @@ func (a *acceptor) collect(wait bool) bool {
 		wait = false
 		a.inflight[0] = nil
 		a.inflight = a.inflight[1:]
+		a.pending.Add(-1) // opened on the loop (counted in open now), or failed
 		if r.Err != nil {
 			a.enrollFailed(r.Err) // gnet has closed the connection
 		}
@@ -306,11 +337,11 @@ func (a *acceptor) enrollFailed(err error) {
 	a.guard.report(err, reason, true)
 }
 
-// close stops accepting and waits for the goroutine.
+// close stops accepting and waits for the goroutines.
 func (a *acceptor) close() {
 	close(a.stop)
 	_ = a.ln.Close()
-	<-a.done
+	a.done.Wait()
 }
 
 // listenSSE binds --listen: TCP with SO_REUSEPORT (for --procs). Unless share, an address

@@ -153,7 +153,7 @@ func BenchmarkAccept(b *testing.B) {
 			require.NoError(b, err)
 			var open atomic.Int64
 			a := s.newAcceptor("bench", ln, originSSE, &open, func() int64 { return 1 << 30 })
-			go a.run()
+			a.start()
 			defer a.close()
 		}
 		cpu0 := processCPU()

@@ -2,21 +2,31 @@ package engine
 
 import (
 	"crypto/sha256"
+	"time"
 
 	"github.com/pgsse/pgsse/auth"
 )
 
 // Admission (SPEC §3b): what decides whether an authorised request becomes a subscriber, and
-// when. Authorised connections wait in a FIFO that the task drain services after the
-// deliveries it ran (loop.go: taskQueue.drain), admitPerPass at a time, so a reconnect storm
-// of thousands of clients costs the connected ones at most admitPerPass set-ups between two
-// rounds of deliveries rather than all of them at once. The decisions: draining, full
+// when. Authorised connections wait in a FIFO that the task drain services between rounds of
+// tasks (loop.go: taskQueue.drain), a round at a time: a round of admissions lasts at most
+// admitRoundShare of the task round before it (so deliveries slow down by at most that much
+// during a reconnect storm), at least admitMinRound (so a storm still moves when little else
+// runs), and admits at least admitMinPerRound. The decisions: draining, full
 // (--max-connections), the database unreachable, and --max-connections-per-subject.
 
-// admitPerPass bounds the subscriptions set up between two rounds of deliveries: each costs
-// the loop roughly a response-head write and a history read request (≈ 10–30 µs), so one
-// round is a millisecond or two.
-const admitPerPass = 64
+// The size of an admission round. Each admission costs the loop roughly a response-head write
+// and a history read request (≈ 10–30 µs).
+const (
+	admitMinRound    = 2 * time.Millisecond
+	admitRoundShare  = 0.5 // of the preceding task round's duration
+	admitMinPerRound = 16
+)
+
+// admitBudget is how long the admission round after a task round of taskTime may last.
+func admitBudget(taskTime time.Duration) time.Duration {
+	return max(admitMinRound, time.Duration(float64(taskTime)*admitRoundShare))
+}
 
 // connFIFO is the admission queue: authorised connections in arrival order.
 type connFIFO struct {
@@ -47,11 +57,12 @@ func (f *connFIFO) pop() *sseConn {
 	return sc
 }
 
-// admitQueued admits up to admitPerPass queued connections and registers them on their
-// streams or channels; it reports whether more are waiting. The task drain calls it between
-// rounds of tasks, inside its own enter/leave.
-func (s *Server) admitQueued() bool {
-	for n := 0; n < admitPerPass; {
+// admitQueued admits queued connections for at most budget (and at least admitMinPerRound of
+// them) and registers them on their streams or channels; it reports whether more are waiting.
+// The task drain calls it between rounds of tasks (admitRound), inside its own enter/leave.
+func (s *Server) admitQueued(budget time.Duration) bool {
+	start := time.Now()
+	for n := 0; n < admitMinPerRound || time.Since(start) < budget; {
 		sc := s.admitQ.pop()
 		if sc == nil {
 			return false

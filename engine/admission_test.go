@@ -39,7 +39,7 @@ func TestTaskDrainInterleavesAdmissions(t *testing.T) {
 	q := newTaskQueue()
 	var order []string
 	rounds := 0
-	q.between = func() bool {
+	q.between = func(time.Duration) bool {
 		rounds++
 		order = append(order, "admit "+strconv.Itoa(rounds))
 		if rounds <= 2 {
@@ -53,12 +53,21 @@ func TestTaskDrainInterleavesAdmissions(t *testing.T) {
 	assert.False(t, q.scheduled, "the drain ends when neither has work")
 }
 
-// One round admits at most admitPerPass queued connections; the rest wait, in order.
+// An admission round lasts about half the task round before it (deliveries slow down by at
+// most half during a storm), at least admitMinRound.
+func TestAdmitBudget(t *testing.T) {
+	assert.Equal(t, admitMinRound, admitBudget(0))
+	assert.Equal(t, admitMinRound, admitBudget(time.Millisecond))
+	assert.Equal(t, 50*time.Millisecond, admitBudget(100*time.Millisecond))
+}
+
+// A round with no time to spare admits admitMinPerRound queued connections; the rest wait, in
+// order.
 func TestAdmitQueuedBoundedPerRound(t *testing.T) {
 	s, err := New(Config{Heartbeat: time.Second, MaxConnections: 1000, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	s.listenUp = true
-	const n = admitPerPass*2 + 5
+	const n = admitMinPerRound*2 + 5
 	conns := make([]*sseConn, n)
 	for i := range conns {
 		conns[i] = s.openConn(&recordConn{})
@@ -79,14 +88,14 @@ func TestAdmitQueuedBoundedPerRound(t *testing.T) {
 		}
 		return
 	}
-	require.True(t, s.admitRound(), "more wait after the first round")
+	require.True(t, s.admitQueued(0), "more wait after the first round")
 	q, p := states()
-	assert.Equal(t, admitPerPass, p)
-	assert.Equal(t, n-1-admitPerPass, q)
-	assert.Equal(t, statePending, conns[admitPerPass].state, "FIFO: the oldest first")
-	assert.Equal(t, stateQueued, conns[admitPerPass+1].state)
-	require.True(t, s.admitRound())
-	require.False(t, s.admitRound(), "the last round empties the queue")
+	assert.Equal(t, admitMinPerRound, p)
+	assert.Equal(t, n-1-admitMinPerRound, q)
+	assert.Equal(t, statePending, conns[admitMinPerRound].state, "FIFO: the oldest first")
+	assert.Equal(t, stateQueued, conns[admitMinPerRound+1].state)
+	require.True(t, s.admitQueued(0))
+	require.False(t, s.admitRound(0), "the last round (2 ms) empties the queue")
 	q, p = states()
 	assert.Equal(t, 0, q)
 	assert.Equal(t, n-1, p)
@@ -237,7 +246,7 @@ func TestShedOverCapacityAndDraining(t *testing.T) {
 	s.listenUp = true
 	s.enqueue(sc, &subRequest{name: "s"}, nil, 0)
 	s.draining = true
-	s.admitRound()
+	s.admitRound(0)
 	assert.Equal(t, stateClosing, sc.state)
 	assert.Contains(t, c.written.String(), "\n:draining\n")
 	assert.Equal(t, float64(1), metricValue(t, s.metrics.shed[shedDraining]))

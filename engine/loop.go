@@ -119,10 +119,15 @@ type taskQueue struct {
 	// enter and leave bracket each round of tasks (Server.enter/leave): whatever the tasks
 	// queued is written out once the round has run.
 	enter, leave func()
-	// between runs after each round (on the loop, bracketing itself) and reports whether it
-	// has more to do (Server.admitQueued via admitRound).
-	between func() bool
+	// between runs after each round of tasks, given how long that round took (on the loop,
+	// bracketing itself), and reports whether it has more to do (Server.admitRound).
+	between func(taskTime time.Duration) bool
 }
+
+// drainYield: when only between's work is left (no task waits), the drain gives the loop back
+// to gnet — to read new request heads and take accepted connections — and comes back after
+// this long, rather than running it all at once.
+const drainYield = 100 * time.Microsecond
 
 func newTaskQueue() *taskQueue {
 	q := &taskQueue{}
@@ -188,7 +193,8 @@ func (q *taskQueue) start(loop gnet.EventLoop) {
 }
 
 // drain runs on the loop goroutine: rounds of every queued task, each round followed by
-// between, until neither has anything left.
+// between, until neither has anything left — or only between has, in which case it yields
+// (drainYield) so that gnet serves the sockets in between.
 func (q *taskQueue) drain() {
 	more := q.between != nil // a kick may have scheduled this drain for between alone
 	for {
@@ -202,7 +208,9 @@ func (q *taskQueue) drain() {
 			return
 		}
 		q.mu.Unlock()
+		var taskTime time.Duration
 		if len(batch) > 0 {
+			start := time.Now()
 			if q.enter != nil {
 				q.enter()
 			}
@@ -213,11 +221,25 @@ func (q *taskQueue) drain() {
 			if q.leave != nil {
 				q.leave()
 			}
+			taskTime = time.Since(start)
 		}
 		q.mu.Lock()
 		q.spare = batch[:0]
 		q.mu.Unlock()
-		more = q.between != nil && q.between()
+		more = q.between != nil && q.between(taskTime)
+		if !more {
+			continue
+		}
+		q.mu.Lock()
+		idle := len(q.tasks) == 0
+		if idle {
+			q.scheduled = false
+		}
+		q.mu.Unlock()
+		if idle {
+			time.AfterFunc(drainYield, q.kick)
+			return
+		}
 	}
 }
 

@@ -218,7 +218,7 @@ func (s *Server) Run(ctx context.Context) error {
 			func() int64 { return int64(s.cfg.hubWorkers + hubShedSlack) }))
 	}
 	for _, a := range acceptors {
-		go a.run()
+		a.start()
 	}
 
 	s.listen.Start()
@@ -278,14 +278,15 @@ func bindError(err error) error {
 	return err
 }
 
-// admitRound is one round of admissions between rounds of tasks (taskQueue.between).
-func (s *Server) admitRound() bool {
+// admitRound is one round of admissions after a round of tasks that took taskTime
+// (taskQueue.between); it reports whether more connections wait.
+func (s *Server) admitRound(taskTime time.Duration) bool {
 	if s.admitQ.len() == 0 {
 		return false
 	}
 	s.enter()
 	defer s.leave()
-	return s.admitQueued()
+	return s.admitQueued(admitBudget(taskTime))
 }
 
 // drain tells every client to come back later (jittered) and every worker to fail over,
