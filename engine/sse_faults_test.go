@@ -298,15 +298,7 @@ func TestSSEFaultOutageCatchUpWithoutLaterTraffic(t *testing.T) {
 
 func TestSSEFaultPostgresRestart(t *testing.T) {
 	t.Parallel()
-	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{})
-	dsn := cluster.NewDatabase(t)
-	{
-		conn := connectPlain(dsn)
-		require.NotNil(t, conn)
-		_, _, err := store.Migrate(context.Background(), conn)
-		require.NoError(t, err)
-		conn.Close(context.Background())
-	}
+	cluster, dsn := privateMigratedDB(t)
 	ts := startServer(t, dsn, nil)
 	addr := ts.Addr().String()
 	tok := bearerH(allStreams(t))
@@ -420,15 +412,7 @@ func TestSSEFaultChannelRelisten(t *testing.T) {
 // their connections and are caught up once it is back.
 func TestShedDatabaseUnavailable(t *testing.T) {
 	t.Parallel()
-	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{})
-	dsn := cluster.NewDatabase(t)
-	{
-		conn := connectPlain(dsn)
-		require.NotNil(t, conn)
-		_, _, err := store.Migrate(context.Background(), conn)
-		require.NoError(t, err)
-		conn.Close(context.Background())
-	}
+	cluster, dsn := privateMigratedDB(t)
 	ts := startServer(t, dsn, nil)
 	addr := ts.Addr().String()
 	tok := bearerH(allStreams(t))
@@ -459,4 +443,17 @@ func TestShedDatabaseUnavailable(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "back", live.mustNextData(10*time.Second).Data, "the connected client stayed")
 	assert.Equal(t, "back", c.mustNextData(10*time.Second).Data)
+}
+
+// privateMigratedDB is a migrated database on a private cluster the test may stop and restart.
+func privateMigratedDB(t *testing.T) (*pgtest.Cluster, string) {
+	t.Helper()
+	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{})
+	dsn := cluster.NewDatabase(t)
+	conn := connectPlain(dsn)
+	require.NotNil(t, conn)
+	defer conn.Close(context.Background())
+	_, _, err := store.Migrate(context.Background(), conn)
+	require.NoError(t, err)
+	return cluster, dsn
 }

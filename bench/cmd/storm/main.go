@@ -22,7 +22,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/pgsse/pgsse/bench"
 )
@@ -57,13 +56,8 @@ func main() {
 		}
 		sp.Before, sp.After = small.Before, small.After
 	}
-	var l syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err == nil && l.Cur < l.Max {
-		l.Cur = l.Max
-		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
-	}
-	if uint64(sp.Subs+sp.Conns+200) > l.Cur {
-		log.Fatalf("storm: %d subscribers + %d connections need more descriptors than RLIMIT_NOFILE %d", sp.Subs, sp.Conns, l.Cur)
+	if limit := bench.RaiseFDLimit(); uint64(sp.Subs+sp.Conns+200) > limit {
+		log.Fatalf("storm: %d subscribers + %d connections need more descriptors than RLIMIT_NOFILE %d", sp.Subs, sp.Conns, limit)
 	}
 
 	ctx := context.Background()
@@ -97,11 +91,11 @@ func main() {
 	}
 	defer cluster.Stop()
 	env := &bench.Env{Cluster: cluster, Dir: dir, ProfileDir: *profDir, Logf: log.Printf}
-	load := loadAvg()
+	load := bench.LoadAvg()
 	var results []*bench.Result
 	for run := 0; run < *runs; run++ {
 		for _, t := range targets {
-			log.Printf("storm: run %d against %s (load average %s)", run+1, t.Label, loadAvg())
+			log.Printf("storm: run %d against %s (load average %s)", run+1, t.Label, bench.LoadAvg())
 			r, err := bench.Storm(ctx, env, t, sp)
 			if err != nil {
 				log.Fatalf("storm: %s: %v", t.Label, err)
@@ -121,7 +115,7 @@ func main() {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "storm: %d subscribers at %.0f events/s, %d ES256 connections at once; %d run(s) per server, means; load average %s at start, %s at end\n\n",
-		sp.Subs, sp.Rate, sp.Conns, *runs, load, loadAvg())
+		sp.Subs, sp.Rate, sp.Conns, *runs, load, bench.LoadAvg())
 	bench.WriteTable(&b, names, mean(results))
 	fmt.Print(b.String())
 	if *out != "" {
@@ -156,13 +150,4 @@ func mean(results []*bench.Result) []*bench.Result {
 		}
 	}
 	return out
-}
-
-func loadAvg() string {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return "?"
-	}
-	return f[0]
 }
