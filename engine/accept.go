@@ -23,7 +23,7 @@ import (
 // process exits), so pgsse owns its accepts: an acceptor per listening socket (the SSE
 // --listen socket, the hub's Unix socket) accepts with the net package on its own goroutine
 // and hands each connection to the loop with gnet.Engine.Register — which dups the
-// descriptor, closes ours and runs OnOpen on the loop — at most acceptWindow connections in
+// descriptor, closes ours and runs OnOpen on the loop — at most a window of connections in
 // flight, so the loop takes on at most that many new connections per pass; connections
 // accepted meanwhile wait in the acceptor's queue rather than in the kernel's backlog, which
 // drops SYNs once full (the clients then retry after 1 s, 3 s, 7 s…). gnet keeps only a
@@ -41,7 +41,10 @@ import (
 
 // Accept policy.
 const (
-	acceptWindow     = 64                     // connections being registered with gnet and not yet opened on the loop, per listener
+	// acceptWindow: connections being registered with gnet and not yet opened on the loop, per
+	// listener — a thirty-second of the descriptor limit, between these bounds (FDBudget).
+	acceptWindowMin  = 16
+	acceptWindowMax  = 256
 	acceptBackoffMin = 5 * time.Millisecond   // first pause after a failed accept
 	acceptBackoffMax = time.Second            // longest pause
 	acceptLogEvery   = 10 * time.Second       // at most one log line per listener this often
@@ -205,7 +208,7 @@ func (g *acceptGuard) report(err error, reason int, shed bool) {
 // acceptor accepts on one listener and hands connections to the loop: one goroutine accepts
 // as fast as the kernel gives connections (so its backlog never overflows into dropped SYNs
 // and clients retrying a second later) into a queue of at most acceptQueue; another takes them
-// from the queue and registers them with gnet, acceptWindow in flight.
+// from the queue and registers them with gnet, window in flight.
 type acceptor struct {
 	srv    *Server
 	ln     net.Listener
@@ -217,6 +220,7 @@ type acceptor struct {
 	open    *atomic.Int64
 	limit   func() int64
 	pending atomic.Int64 // accepted, not yet opened on the loop (queued or in flight)
+	window  int          // Register calls in flight at most (Config.acceptWindow)
 	queue   chan net.Conn
 	stop    chan struct{}
 	done    sync.WaitGroup
@@ -230,7 +234,7 @@ const acceptQueue = 4096
 
 func (s *Server) newAcceptor(name string, ln net.Listener, o origin, open *atomic.Int64, limit func() int64) *acceptor {
 	return &acceptor{
-		srv: s, ln: ln, origin: o, open: open, limit: limit,
+		srv: s, ln: ln, origin: o, open: open, limit: limit, window: s.cfg.acceptWindow,
 		guard: newAcceptGuard(name, s.log, &s.metrics.acceptErrors),
 		ctx:   gnet.NewContext(context.Background(), o),
 		queue: make(chan net.Conn, acceptQueue),
@@ -275,12 +279,12 @@ func (a *acceptor) accept() {
 	}
 }
 
-// enroll hands queued connections to the loop, acceptWindow at a time; once stopping, it
+// enroll hands queued connections to the loop, window at a time; once stopping, it
 // closes what is left.
 func (a *acceptor) enroll() {
 	defer a.done.Done()
 	for c := range a.queue {
-		if !a.collect(len(a.inflight) >= acceptWindow) {
+		if !a.collect(len(a.inflight) >= a.window) {
 			_ = c.Close()
 			a.pending.Add(-1)
 			continue // stopping: close the rest

@@ -251,3 +251,31 @@ func TestShedOverCapacityAndDraining(t *testing.T) {
 	assert.Contains(t, c.written.String(), "\n:draining\n")
 	assert.Equal(t, float64(1), metricValue(t, s.metrics.shed[shedDraining]))
 }
+
+// A drain that has run for drainSlice with tasks still coming gives the loop back to gnet
+// (so sockets are served between rounds of deliveries) and resumes later; it stays scheduled
+// meanwhile, so a push does not start a second one.
+func TestTaskDrainYields(t *testing.T) {
+	q := newTaskQueue()
+	rounds := 0
+	var slow func()
+	slow = func() {
+		rounds++
+		time.Sleep(drainSlice) // a round of deliveries as long as the slice
+		q.push(slow)           // and the next one is already waiting
+	}
+	q.push(slow)
+	q.mu.Lock()
+	q.scheduled = true // as wake would have set it
+	q.mu.Unlock()
+	q.drain()
+	assert.Equal(t, 1, rounds, "one round, then the loop goes back to gnet")
+	q.mu.Lock()
+	assert.Len(t, q.tasks, 1, "the next round waits")
+	q.mu.Unlock()
+	waitFor(t, 5*time.Second, "the resume (without a loop it only clears scheduled)", func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return !q.scheduled
+	})
+}

@@ -48,7 +48,8 @@ type Config struct {
 	// without it an address another socket already holds is refused.
 	ShareListen bool
 
-	hubWorkers int // the hub's worker cap, from the descriptor budget (withDefaults)
+	hubWorkers   int // the hub's worker cap, from the descriptor budget (withDefaults)
+	acceptWindow int // connections in flight to the loop per listener, from the budget
 
 	Logger   *slog.Logger          // default slog.Default()
 	Registry prometheus.Registerer // where metrics are registered; nil = a private registry
@@ -130,6 +131,7 @@ type FDBudget struct {
 	Limit          uint64    // RLIMIT_NOFILE (capped at 2^24); 0 = unknown
 	Shares         []FDShare // every consumer but the admitted SSE connections
 	HubWorkers     int       // the hub's worker cap (0 without a hub)
+	AcceptWindow   int       // connections being handed to the loop at once, per listener
 	MaxConnections int       // what is left for SSE connections; ≤ 0 = no room
 }
 
@@ -154,6 +156,10 @@ func (cfg Config) FDBudget(fdLimit uint64) FDBudget {
 			b.HubWorkers = min(max(int(b.Limit/8), hubMinWorkers), hubMaxWorkers)
 		}
 	}
+	b.AcceptWindow = acceptWindowMax
+	if fdLimit > 0 {
+		b.AcceptWindow = min(max(int(b.Limit/32), acceptWindowMin), acceptWindowMax)
+	}
 	listeners := 1
 	if cfg.HubSocket != "" {
 		listeners++
@@ -163,7 +169,7 @@ func (cfg Config) FDBudget(fdLimit uint64) FDBudget {
 		{"listeners, loop anchor, reserve descriptors", fdListeners},
 		{"PostgreSQL sessions (LISTEN, " + strconv.Itoa(replay) + " replay, schema check, retention, publishing)", fdPostgresFixed + replay},
 		{"admin connections (--admin-max-connections)", admin},
-		{"connections being handed to the loop", listeners * acceptWindow},
+		{"connections being handed to the loop (" + strconv.Itoa(b.AcceptWindow) + " per listener)", listeners * b.AcceptWindow},
 		{"SSE connections told to retry (over --max-connections)", shedSlack},
 	}
 	if b.HubWorkers > 0 {
@@ -213,6 +219,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		}
 	}
 	cfg.hubWorkers = cmp.Or(budget.HubWorkers, hubMaxWorkers) // without a hub socket nobody connects anyway
+	cfg.acceptWindow = budget.AcceptWindow
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

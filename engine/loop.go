@@ -124,10 +124,15 @@ type taskQueue struct {
 	between func(taskTime time.Duration) bool
 }
 
-// drainYield: when only between's work is left (no task waits), the drain gives the loop back
-// to gnet — to read new request heads and take accepted connections — and comes back after
-// this long, rather than running it all at once.
-const drainYield = 100 * time.Microsecond
+// The drain does not hold the loop for long: once it has run for drainSlice with work still
+// waiting — or when only between's work is left — it gives the loop back to gnet, which reads
+// the sockets that became ready (new request heads, closes) and opens the connections the
+// acceptors handed over, and resumes drainYield later. Without it a loop saturated with
+// deliveries would never return to epoll_wait, and nobody new would get in.
+const (
+	drainSlice = 2 * time.Millisecond
+	drainYield = 50 * time.Microsecond
+)
 
 func newTaskQueue() *taskQueue {
 	q := &taskQueue{}
@@ -193,9 +198,9 @@ func (q *taskQueue) start(loop gnet.EventLoop) {
 }
 
 // drain runs on the loop goroutine: rounds of every queued task, each round followed by
-// between, until neither has anything left — or only between has, in which case it yields
-// (drainYield) so that gnet serves the sockets in between.
+// between, until neither has anything left, or it yields (drainSlice).
 func (q *taskQueue) drain() {
+	started := time.Now()
 	more := q.between != nil // a kick may have scheduled this drain for between alone
 	for {
 		q.mu.Lock()
@@ -227,19 +232,25 @@ func (q *taskQueue) drain() {
 		q.spare = batch[:0]
 		q.mu.Unlock()
 		more = q.between != nil && q.between(taskTime)
-		if !more {
-			continue
-		}
 		q.mu.Lock()
-		idle := len(q.tasks) == 0
-		if idle {
-			q.scheduled = false
-		}
+		waiting := len(q.tasks) > 0
 		q.mu.Unlock()
-		if idle {
-			time.AfterFunc(drainYield, q.kick)
+		if more && !waiting || (more || waiting) && time.Since(started) >= drainSlice {
+			time.AfterFunc(drainYield, q.resume) // q.scheduled stays set: pushes meanwhile wait for it
 			return
 		}
+	}
+}
+
+// resume schedules the drain again after it yielded.
+func (q *taskQueue) resume() {
+	q.mu.Lock()
+	loop, closed := q.loop, q.closed
+	q.mu.Unlock()
+	if closed || loop == nil || loop.Execute(context.Background(), q.drainFn) != nil {
+		q.mu.Lock()
+		q.scheduled = false
+		q.mu.Unlock()
 	}
 }
 
