@@ -30,7 +30,7 @@ var (
 	buildErr  error
 )
 
-func servers(b *testing.B) []Target {
+func servers(b testing.TB) []Target {
 	b.Helper()
 	buildOnce.Do(func() {
 		if buildDir, buildErr = os.MkdirTemp("", "pgsse-bench-bin."); buildErr != nil {

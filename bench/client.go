@@ -24,6 +24,10 @@ type ClientConfig struct {
 	// SlowRcvBuf is SO_RCVBUF for connections opened with slow=true (they never read);
 	// 0 = the kernel default.
 	SlowRcvBuf int
+	// RcvBuf is SO_RCVBUF for the reading connections (0 = the kernel default): a small one
+	// keeps the server's kernel buffer for them small too, so that what they cannot take yet
+	// waits in the server.
+	RcvBuf int
 }
 
 func (c *ClientConfig) defaults() {
@@ -185,6 +189,9 @@ func (c *Client) dial(k uint32, slow bool) (*sseConn, error) {
 	_ = syscall.SetsockoptInt(fd, syscall.IPPROTO_IP, ipBindAddressNoPort, 1)
 	if slow && c.cfg.SlowRcvBuf > 0 {
 		_ = syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_RCVBUF, c.cfg.SlowRcvBuf)
+	}
+	if !slow && c.cfg.RcvBuf > 0 {
+		_ = syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_RCVBUF, c.cfg.RcvBuf)
 	}
 	src := [4]byte{127, 0, 0, byte(2 + int(k)%c.cfg.Sources)}
 	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: src}); err != nil {
@@ -420,6 +427,7 @@ type ClientStats struct {
 	Bytes, Reads   int64
 	Comments       int64 // heartbeat and preamble comments
 	Gaps, Dups     int64 // per connection, sequence numbers skipped / repeated
+	ConnsWithGaps  int   // reading connections that skipped a sequence number
 	Closed         int64 // connections the server closed
 	Bad            int64
 	Latency        Histogram            // per delivery, from the reference time (SetRef)
@@ -495,6 +503,9 @@ func (c *Client) Stats() *ClientStats {
 			st.Comments += sc.s.Comments
 			st.Gaps += sc.gaps
 			st.Dups += sc.dups
+			if sc.gaps > 0 {
+				st.ConnsWithGaps++
+			}
 			st.Bad += sc.s.Bad
 			if st.MinLastSeq < 0 || sc.lastSeq < st.MinLastSeq {
 				st.MinLastSeq = sc.lastSeq

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -188,6 +189,33 @@ func (p *Publisher) Publish(ctx context.Context) (int64, error) {
 	}
 	p.ack(seq)
 	return seq, nil
+}
+
+// PublishBatch commits the next k events in one statement (one transaction: the server
+// sees them as one notification batch) and returns the last sequence number; the reference
+// time of all k is when the statement is sent.
+func (p *Publisher) PublishBatch(ctx context.Context, k int) (int64, error) {
+	first, last := p.Seq+1, p.Seq+int64(k)
+	send := time.Now().UnixNano()
+	for seq := first; seq <= last; seq++ {
+		p.record(seq, send)
+	}
+	p.sql = append(p.sql[:0], "SELECT count(pgsse.publish('"...)
+	p.sql = append(p.sql, p.stream...)
+	p.sql = append(p.sql, "', rpad(g::text || ' "...)
+	p.sql = strconv.AppendInt(p.sql, send, 10)
+	p.sql = append(p.sql, " ', "...)
+	p.sql = strconv.AppendInt(p.sql, int64(p.size), 10)
+	p.sql = append(p.sql, ", 'x'))) FROM generate_series("...)
+	p.sql = strconv.AppendInt(p.sql, first, 10)
+	p.sql = append(p.sql, ", "...)
+	p.sql = strconv.AppendInt(p.sql, last, 10)
+	p.sql = append(p.sql, ") g"...)
+	if _, err := p.conn.Exec(ctx, string(p.sql)).ReadAll(); err != nil {
+		return 0, err
+	}
+	p.ack(last)
+	return last, nil
 }
 
 // PublishTx publishes the next event inside an explicit transaction (BEGIN and the

@@ -30,7 +30,11 @@ type Target struct {
 	Heartbeat time.Duration // --heartbeat of both servers
 	Pprof     bool          // serve /debug/pprof on the admin address
 	ExtraArgs []string
-	Label     string // how results name it (default Name), e.g. to compare two pgsse builds
+	// Label names the target in results when it is not Name (e.g. "pgsse-old" for an older
+	// pgsse build run beside the current one).
+	Label string
+	// Old marks a pgsse build from before --max-outbound-memory: the flag is not passed.
+	Old bool
 }
 
 func (t Target) label() string {

@@ -36,14 +36,21 @@ type Params struct {
 	FanoutData   int           // bytes of data per event in 3 and 6
 
 	ThroughputDuration time.Duration // scenario 4: publish flat out this long
+	ThroughputBatch    int           // scenario 4: events per transaction (≤ 1: one pgsse.publish per statement)
 	Data               int           // bytes of data per event in 2 and 4
 
 	SlowPercent   float64 // scenario 6: share of subscribers that stopped reading
 	SlowRcvBuf    int     // their SO_RCVBUF
+	RcvBuf        int     // SO_RCVBUF of the reading subscribers (0 = the kernel default)
 	PrefillEvents int     // scenario 6: events published to them alone before the others connect (600 × 7,000 B: more than the ≈3 MB loopback socket buffers hold)
 	PrefillData   int     // bytes of data per prefill event (inline in NOTIFY below 7,900)
 
 	Hub HubParams // scenario 5
+
+	// OutboundBudget is pgsse's --max-outbound-memory in scenarios 4, 7 and 8 (0 = the
+	// server's default); RSS is reported against it.
+	OutboundBudget int64
+	Memory         MemoryParams // scenarios 7 and 8
 
 	Sources int // loopback source addresses
 	Readers int // client epoll loops
@@ -59,6 +66,8 @@ func Full() Params {
 		SlowPercent: 1, SlowRcvBuf: 4096, PrefillEvents: 600, PrefillData: 7000,
 		Hub:     HubParams{Workers: 64, Rate: 5000, Duration: 10 * time.Second},
 		Sources: 8, Readers: 1,
+		Memory: MemoryParams{StalledConns: 200, StalledDuration: 10 * time.Second, StalledData: 1024,
+			LargeBytes: 50 << 20, LargeSubscribers: 10},
 	}
 }
 
@@ -74,6 +83,8 @@ func Small() Params {
 	p.ThroughputDuration = time.Second
 	p.SlowPercent = 5
 	p.Hub = HubParams{Workers: 8, Rate: 1000, Duration: time.Second}
+	p.Memory = MemoryParams{StalledConns: 50, StalledDuration: 2 * time.Second, StalledData: 1024,
+		LargeBytes: 16 << 20, LargeSubscribers: 10}
 	return p
 }
 
@@ -156,7 +167,7 @@ func (r *run) stop() {
 func (r *run) client(stream string, conns int, p Params, maxSeq int) (*Client, error) {
 	c, err := NewClient(ClientConfig{
 		Addr: r.srv.SSE, Path: "/streams/" + stream, Sources: p.Sources, Readers: p.Readers,
-		MaxSeq: maxSeq, SlowRcvBuf: p.SlowRcvBuf,
+		MaxSeq: maxSeq, SlowRcvBuf: p.SlowRcvBuf, RcvBuf: p.RcvBuf,
 	})
 	if err != nil {
 		return nil, err
@@ -219,7 +230,7 @@ func (r *run) profile(ctx context.Context, scenario string, d time.Duration) (wa
 		return func() {}
 	}
 	secs := max(1, int(d.Round(time.Second)/time.Second))
-	path := filepath.Join(r.e.ProfileDir, r.t.Name+"-"+scenario+".pprof")
+	path := filepath.Join(r.e.ProfileDir, r.t.label()+"-"+scenario+".pprof")
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -236,6 +247,25 @@ func (r *run) profile(ctx context.Context, scenario string, d time.Duration) (wa
 		r.e.logf("%s: CPU profile (%ds) in %s", r.t.Name, secs, path)
 	}()
 	return func() { <-done }
+}
+
+// heapProfile writes the server's heap profile (in use at this moment) when ProfileDir is set.
+func (r *run) heapProfile(ctx context.Context, scenario string) {
+	if r.e.ProfileDir == "" {
+		return
+	}
+	path := filepath.Join(r.e.ProfileDir, r.t.label()+"-"+scenario+".heap.pprof")
+	f, err := os.Create(path)
+	if err != nil {
+		r.e.logf("heap profile: %v", err)
+		return
+	}
+	defer f.Close()
+	if err := r.srv.Get(ctx, "/debug/pprof/heap", f); err != nil {
+		r.e.logf("heap profile %s: %v", path, err)
+		return
+	}
+	r.e.logf("%s: heap profile in %s", r.t.label(), path)
 }
 
 // pgCPU sums the CPU time of the database's backends (publisher, LISTEN and replay sessions).
@@ -299,7 +329,7 @@ func Idle(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
 	c.Close()
 	st := c.Stats()
 	window := w1.Sub(w0)
-	res := &Result{Scenario: "1 idle", Target: t.Name}
+	res := &Result{Scenario: "1 idle", Target: t.label()}
 	res.add("connections", "", float64(st.Conns), false)
 	res.add("RSS per idle connection", "B", float64(rss1-rss0)/float64(st.Conns), true)
 	res.add("RSS total", "MiB", float64(rss1)/(1<<20), true)
@@ -357,7 +387,7 @@ func Latency(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
 			commit = append(commit, time.Duration(st.Last[seq]-pub.Ref[seq]))
 		}
 	}
-	res := &Result{Scenario: "2 latency", Target: t.Name}
+	res := &Result{Scenario: "2 latency", Target: t.label()}
 	cq := Quantiles(commit, 0.5, 0.95, 0.99, 1)
 	res.add("commit→received p50", "ms", ms(cq[0]), true)
 	res.add("commit→received p95", "ms", ms(cq[1]), true)
@@ -461,7 +491,7 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 	}
 	lq := Quantiles(ttl, 0.5, 0.99, 1)
 	fq := Quantiles(ttf, 0.5)
-	res := &Result{Scenario: scenario, Target: t.Name}
+	res := &Result{Scenario: scenario, Target: t.label()}
 	res.add("subscribers reading", "", float64(reading), false)
 	if slow > 0 {
 		res.add("subscribers not reading", "", float64(slow), false)
@@ -565,6 +595,7 @@ func (c *Client) drainSlow() int {
 // measured over the publishing window (the publisher outruns any fan-out, so draining the
 // backlog afterwards would measure the backlog, not the server).
 func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error) {
+	t.ExtraArgs = append(append([]string(nil), t.ExtraArgs...), budgetArgs(t, p)...)
 	r, err := e.start(ctx, t, p)
 	if err != nil {
 		return nil, err
@@ -590,7 +621,13 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	cpu0, _ := r.srv.CPU()
 	self0, w0 := SelfCPU(), time.Now()
 	for time.Since(w0) < p.ThroughputDuration {
-		if _, err := pub.Publish(ctx); err != nil {
+		var err error
+		if p.ThroughputBatch > 1 {
+			_, err = pub.PublishBatch(ctx, p.ThroughputBatch)
+		} else {
+			_, err = pub.Publish(ctx)
+		}
+		if err != nil {
 			peak.done()
 			return nil, err
 		}
@@ -601,6 +638,7 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	pg1 := r.pgCPU(ctx)
 	last := pub.Seq
 	rssPeak := peak.done()
+	r.heapProfile(ctx, "4-throughput")
 	waitProfile()
 	if err := r.alive(); err != nil {
 		return nil, err
@@ -615,7 +653,7 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	wall := w1.Sub(w0).Seconds()
 	deliveries := float64(delivered)
 	serverCPU := (cpu1 - cpu0).Seconds()
-	res := &Result{Scenario: "4 throughput", Target: t.Name}
+	res := &Result{Scenario: "4 throughput", Target: t.label()}
 	res.add("events published", "events/s", float64(last)/wall, false)
 	res.add("deliveries", "deliveries/s", deliveries/wall, false)
 	res.add("server CPU per million deliveries", "CPU-s", serverCPU/max(deliveries, 1)*1e6, true)
@@ -624,8 +662,14 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	res.add("PostgreSQL CPU share (2 cores)", "%", 100*pgCPUDelta(pg0, pg1).Seconds()/(2*wall), false)
 	res.add("events per subscriber behind at the end", "events", float64(last)-deliveries/float64(p.Conns), true)
 	res.add("events lost (skipped in a subscriber's sequence)", "%", 100*float64(st.Gaps)/max(float64(st.Gaps)+float64(st.Events), 1), true)
+	res.add("subscribers with a sequence gap", "", float64(st.ConnsWithGaps), true)
+	res.add("server RSS idle (subscribers connected)", "MiB", float64(rss0)/(1<<20), true)
 	res.add("server RSS peak", "MiB", float64(rssPeak)/(1<<20), true)
 	res.add("server RSS growth", "MiB", float64(rssPeak-rss0)/(1<<20), true)
+	if p.OutboundBudget > 0 && t.Name == "pgsse" {
+		res.add("--max-outbound-memory", "MiB", float64(p.OutboundBudget)/(1<<20), false)
+		res.add("server RSS growth ÷ budget", "×", float64(rssPeak-rss0)/float64(p.OutboundBudget), true)
+	}
 	res.add("bytes per read (client)", "B", float64(st.Bytes)/max(float64(st.Reads), 1), false)
 	if d, ok := r.baselineDropped(); ok {
 		res.add("events dropped by server (full queues)", "", float64(d), true)
@@ -647,7 +691,7 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	return res, nil
 }
 
-// Scenario runs scenario id (1, 2, 3, 4 or 6) against t.
+// Scenario runs scenario id (1, 2, 3, 4, 6, 7 or 8) against t.
 func Scenario(ctx context.Context, e *Env, t Target, p Params, id int) (*Result, error) {
 	switch id {
 	case 1:
@@ -660,6 +704,10 @@ func Scenario(ctx context.Context, e *Env, t Target, p Params, id int) (*Result,
 		return Throughput(ctx, e, t, p)
 	case 6:
 		return FanOut(ctx, e, t, p, p.SlowPercent)
+	case 7:
+		return Stalled(ctx, e, t, p)
+	case 8:
+		return LargeEvent(ctx, e, t, p)
 	}
-	return nil, errors.New("scenario must be 1, 2, 3, 4 or 6 (5, the hub, is Hub)")
+	return nil, errors.New("scenario must be 1, 2, 3, 4, 6, 7 or 8 (5, the hub, is Hub)")
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -27,14 +28,35 @@ import (
 // testSecret signs every token in this suite (HS256).
 const testSecret = "e2e-secret-0123456789abcdef0123456789abcdef"
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago, for a program the
+// test starts (nginx, Caddy, pgsse) to bind. It is taken below Linux's ephemeral range
+// (32768–60999), so the outgoing connections of everything else running cannot occupy it
+// between this check and the bind, and it is never handed out twice in one test process.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for tries := 0; tries < 1000; tries++ {
+		port := 20000 + rand.IntN(12000)
+		if portsGiven[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		portsGiven[port] = true
+		return port
+	}
+	t.Fatal("no free port in 20000-31999")
+	return 0
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 // tail returns at most the last n bytes of s, for failure messages.
 func tail(s string, n int) string {

@@ -45,11 +45,10 @@ const (
 	// listener — a thirty-second of the descriptor limit, between these bounds (FDBudget).
 	acceptWindowMin  = 16
 	acceptWindowMax  = 256
-	acceptBackoffMin = 5 * time.Millisecond   // first pause after a failed accept
-	acceptBackoffMax = time.Second            // longest pause
-	acceptLogEvery   = 10 * time.Second       // at most one log line per listener this often
-	acceptShedWait   = 10 * time.Millisecond  // how long the shedding accept waits for the waiting connection
-	stopAcceptWait   = 100 * time.Millisecond // how long stopping waits for a connection being handed over
+	acceptBackoffMin = 5 * time.Millisecond  // first pause after a failed accept
+	acceptBackoffMax = time.Second           // longest pause
+	acceptLogEvery   = 10 * time.Second      // at most one log line per listener this often
+	acceptShedWait   = 10 * time.Millisecond // how long the shedding accept waits for the waiting connection
 )
 
 // origin says which listener a connection came in on; it is the connection's context when

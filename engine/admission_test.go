@@ -70,8 +70,8 @@ func TestAdmitQueuedBoundedPerRound(t *testing.T) {
 	const n = admitMinPerRound*2 + 5
 	conns := make([]*sseConn, n)
 	for i := range conns {
-		conns[i] = s.openConn(&recordConn{})
-		s.enqueue(conns[i], &subRequest{name: "s" + strconv.Itoa(i)}, nil, 0)
+		conns[i] = s.openConn(newRecordConn(t))
+		s.queueAdmission(conns[i], &subRequest{name: "s" + strconv.Itoa(i)}, nil, 0)
 	}
 	conns[3].closed = true // gone while it waited: skipped, not counted
 	states := func() (queued, pending int) {
@@ -244,11 +244,11 @@ func TestShedOverCapacityAndDraining(t *testing.T) {
 
 	s, c, sc := openAt(t, 1_000_000)
 	s.listenUp = true
-	s.enqueue(sc, &subRequest{name: "s"}, nil, 0)
+	s.queueAdmission(sc, &subRequest{name: "s"}, nil, 0)
 	s.draining = true
 	s.admitRound(0)
 	assert.Equal(t, stateClosing, sc.state)
-	assert.Contains(t, c.written.String(), "\n:draining\n")
+	assert.Contains(t, c.text(), "\n:draining\n")
 	assert.Equal(t, float64(1), metricValue(t, s.metrics.shed[shedDraining]))
 }
 

@@ -22,7 +22,7 @@ type channel struct {
 	holders   int  // SSE connections + hub workers holding the channel
 	listening bool // LISTEN completed on the current session
 	ref       sessionRef
-	out       [][]byte
+	out       []*event // notifications of this loop pass, each encoded once
 	dirty     bool
 	hub       hubChannel // hub workers' side (hub.go)
 }
@@ -143,7 +143,7 @@ func (s *Server) subscribeChannel(sc *sseConn, name string) {
 // and hands it to the hub workers.
 func (s *Server) onChannelNotify(ch *channel, pid uint32, payload []byte) {
 	if len(ch.sse) > 0 {
-		ch.out = append(ch.out, sse.AppendEvent(nil, 0, nil, payload))
+		ch.out = append(ch.out, &event{enc: sse.AppendEvent(nil, 0, nil, payload)})
 		if !ch.dirty {
 			ch.dirty = true
 			s.dirtyChannels = append(s.dirtyChannels, ch)
@@ -163,22 +163,16 @@ func (s *Server) flushChannels() {
 			if sc.closed || sc.state != stateLive {
 				continue
 			}
-			if sc.c.OutboundBuffered() > ephemeralLimitBytes {
+			if sc.pending() > s.limits().ephemeral {
 				s.metrics.droppedSlowClient.Inc()
 				s.closeWithRetry(sc)
 				continue
 			}
-			if len(ch.out) == 1 {
-				sc.write(s, ch.out[0])
-			} else {
-				sc.writev(s, ch.out)
-			}
+			sc.writeEvents(s, ch.out)
 			n += len(ch.out)
 		}
 		s.metrics.deliveries.Add(float64(n))
-		for i := range ch.out {
-			ch.out[i] = nil
-		}
+		clear(ch.out)
 		ch.out = ch.out[:0]
 	}
 	s.dirtyChannels = s.dirtyChannels[:0]

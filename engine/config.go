@@ -38,6 +38,12 @@ type Config struct {
 	Retry                    time.Duration // the retry: field, default DefaultRetry
 	Retention                time.Duration // prune events older than this; 0 = keep forever (the CLI's default is DefaultRetention)
 	Demo                     bool          // serve the demo page at /
+	// MaxOutboundMemory bounds the bytes queued for all SSE connections together
+	// (--max-outbound-memory, default DefaultMaxOutboundMemory; budget.go).
+	MaxOutboundMemory int
+	// GoMemoryLimit lets the engine keep the Go runtime's soft memory limit in step with
+	// MaxOutboundMemory while it runs (budget.go). The CLI sets it unless GOMEMLIMIT is set.
+	GoMemoryLimit bool
 
 	ReplayPoolSize int // replay connections (application_name pgsse-replay), default DefaultReplayPoolSize
 
@@ -69,6 +75,7 @@ const (
 	// command line is NoLimit).
 	DefaultMaxConnectionsPerSubject = 256
 	DefaultAdminMaxConnections      = 64
+	DefaultMaxOutboundMemory        = 256 << 20 // bytes queued for all SSE connections together
 )
 
 // NoLimit in a Config limit field means "no limit" (the zero value means "the default").
@@ -77,13 +84,15 @@ const NoLimit = -1
 // Bounds on Config values. New refuses values outside them; the CLI checks the same bounds
 // first so that its message names the flag or variable that was set.
 const (
-	MinHubWorkerBuffer = 2 * (framing.HeaderLen + framing.MaxBody) // two maximal frames, bytes
-	MaxHubWorkerBuffer = 1 << 30                                   // bytes
-	MinMaxHeaderBytes  = 1024
-	MaxMaxHeaderBytes  = 1 << 20
-	MinHeartbeat       = 100 * time.Millisecond
-	MinRetry           = time.Millisecond
-	MaxInterval        = 24 * time.Hour // the longest --heartbeat and --retry
+	MinHubWorkerBuffer   = 2 * (framing.HeaderLen + framing.MaxBody) // two maximal frames, bytes
+	MaxHubWorkerBuffer   = 1 << 30                                   // bytes
+	MinMaxHeaderBytes    = 1024
+	MaxMaxHeaderBytes    = 1 << 20
+	MinHeartbeat         = 100 * time.Millisecond
+	MinRetry             = time.Millisecond
+	MaxInterval          = 24 * time.Hour // the longest --heartbeat and --retry
+	MinMaxOutboundMemory = 1 << 20        // bytes
+	MaxMaxOutboundMemory = 1 << 40        // bytes
 )
 
 // The descriptor budget (SPEC §3b "Descriptors"). Every consumer of file descriptors gets its
@@ -212,6 +221,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	orDefault(&cfg.MaxConnectionsPerSubject, DefaultMaxConnectionsPerSubject)
 	orDefault(&cfg.AdminMaxConnections, DefaultAdminMaxConnections)
 	budget := cfg.FDBudget(FDLimit())
+	orDefault(&cfg.MaxOutboundMemory, DefaultMaxOutboundMemory)
 	if cfg.MaxConnections == 0 {
 		if cfg.MaxConnections = budget.MaxConnections; cfg.MaxConnections < 1 {
 			return cfg, errors.New("--max-connections: the file-descriptor limit " + strconv.FormatUint(budget.Limit, 10) +
@@ -237,6 +247,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("--heartbeat: must be between " + MinHeartbeat.String() + " and " + MaxInterval.String())
 	case cfg.Retry < MinRetry || cfg.Retry > MaxInterval:
 		return cfg, errors.New("--retry: must be between " + MinRetry.String() + " and " + MaxInterval.String())
+	case cfg.MaxOutboundMemory < MinMaxOutboundMemory || cfg.MaxOutboundMemory > MaxMaxOutboundMemory:
+		return cfg, errors.New("--max-outbound-memory: must be between 1MiB and 1TiB")
 	case cfg.Retention < 0:
 		return cfg, errors.New("--retention: must not be negative")
 	case cfg.HubWorkerBuffer < MinHubWorkerBuffer || cfg.HubWorkerBuffer > MaxHubWorkerBuffer:

@@ -51,6 +51,7 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 	assert.Equal(t, DefaultHeartbeat, cfg.Heartbeat)
 	assert.Equal(t, DefaultRetry, cfg.Retry)
 	assert.Equal(t, DefaultReplayPoolSize, cfg.ReplayPoolSize)
+	assert.Equal(t, DefaultMaxOutboundMemory, cfg.MaxOutboundMemory)
 	assert.Equal(t, MaxConnectionsFor(FDLimit()), cfg.MaxConnections)
 	assert.Zero(t, cfg.Retention, "zero keeps events forever")
 	assert.NotNil(t, cfg.Logger)
@@ -68,6 +69,8 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 		{func(c *Config) { c.Retry = -time.Second }, "--retry"},
 		{func(c *Config) { c.Retention = -time.Second }, "--retention"},
 		{func(c *Config) { c.HubWorkerBuffer = MinHubWorkerBuffer - 1 }, "--hub-worker-buffer"},
+		{func(c *Config) { c.MaxOutboundMemory = MinMaxOutboundMemory - 1 }, "--max-outbound-memory"},
+		{func(c *Config) { c.MaxOutboundMemory = MaxMaxOutboundMemory + 1 }, "--max-outbound-memory"},
 	} {
 		var cfg Config
 		tc.tweak(&cfg)
@@ -76,7 +79,7 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.flag+":")
 		}
 	}
-	cfg = Config{MaxHeaderBytes: MinMaxHeaderBytes, Heartbeat: MinHeartbeat, Retry: MinRetry, HubWorkerBuffer: MinHubWorkerBuffer}
+	cfg = Config{MaxHeaderBytes: MinMaxHeaderBytes, Heartbeat: MinHeartbeat, Retry: MinRetry, HubWorkerBuffer: MinHubWorkerBuffer, MaxOutboundMemory: MinMaxOutboundMemory}
 	_, err = cfg.withDefaults()
 	assert.NoError(t, err, "the bounds themselves are allowed")
 }

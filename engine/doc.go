@@ -21,19 +21,25 @@
 //	listen.go            the LISTEN source (pglisten.Session behind a narrow interface) and its events
 //	schema.go            the schema-version poller (/readyz)
 //	metrics.go           the Prometheus series, label values bound once
-//	writev.go            one allocation-free writev per connection
+//	outbound.go          the write path: one writev per connection, the queues of what sockets
+//	                     did not take (shared bytes by reference), their writable callback
+//	budget.go            --max-outbound-memory: the limits that shrink with the queued total,
+//	                     large events held at most maxLargeEvents at once, Go's memory limit
 //
 // Invariants (DESIGN.md):
 //   - One owner: every connection, stream, channel and worker is touched only on the loop
 //     goroutine. Other goroutines hand work over through taskQueue, a FIFO that gnet's
 //     Execute merely wakes, so order is ours, not gnet's.
 //   - Encode once, write many: a live event is encoded once (event.enc) and the same bytes
-//     go to every subscriber; the events a connection is owed in one loop pass leave in one
-//     write/writev (sseConn.write, sseConn.writev: the only writes to an SSE client).
-//   - Nothing unbounded: a live durable subscriber over durableHighBytes stops taking live
-//     writes (lagging) and is caught up from the table once it drains below durableLowBytes;
-//     an ephemeral or channel subscriber over ephemeralLimitBytes is closed; a hub worker's
-//     ring follows SPEC §5; rings, pending lists and queues are capped.
+//     go to every subscriber — and to every queue of what a socket did not take; the events a
+//     connection is owed in one loop pass leave in one writev (sseConn.write, writeEvents,
+//     writeLive, writev: the only writes to an SSE client).
+//   - Nothing unbounded: the bytes queued for SSE clients count against --max-outbound-memory
+//     and the per-connection limits shrink as they fill (budget.go): a live durable subscriber
+//     over its high watermark stops taking live writes (lagging) and is caught up from the
+//     ring or the table once it drains below the low one; an ephemeral or channel subscriber
+//     over its limit is closed; a hub worker's ring follows SPEC §5; rings, pending lists,
+//     notification batches waiting for the loop and large events held are capped.
 //   - No lost wake: a subscriber is registered before any history is read, the response
 //     head goes out only once the subscription is live (sseconn.go: respond), and live vs
 //     replayed events are deduplicated by id (per-connection cursor). After the LISTEN

@@ -37,11 +37,27 @@ type sessionEvents struct{ s *Server }
 
 var _ pglisten.Events = sessionEvents{}
 
+// Notifications hands a batch to the loop. At most listenBatchesQueued batches wait for the
+// loop at once (DESIGN invariant 3): beyond that the session's goroutine waits here, the
+// session stops reading, and PostgreSQL's notification queue holds the rest — a loop busy
+// writing to thousands of slow sockets does not pile up read buffers.
 func (e sessionEvents) Notifications(b *pglisten.Batch) {
-	if !e.s.tasks.push(func() { e.s.onBatch(b) }) {
+	select {
+	case e.s.batchSlots <- struct{}{}:
+	case <-e.s.stopping:
+		b.Release()
+		return
+	}
+	if !e.s.tasks.push(func() { e.s.onBatch(b); <-e.s.batchSlots }) {
+		<-e.s.batchSlots
 		b.Release()
 	}
 }
+
+// listenBatchesQueued bounds the notification batches (a read buffer each, 64 KiB) waiting
+// for the loop.
+const listenBatchesQueued = 64
+
 func (e sessionEvents) Down(err error) { e.s.tasks.push(func() { e.s.onDown(err) }) }
 func (e sessionEvents) Resynced()      { e.s.tasks.push(e.s.onResynced) }
 

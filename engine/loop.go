@@ -16,7 +16,7 @@ import (
 // Tick periods. Waking the loop costs more than the tick's work — each wake pulls the
 // loop's thread out of epoll_wait — so an idle server wakes it 4 times a second, and 50
 // times a second only while a lagging client or hub worker waits for its socket to drain
-// (gnet has no writable callback).
+// (gnet has no writable callback; SSE sockets have their own, outbound.go).
 const (
 	tickFast = 20 * time.Millisecond
 	tickSlow = 250 * time.Millisecond
@@ -43,7 +43,7 @@ func (s *Server) leave() {
 		s.reap = s.reap[:len(s.reap)-1]
 		s.removeConn(sc)
 	}
-	if poll := len(s.lagging) > 0 || s.hub.needsPoll(); poll != s.needPoll.Load() {
+	if poll := len(s.lagging) > 0 || (pollQueues && s.out.queued > 0) || s.hub.needsPoll(); poll != s.needPoll.Load() {
 		s.needPoll.Store(poll)
 		if poll {
 			select {
@@ -81,23 +81,29 @@ func (s *Server) ticker(ctx context.Context) {
 	}
 }
 
-// tick is the loop's periodic work: the clock, lagging connections that drained, the hub's
-// flushing and deadlines, and — at most every sweepIntervalMS — failed reads to retry and
-// the connections' time rules (sweepConns).
+// tick is the loop's periodic work: the clock, lagging connections that drained, the hub's flushing and deadlines, the outbound gauges,
+// and — at most every sweepIntervalMS — failed reads to retry, queues to retry and the
+// connections' time rules (sweepConns).
 func (s *Server) tick() {
 	s.enter()
 	defer s.leave()
 	now := time.Now()
 	s.nowMS = now.UnixMilli()
 	s.healthyAt.Store(now.UnixNano())
+	if pollQueues {
+		s.retryQueues(0)
+	}
 	s.resumeLagging()
 	s.hub.tick()
+	s.observeOutbound()
 	if s.nowMS-s.lastSweepMS < sweepIntervalMS {
 		return
 	}
 	s.lastSweepMS = s.nowMS
 	s.retryStreamFetches()
 	s.runReadRetries()
+	s.retryQueues(queueRetryMS)
+	s.retryLarge()
 	s.sweepConns()
 }
 

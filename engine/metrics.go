@@ -26,6 +26,9 @@ type metrics struct {
 	replays        prometheus.Counter
 	lag            prometheus.Histogram
 
+	outboundBytes     prometheus.Gauge // bytes queued for SSE connections (budget.go)
+	outboundWatermark prometheus.Gauge // a durable subscriber's high watermark at the moment
+
 	// pgsse_dropped_total{reason}
 	droppedSlowClient    prometheus.Counter // an ephemeral or channel subscriber over its buffer limit, closed
 	droppedBadPayload    prometheus.Counter // a payload on the stream channel that is not pgsse's
@@ -68,6 +71,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Publish (commit) to write, per live event.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}),
+		outboundBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_outbound_bytes",
+			Help: "Bytes queued for SSE connections that their sockets have not taken yet (shared event encodings counted once); bounded by --max-outbound-memory."}),
+		outboundWatermark: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_outbound_watermark_bytes",
+			Help: "The queued bytes over which a live durable subscriber stops taking live writes; shrinks from 256 KiB as pgsse_outbound_bytes passes half the budget."}),
 		droppedSlowClient:    dropped.WithLabelValues("slow_client"),
 		droppedBadPayload:    dropped.WithLabelValues("bad_payload"),
 		droppedWakeCoalesced: dropped.WithLabelValues("hub_wake_coalesced"),
@@ -111,7 +118,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			stat(func(st *auth.Stats) uint64 { return st.QueueFull.Load() })),
 	}
 	for _, c := range append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
-		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.reconnects, m.replays, m.lag}, tokens...) {
+		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark}, tokens...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -218,7 +218,7 @@ func (s *Server) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims, e
 		s.shed(sc, shedSubjectLimit)
 		return
 	}
-	s.enqueue(sc, sub, tags, expiresMS)
+	s.queueAdmission(sc, sub, tags, expiresMS)
 }
 
 // unauthorized answers 401 with the challenge SPEC §3 names exactly ("Bearer"); the body

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/pglisten"
@@ -63,6 +62,11 @@ type Server struct {
 	// schemaLogged: when "not ready" was last logged (schema.go)
 	schemaLogged atomic.Pointer[time.Time]
 
+	outboundTotal atomic.Int64  // outbound.total as of the last tick, for keepMemory
+	relieved      chan struct{} // the loop tells keepMemory that the outbound pressure passed
+	batchSlots    chan struct{} // notification batches queued for the loop (listen.go)
+	stopping      chan struct{} // closed when Run stops the goroutines beside the loop
+
 	// loop-owned
 	parser        sse.Parser
 	nowMS         int64 // the loop clock: unix milliseconds, refreshed every tick
@@ -74,13 +78,13 @@ type Server struct {
 	dirtyStreams  []*stream
 	dirtyChannels []*channel
 	lagging       []*sseConn
+	laggingSpare  []*sseConn
 	retryFetch    []*stream
 	retryConns    []*sseConn
 	reap          []*sseConn
-	depth         int // nesting of enter/leave
-	iov           [][]byte
-	iovecs        []unix.Iovec
-	iovCopy       [][]byte
+	depth         int      // nesting of enter/leave
+	evs           []*event // scratch: the events one connection gets in one write
+	out           outbound // the write path's queues and budget (outbound.go, budget.go)
 	scratch       []byte
 	payload       store.Payload
 	listenUp      bool
@@ -105,6 +109,9 @@ func New(cfg Config) (*Server, error) {
 		tasks:      newTaskQueue(),
 		loopsReady: make(chan struct{}),
 		pollNow:    make(chan struct{}, 1),
+		relieved:   make(chan struct{}, 1),
+		batchSlots: make(chan struct{}, listenBatchesQueued),
+		stopping:   make(chan struct{}),
 		started:    make(chan struct{}),
 		streams:    make(map[string]*stream),
 		scratch:    make([]byte, 0, scratchBytes),
@@ -113,6 +120,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.hub.srv = s
 	s.hub.maxChannels, s.hub.maxWorkerChannels = hubMaxChannels, hubMaxChannelsPerWorker
+	s.out.epfd = -1
 	s.tasks.enter, s.tasks.leave = s.enter, s.leave
 	s.tasks.between = s.admitRound
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
@@ -170,6 +178,10 @@ func (s *Server) Run(ctx context.Context) error {
 	// Everything the loop reads must be in place before the first connection is handed over.
 	s.nowMS = time.Now().UnixMilli()
 	s.listenDownSinceMS = s.nowMS
+	if err := s.out.init(); err != nil {
+		return fmt.Errorf("engine: epoll set for SSE writes: %w", err)
+	}
+	defer s.out.close()
 	s.startVerifier()
 	defer s.stopVerifier()
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
@@ -180,6 +192,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	})
 	abort := func(err error) error {
+		close(s.stopping)
 		_ = s.listen.Close()
 		s.replayer.Close()
 		return err
@@ -225,9 +238,11 @@ func (s *Server) Run(ctx context.Context) error {
 
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(4)
 	go func() { defer wg.Done(); s.ticker(bg) }()
 	go func() { defer wg.Done(); s.checkSchema(bg) }()
+	go func() { defer wg.Done(); s.keepMemory(bg) }()
+	go func() { defer wg.Done(); s.watchWritable(bg) }()
 	if s.cfg.Retention > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); store.RunRetention(bg, s.cfg.DatabaseURL, s.cfg.Retention, s.log) }()
@@ -249,6 +264,8 @@ func (s *Server) Run(ctx context.Context) error {
 		a.close()
 	}
 	stopBG()
+	close(s.stopping)
+	s.out.stopWatching()
 	_ = s.listen.Close()
 	s.replayer.Close()
 	wg.Wait()

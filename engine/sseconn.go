@@ -25,15 +25,18 @@ import (
 //   - catch-up: the response head is sent; history is read from the table, live durable
 //     events are not written (ephemeral ones are);
 //   - live: taking live writes;
-//   - lagging: over durableHigh buffered; waits to drain below durableLow, then catches up;
-//   - closing: the last bytes are queued and the socket closes once gnet has flushed them.
+//   - lagging: over its high watermark queued (budget.go); waits to drain below the low one,
+//     then catches up;
+//   - closing: the last bytes are queued and the socket closes once they have left
+//     (closeLingerMS at most).
 //
 // The helpers in this file are the only code that assigns sseConn.state. Each says which
 // transition it makes and does what that transition owes: verify parks a connection for
-// the pool, enqueue puts it in the admission FIFO, admit counts it, respond writes the
+// the pool, queueAdmission puts it in the admission FIFO, admit counts it, respond writes the
 // response head, pause enrols a lagging connection for the tick, shed says why it was sent
 // away, finish writes the last bytes and closes. sweepConns (from the tick) applies the
-// time rules of each state. Every byte to an SSE client goes out through write or writev.
+// time rules of each state. Every byte to an SSE client goes out through write, writeEvents
+// or writev (outbound.go has what happens underneath).
 //
 // Times are the loop clock, Server.nowMS (unix milliseconds, refreshed every tick).
 
@@ -56,6 +59,7 @@ const (
 	headTimeoutMS    = 10_000 // a complete request head within this (SPEC §3)
 	verifyTimeoutMS  = 10_000 // a token check that takes longer (the pool is swamped) is shed
 	pendingTimeoutMS = 30_000 // a subscription whose LISTEN or head read takes longer is shed
+	closeLingerMS    = 5_000  // a closing connection's last bytes get this long to leave
 	sweepIntervalMS  = 240    // sweepConns runs at most this often: just under tickSlow, so every slow tick sweeps
 	// dbUnavailableAfterMS: once the LISTEN session has been down this long, a connection
 	// that has no response head yet is shed with ":database unavailable" rather than left
@@ -101,6 +105,7 @@ type sseConn struct {
 	gapChecked bool
 	counted    bool  // counted in Server.active (admitted)
 	retries    uint8 // consecutive failed history reads
+	watched    bool  // registered in the writability set (outbound.go)
 
 	all    int32 // index in Server.conns
 	subIdx int32 // index in stream.subs or channel.sse (a connection is on one of them at most)
@@ -110,6 +115,7 @@ type sseConn struct {
 	lastWriteMS int64 // when it was last written to (heartbeats)
 	expiresMS   int64 // the token's exp, unix ms; 0 = none
 
+	q       *outQueue // what the socket has not taken yet; nil when nothing (outbound.go)
 	stream  *stream
 	ch      *channel
 	tags    []string    // token tags (audience)
@@ -149,9 +155,9 @@ func (s *Server) verify(sc *sseConn, req *subRequest) {
 	sc.to(stateVerifying, s.nowMS)
 }
 
-// enqueue puts an authorised connection in the admission FIFO: head or verifying → queued.
+// queueAdmission puts an authorised connection in the admission FIFO: head or verifying → queued.
 // grant is what its token allows it to see (tags, exp); the FIFO admits it in its turn.
-func (s *Server) enqueue(sc *sseConn, req *subRequest, tags []string, expiresMS int64) {
+func (s *Server) queueAdmission(sc *sseConn, req *subRequest, tags []string, expiresMS int64) {
 	sc.req = req
 	sc.tags = tags
 	sc.expiresMS = expiresMS
@@ -197,14 +203,20 @@ func (s *Server) pause(sc *sseConn) {
 // resume sends a drained connection back to reading the table: lagging → catch-up.
 func (s *Server) resume(sc *sseConn) { sc.to(stateCatchUp, s.nowMS) }
 
-// finish writes a connection's last bytes (if any) and closes it (gnet flushes what the
-// socket takes before closing): → closing.
+// finish writes a connection's last bytes (if any) and closes it: → closing. Of what the
+// connection still has queued, only an event the socket has begun is kept (the client must
+// not see half an event followed by the last bytes); if the socket does not take it all at
+// once, the close waits until the queue has drained (flushQueue) or closeLingerMS has passed
+// (sweepConns).
 func (s *Server) finish(sc *sseConn, last []byte) {
 	sc.to(stateClosing, s.nowMS)
+	s.trimQueue(sc)
 	if len(last) > 0 {
 		sc.write(s, last)
 	}
-	_ = sc.c.Close()
+	if sc.pending() == 0 {
+		_ = sc.c.Close()
+	}
 }
 
 // shed answers 200 with a jittered retry and a comment saying why, and closes: EventSource
@@ -249,6 +261,9 @@ func (s *Server) connClosed(sc *sseConn) {
 	if sc.closed {
 		return
 	}
+	if sc.state == stateClosing {
+		s.flushQueue(sc) // the last bytes, as far as the socket takes them now
+	}
 	sc.closed = true
 	s.reap = append(s.reap, sc)
 	if s.depth == 0 {
@@ -279,6 +294,8 @@ func (s *Server) removeConn(sc *sseConn) {
 	}
 	s.conns = swapRemove(s.conns, sc, connIndex)
 	s.sseOpen.Store(int64(len(s.conns)))
+	s.unwatch(sc)
+	s.dropQueue(sc)
 	sc.c = nil
 	sc.tags = nil
 	sc.req = nil
@@ -297,7 +314,8 @@ func subIndex(sc *sseConn) *int32 { return &sc.subIdx }
 // and a subscription pending longer than pendingTimeoutMS are shed (over capacity), a
 // pending one is shed once the LISTEN session has been down for dbUnavailableAfterMS
 // (database unavailable), a streaming connection whose token expired is closed with a
-// retry, and one without a write for --heartbeat gets a comment line.
+// retry, one without a write for --heartbeat gets a comment line, and a closing one whose
+// last bytes have not left within closeLingerMS is closed without them.
 func (s *Server) sweepConns() {
 	heartbeatMS := s.cfg.Heartbeat.Milliseconds()
 	dbDown := s.databaseUnavailable()
@@ -321,6 +339,11 @@ func (s *Server) sweepConns() {
 			case s.nowMS-sc.enteredMS > pendingTimeoutMS:
 				s.shed(sc, shedOverCapacity)
 			}
+		case stateClosing:
+			if sc.pending() > 0 && s.nowMS-sc.enteredMS >= closeLingerMS {
+				s.dropQueue(sc) // the client does not read: give up on the last bytes
+				_ = sc.c.Close()
+			}
 		case stateCatchUp, stateLive, stateLagging:
 			if sc.expiresMS > 0 && s.nowMS >= sc.expiresMS {
 				s.closeWithRetry(sc) // token expired
@@ -337,14 +360,44 @@ var heartbeat = []byte(":\n")
 
 // --- writes -------------------------------------------------------------------------------
 
-// write and writev are the only paths from the engine to an SSE client's socket.
+// write, writeEvents and writev are the only paths from the engine to an SSE client's
+// socket; each is one writev (outbound.go: Server.send).
+
+// write sends b, which the caller may reuse at once (it is copied if the socket does not take
+// it all now).
 func (sc *sseConn) write(s *Server, b []byte) {
-	_, _ = sc.c.Write(b)
+	items := append(s.out.items[:0], outItem{b: b, transient: true})
+	s.send(sc, items)
+	clear(items)
+	s.out.items = items[:0]
 	sc.lastWriteMS = s.nowMS
 }
 
-func (sc *sseConn) writev(s *Server, bs [][]byte) {
-	s.writevConn(sc.c, bs)
+// writeEvents sends the encodings of evs, which are shared by every subscriber: what the
+// socket does not take is kept by reference, never copied.
+func (sc *sseConn) writeEvents(s *Server, evs []*event) {
+	items := s.out.items[:0]
+	for _, ev := range evs {
+		items = append(items, outItem{b: ev.enc, ev: ev})
+	}
+	s.send(sc, items)
+	clear(items)
+	s.out.items = items[:0]
+	sc.lastWriteMS = s.nowMS
+}
+
+// writeLive sends live events like writeEvents, but queues durable ones only up to limit
+// bytes (Server.sendLive); it returns the index in evs of the first durable event not sent.
+func (sc *sseConn) writeLive(s *Server, evs []*event, limit int) int {
+	n := s.sendLive(sc, evs, limit)
+	sc.lastWriteMS = s.nowMS
+	return n
+}
+
+// writev sends items as they are: shared (ev set), the connection's own and immutable, or
+// transient (copied if kept).
+func (sc *sseConn) writev(s *Server, items []outItem) {
+	s.send(sc, items)
 	sc.lastWriteMS = s.nowMS
 }
 

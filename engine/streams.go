@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"time"
 
 	"github.com/pgsse/pgsse/auth"
@@ -11,9 +12,13 @@ import (
 // event is one event encoded once for every subscriber (DESIGN invariant 2).
 type event struct {
 	id       int64    // durable id; 0 for ephemeral events
-	enc      []byte   // SSE bytes, shared by every write
+	enc      []byte   // SSE bytes, shared by every write (and by the queues that hold them)
 	audience []string // nil = everyone
 	timeUS   int64    // publisher's clock (delivery-lag metric)
+	queued   int32    // connection queues holding (part of) enc (outbound.go)
+	// stream is set on a large event read from the table (budget.go: heldLarge): while
+	// queues hold it, it is one of at most maxLargeEvents, and shared by every reader.
+	stream string
 }
 
 // stream is the loop's state for one durable stream that has subscribers.
@@ -36,18 +41,14 @@ type stream struct {
 	dirty    bool
 }
 
-// Limits of the stream state and the backpressure policy (DESIGN invariant 3). Buffered
-// bytes are what gnet holds for the socket (OutboundBuffered).
+// Limits of the stream state (DESIGN invariant 3). The backpressure policy — how much a
+// connection may have queued — is the outbound budget's (budget.go).
 const (
-	ringMaxEvents       = 512       // recent events a stream keeps for joining connections
-	ringMaxBytes        = 1 << 20   // and their encoded bytes
-	pendingMaxEvents    = 4096      // live events held beyond a gap while the table is read
-	replayBatchEvents   = 200       // events per catch-up read for one connection
-	fetchBatchEvents    = 500       // events per stream-level read
-	durableHighBytes    = 256 << 10 // a live durable subscriber buffering more is paused (lagging)
-	durableLowBytes     = 64 << 10  // a lagging one catches up once drained below this
-	ephemeralLimitBytes = 1 << 20   // an ephemeral or channel subscriber buffering more is closed
-	scratchKeepBytes    = 1 << 20   // a replay scratch buffer grown beyond this is not kept
+	ringMaxEvents     = 512     // recent events a stream keeps for joining connections
+	ringMaxBytes      = 1 << 20 // and their encoded bytes (a larger event is not kept)
+	pendingMaxEvents  = 4096    // live events held beyond a gap while the table is read
+	replayBatchEvents = 200     // events per catch-up read for one connection
+	fetchBatchEvents  = 500     // events per stream-level read
 )
 
 func (s *Server) streamFor(name string) *stream {
@@ -121,17 +122,18 @@ func (s *Server) appendLive(st *stream, ev *event) {
 	st.ring = append(st.ring, ev)
 	st.ringSize += len(ev.enc)
 	if len(st.ring) > ringMaxEvents || st.ringSize > ringMaxBytes {
-		drop := len(st.ring) / 4
-		if drop == 0 {
-			drop = 1
-		}
+		// Drop the oldest quarter (at least what it takes to fit): the ring is contiguous, so
+		// an event too large for it empties it.
+		drop := max(1, len(st.ring)/4)
 		for _, e := range st.ring[:drop] {
 			st.ringSize -= len(e.enc)
 		}
-		n := copy(st.ring, st.ring[drop:])
-		for i := n; i < len(st.ring); i++ {
-			st.ring[i] = nil
+		for drop < len(st.ring) && st.ringSize > ringMaxBytes {
+			st.ringSize -= len(st.ring[drop].enc)
+			drop++
 		}
+		n := copy(st.ring, st.ring[drop:])
+		clear(st.ring[n:])
 		st.ring = st.ring[:n]
 	}
 	st.out = append(st.out, ev)
@@ -156,7 +158,7 @@ func (s *Server) flushStreams() {
 		}
 		var delivered int
 		for _, sc := range st.subs {
-			delivered += s.writeItems(sc, items)
+			delivered += s.deliver(sc, items)
 		}
 		for _, ev := range items {
 			if ev.timeUS > 0 {
@@ -172,51 +174,68 @@ func (s *Server) flushStreams() {
 	s.dirtyStreams = s.dirtyStreams[:0]
 }
 
-// writeItems writes the items a connection should get, in one syscall. Live connections
-// get durable and ephemeral events; connections still catching up or lagging get only
-// ephemeral ones (their durable events come from the table), unless they are over the
-// ephemeral limit, which closes them.
-func (s *Server) writeItems(sc *sseConn, items []*event) int {
+// deliver writes the items a connection should get, in one syscall. Live connections get
+// durable and ephemeral events; connections still catching up or lagging get only ephemeral
+// ones (their durable events come from the table). The outbound limits of the moment apply
+// (budget.go): a live connection over its high watermark is paused before the write; of what
+// the socket does not take, durable events are queued only up to high + slice — the first
+// one beyond (never the first the queue holds) and those after it are not sent, and the
+// connection is paused with its cursor just before it (the rest comes from the ring or the
+// table); an ephemeral event for a connection over the ephemeral limit closes it.
+func (s *Server) deliver(sc *sseConn, items []*event) int {
 	if !sc.streaming() {
 		return 0
 	}
-	buffered := sc.c.OutboundBuffered()
+	l := s.limits()
+	queued := sc.pending()
 	live := sc.state == stateLive
-	if live && buffered > durableHighBytes {
+	if live && queued > l.high {
 		s.pause(sc)
 		live = false
 	}
-	iov := s.iov[:0]
+	evs := s.evs[:0]
+	defer func() {
+		clear(evs)
+		s.evs = evs[:0]
+	}()
 	for _, ev := range items {
 		if ev.id > 0 {
 			if !live || ev.id <= sc.cursor {
 				continue
 			}
 			sc.cursor = ev.id
+			if !auth.InAudience(sc.tags, ev.audience) {
+				continue
+			}
+		} else {
+			if !auth.InAudience(sc.tags, ev.audience) {
+				continue
+			}
+			if queued > l.ephemeral {
+				s.metrics.droppedSlowClient.Inc()
+				s.closeWithRetry(sc)
+				return 0
+			}
 		}
-		if !auth.InAudience(sc.tags, ev.audience) {
-			continue
-		}
-		if ev.id == 0 && buffered > ephemeralLimitBytes {
-			s.metrics.droppedSlowClient.Inc()
-			s.closeWithRetry(sc)
-			return 0
-		}
-		iov = append(iov, ev.enc)
+		evs = append(evs, ev)
 	}
-	if len(iov) == 0 {
+	if len(evs) == 0 {
 		return 0
 	}
-	if len(iov) == 1 {
-		sc.write(s, iov[0])
-	} else {
-		sc.writev(s, iov)
+	n := sc.writeLive(s, evs, l.high+l.slice)
+	if n == len(evs) {
+		return n
 	}
-	for i := range iov {
-		iov[i] = nil
+	// Durable events from evs[n] on were not sent: the connection resumes just before it.
+	sc.cursor = evs[n].id - 1
+	s.pause(sc)
+	delivered := n
+	for _, ev := range evs[n:] {
+		if ev.id == 0 {
+			delivered++
+		}
 	}
-	s.iov = iov[:0]
-	return len(iov)
+	return delivered
 }
 
 // startFetch reads the stream from the table after st.last, for the whole live set.
@@ -226,7 +245,7 @@ func (s *Server) startFetch(st *stream) {
 	}
 	st.fetching = true
 	after := st.last
-	ok := s.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: fetchBatchEvents},
+	ok := s.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: fetchBatchEvents, Encode: encodeEvent, OwnBuffers: true},
 		func(res store.ReadResult) { s.tasks.push(func() { s.onFetch(st, after, res) }) })
 	if !ok {
 		st.fetching = false
@@ -264,7 +283,13 @@ func (s *Server) onFetch(st *stream, after int64, res store.ReadResult) {
 		if e.ID != st.last+1 {
 			st.last = e.ID - 1 // ids missing inside a snapshot were pruned
 		}
-		s.appendLive(st, &event{id: e.ID, enc: sse.AppendEvent(nil, e.ID, []byte(e.Event), e.Data), audience: e.Audience, timeUS: e.TimeUS})
+		ev := s.tableEvent(st.name, e)
+		if ev == nil {
+			// Too many large events held: read from here again later.
+			s.retryFetch = append(s.retryFetch, st)
+			return
+		}
+		s.appendLive(st, ev)
 	}
 	if res.Done && res.Head > st.last {
 		st.last = res.Head
@@ -349,9 +374,16 @@ func (s *Server) replay(sc *sseConn) {
 	}
 	sc.replaying = true
 	s.metrics.replays.Inc()
-	ok := s.replayer.Read(store.ReadRequest{Stream: sc.stream.name, After: sc.cursor, Tags: sc.tags, Limit: replayBatchEvents},
-		func(res store.ReadResult) { s.tasks.push(func() { s.onReplay(sc, res) }) })
+	// What the read may bring counts against the budget until it is written (outbound.reading).
+	reserved := s.limits().replayBytes()
+	req := store.ReadRequest{Stream: sc.stream.name, After: sc.cursor, Tags: sc.tags, Limit: replayBatchEvents,
+		MaxBytes: reserved, Encode: encodeEvent}
+	s.out.reading += reserved
+	ok := s.replayer.Read(req, func(res store.ReadResult) {
+		s.tasks.push(func() { s.out.reading -= reserved; s.onReplay(sc, res) })
+	})
 	if !ok {
+		s.out.reading -= reserved
 		sc.replaying = false
 		s.log.Warn("replay queue full; client told to retry", "stream", sc.stream.name)
 		s.closeWithRetry(sc)
@@ -368,37 +400,48 @@ func (s *Server) onReplay(sc *sseConn, res store.ReadResult) {
 		return
 	}
 	sc.retries = 0
-	buf := s.scratch[:0]
+	items := s.out.items[:0]
 	c := sc.cursor
 	switch {
 	case !sc.gapChecked && c > res.Head:
 		// The client's own cursor is newer than the head.
-		buf = sse.AppendGap(buf, []byte(sc.stream.name), c, res.Head)
+		items = append(items, outItem{b: sse.AppendGap(s.scratch[:0], []byte(sc.stream.name), c, res.Head), transient: true})
 		sc.cursor = res.Head
 	case c > 0 && c+1 < res.Oldest:
 		// The next events were pruned: before this client connected, or while it was
 		// too slow to take live writes. A cursor of 0 asks for whatever is retained.
-		buf = sse.AppendGap(buf, []byte(sc.stream.name), c, res.Oldest-1)
+		items = append(items, outItem{b: sse.AppendGap(s.scratch[:0], []byte(sc.stream.name), c, res.Oldest-1), transient: true})
 		sc.cursor = res.Oldest - 1
 	}
 	sc.gapChecked = true
 	n := 0
+	waitLarge := false
 	for i := range res.Events {
 		e := &res.Events[i]
 		if e.ID <= sc.cursor {
 			continue
 		}
-		buf = sse.AppendEvent(buf, e.ID, []byte(e.Event), e.Data)
+		if len(e.Data) < largeEventBytes {
+			items = append(items, outItem{b: e.Data}) // the encoding, this connection's alone (encodeEvent)
+		} else if ev := s.tableEvent(sc.stream.name, e); ev != nil {
+			items = append(items, outItem{b: ev.enc, ev: ev}) // shared with whoever else reads it
+		} else {
+			waitLarge = true // too many large events held: read from here again later
+			break
+		}
 		sc.cursor = e.ID
 		n++
 	}
-	if len(buf) > 0 {
-		sc.write(s, buf)
+	if len(items) > 0 {
+		sc.writev(s, items)
 	}
-	if cap(buf) <= scratchKeepBytes {
-		s.scratch = buf[:0]
-	}
+	clear(items)
+	s.out.items = items[:0]
 	s.metrics.deliveries.Add(float64(n))
+	if waitLarge {
+		s.out.largeWait = append(s.out.largeWait, sc)
+		return
+	}
 	if res.Done {
 		if res.Head > sc.cursor {
 			sc.cursor = res.Head
@@ -406,11 +449,22 @@ func (s *Server) onReplay(sc *sseConn, res store.ReadResult) {
 		s.tryJoin(sc)
 		return
 	}
-	if sc.c.OutboundBuffered() > durableHighBytes {
+	if sc.pending() > s.limits().high {
 		s.pause(sc)
 		return
 	}
 	s.replay(sc)
+}
+
+// encodeEvent is the table reads' store.ReadRequest.Encode: an event's SSE encoding, made
+// straight from the read buffer. Given no buffer (a large event), it allocates one of the
+// encoding's size, so the event is held once.
+func encodeEvent(dst []byte, id int64, event, data []byte) []byte {
+	if dst == nil {
+		lines := bytes.Count(data, []byte{'\n'}) + bytes.Count(data, []byte{'\r'}) + 1
+		dst = make([]byte, 0, len(data)+len(event)+len("id: \nevent: \n\n")+20+lines*len("data: \n"))
+	}
+	return sse.AppendEvent(dst, id, event, data)
 }
 
 // tryJoin moves a catching-up connection that has read the table up to its cursor into the
@@ -425,14 +479,27 @@ func (s *Server) tryJoin(sc *sseConn) {
 			st.notified = c
 		}
 	case len(st.ring) > 0 && c >= st.ring[0].id-1, len(st.ring) == 0 && c >= st.last:
-		var iov [][]byte
+		// Bridge from the ring, queuing at most what deliver would.
+		evs := s.evs[:0]
 		for _, ev := range st.ring {
 			if ev.id > c && auth.InAudience(sc.tags, ev.audience) {
-				iov = append(iov, ev.enc)
+				evs = append(evs, ev)
 			}
 		}
-		if len(iov) > 0 {
-			sc.writev(s, iov)
+		n := len(evs)
+		if n > 0 {
+			l := s.limits()
+			n = sc.writeLive(s, evs, l.high+l.slice)
+		}
+		cut := n < len(evs)
+		if cut {
+			sc.cursor = evs[n].id - 1
+		}
+		clear(evs)
+		s.evs = evs[:0]
+		if cut {
+			s.pause(sc) // the rest once it has drained
+			return
 		}
 		if st.last > sc.cursor {
 			sc.cursor = st.last
@@ -449,14 +516,17 @@ func (s *Server) resumeLagging() {
 	if len(s.lagging) == 0 {
 		return
 	}
-	keep := s.lagging[:0]
-	for _, sc := range s.lagging {
+	// A connection resumed here may be paused again (tryJoin): it then joins the new list.
+	list := s.lagging
+	s.lagging = s.laggingSpare[:0]
+	low := s.limits().low
+	for _, sc := range list {
 		if sc.closed || sc.state != stateLagging {
 			s.metrics.lagging.Dec()
 			continue
 		}
-		if sc.c.OutboundBuffered() > durableLowBytes {
-			keep = append(keep, sc)
+		if sc.pending() > low {
+			s.lagging = append(s.lagging, sc)
 			continue
 		}
 		s.metrics.lagging.Dec()
@@ -468,10 +538,8 @@ func (s *Server) resumeLagging() {
 			s.replay(sc)
 		}
 	}
-	for i := len(keep); i < len(s.lagging); i++ {
-		s.lagging[i] = nil
-	}
-	s.lagging = keep
+	clear(list)
+	s.laggingSpare = list[:0]
 }
 
 // resyncStreams catches every active stream up from the table after the LISTEN session

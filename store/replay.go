@@ -39,7 +39,7 @@ var (
 type Event struct {
 	ID       int64
 	Event    string   // "" = "message"
-	Data     []byte   // owned by the result (one backing array per batch)
+	Data     []byte   // owned by the result and never written again; what Encode made of it when the request has Encode
 	Audience []string // nil = everyone
 	TimeUS   int64    // created_at (the publishing transaction's start), µs since the epoch
 }
@@ -51,8 +51,25 @@ type ReadRequest struct {
 	Tags         []string // the reader's tags: an event with a non-empty audience is returned only if it intersects Tags
 	AllAudiences bool     // ignore Tags: return every event with its Audience (the engine filters per connection)
 	Limit        int      // max events in this batch (0 = DefaultReplayLimit); HeadOnly returns none
+	MaxBytes     int      // max data bytes in this batch (0 or more than MaxBatchBytes = MaxBatchBytes); a batch always holds at least one event
 	HeadOnly     bool     // only Head/Oldest (and Done)
+	// Encode, when set, turns each event into what the reader keeps — e.g. its SSE encoding —
+	// straight from the connection's read buffer: Event.Data is then Encode's output (the
+	// appended bytes) rather than a copy of the data, so a large event is held once, not twice.
+	// It runs on a pool goroutine; event is a view valid during the call.
+	Encode func(dst []byte, id int64, event, data []byte) []byte
+	// OwnBuffers gives each event's Data an allocation of its own instead of a share of the
+	// batch's chunks: for a reader that keeps some events much longer than others (one kept
+	// event would otherwise keep its whole chunk alive).
+	OwnBuffers bool
 }
+
+// Replay read buffers: events are copied (or encoded) into chunks of batchChunkBytes; an event
+// larger than ownBufferBytes gets a buffer of its own, allocated to its size.
+const (
+	batchChunkBytes = 64 << 10
+	ownBufferBytes  = 64 << 10
+)
 
 // ReadResult is one batch, read in one snapshot.
 type ReadResult struct {
@@ -80,7 +97,7 @@ type Replayer struct {
 
 	mu     sync.RWMutex // guards closed and sending on queue
 	closed bool
-	queue  chan replayJob
+	queue  chan *replayJob // pointers: a full-size queue of values would be 6 MB resident
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -101,7 +118,7 @@ func newReplayer(dsn string, poolSize int, logger *slog.Logger, queueSize int) *
 	if logger == nil {
 		logger = slog.Default()
 	}
-	r := &Replayer{logger: logger, queue: make(chan replayJob, queueSize)}
+	r := &Replayer{logger: logger, queue: make(chan *replayJob, queueSize)}
 	r.cfg, r.cfgErr = pgconn.ParseConfig(dsn)
 	if r.cfgErr == nil {
 		r.cfg.RuntimeParams["application_name"] = ReplayAppName
@@ -126,7 +143,7 @@ func (r *Replayer) Read(req ReadRequest, done func(ReadResult)) bool {
 		return false
 	}
 	select {
-	case r.queue <- replayJob{req: req, done: done}:
+	case r.queue <- &replayJob{req: req, done: done}:
 		return true
 	default:
 		return false
@@ -272,13 +289,17 @@ func (r *Replayer) query(conn *pgconn.PgConn, req *ReadRequest) ReadResult {
 	if req.AllAudiences {
 		all = "t"
 	}
+	maxBytes := req.MaxBytes
+	if maxBytes <= 0 || maxBytes > MaxBatchBytes {
+		maxBytes = MaxBatchBytes
+	}
 	params := [][]byte{
 		[]byte(req.Stream),
 		strconv.AppendInt(nil, req.After, 10),
 		appendTextArray(nil, req.Tags),
 		[]byte(all),
 		strconv.AppendInt(nil, int64(limit), 10),
-		strconv.AppendInt(nil, MaxBatchBytes, 10),
+		strconv.AppendInt(nil, int64(maxBytes), 10),
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, replayQueryTimeout)
 	defer cancel()
@@ -288,10 +309,11 @@ func (r *Replayer) query(conn *pgconn.PgConn, req *ReadRequest) ReadResult {
 		res      ReadResult
 		meta     bool
 		excluded bool
-		arena    []byte
-		ends     []int // end offset in arena of each event's data
+		chunk    []byte // the current buffer small events are copied (or encoded) into
 		decErr   error
 	)
+	// A chunk need not be larger than the batch can be (plus what an encoding adds).
+	chunkBytes := min(batchChunkBytes, maxBytes+maxBytes/4+1024)
 	for rr.NextRow() {
 		v := rr.Values()
 		if len(v) != 8 {
@@ -329,8 +351,7 @@ func (r *Replayer) query(conn *pgconn.PgConn, req *ReadRequest) ReadResult {
 				continue
 			}
 		}
-		arena = append(arena, v[4]...)
-		ends = append(ends, len(arena))
+		ev.Data, chunk = keepData(chunk, chunkBytes, req.OwnBuffers, req.Encode, ev.ID, v[3], v[4])
 		res.Events = append(res.Events, ev)
 	}
 	if _, err := rr.Close(); err != nil {
@@ -342,16 +363,41 @@ func (r *Replayer) query(conn *pgconn.PgConn, req *ReadRequest) ReadResult {
 	if decErr != nil {
 		return ReadResult{Err: decErr}
 	}
-	start := 0
-	for i := range res.Events {
-		res.Events[i].Data = arena[start:ends[i]:ends[i]]
-		start = ends[i]
-	}
 	if !slices.IsSortedFunc(res.Events, func(a, b Event) int { return cmpInt64(a.ID, b.ID) }) {
 		slices.SortFunc(res.Events, func(a, b Event) int { return cmpInt64(a.ID, b.ID) })
 	}
 	res.Done = !excluded
 	return res
+}
+
+// keepData copies data — or what encode makes of it — into chunk, or into a new chunk (of
+// chunkBytes, or the event's size if larger) when it does not fit (earlier events keep
+// theirs: nothing already read is copied again); with own, or for an event larger than
+// ownBufferBytes, into a buffer of its own (encode is given nil and sizes it). It
+// returns the kept bytes and the chunk to continue with.
+func keepData(chunk []byte, chunkBytes int, own bool, encode func(dst []byte, id int64, event, data []byte) []byte, id int64, event, data []byte) (kept, next []byte) {
+	if own || len(data) > ownBufferBytes {
+		if encode != nil {
+			kept = encode(nil, id, event, data)
+		} else {
+			kept = append([]byte(nil), data...)
+		}
+		return kept[:len(kept):len(kept)], chunk
+	}
+	need := len(data)
+	if encode != nil {
+		need += len(event) + 64
+	}
+	if cap(chunk)-len(chunk) < need {
+		chunk = make([]byte, 0, max(chunkBytes, need))
+	}
+	start := len(chunk)
+	if encode != nil {
+		chunk = encode(chunk, id, event, data) // a longer encoding than need moves the chunk: earlier events keep the old one
+	} else {
+		chunk = append(chunk, data...)
+	}
+	return chunk[start:len(chunk):len(chunk)], chunk
 }
 
 func cmpInt64(a, b int64) int {

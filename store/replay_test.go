@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
@@ -190,6 +191,44 @@ func TestReplayBatchBytes(t *testing.T) {
 		return true
 	})
 	assert.Equal(t, []int{4, 2}, sizes, "≤ 4 MiB of data per batch")
+}
+
+// MaxBytes cuts a batch (never below one event); Encode turns each event into what the reader
+// keeps, read straight from the row; events share chunks unless OwnBuffers, and a large event
+// has a buffer of its own either way.
+func TestReplayEncodeMaxBytesAndBuffers(t *testing.T) {
+	dsn := migrated(t)
+	pgtest.Exec(t, dsn, "SELECT pgsse.publish('enc', g::text || repeat('x', 999), 'e') FROM generate_series(1, 10) g; SELECT pgsse.publish('enc', repeat('L', 200000))")
+	r := newTestReplayer(t, dsn, 1)
+	encode := func(dst []byte, id int64, event, data []byte) []byte {
+		dst = strconv.AppendInt(dst, id, 10)
+		dst = append(dst, ' ')
+		dst = append(dst, event...)
+		dst = append(dst, ' ')
+		return append(dst, data[:4]...)
+	}
+	res := readSync(t, r, ReadRequest{Stream: "enc", MaxBytes: 3000, Encode: encode})
+	require.NoError(t, res.Err)
+	assert.Equal(t, []int64{1, 2, 3}, ids(res.Events), "3000 bytes of data: three 1000-byte events")
+	assert.False(t, res.Done)
+	assert.Equal(t, "1 e 1xxx", string(res.Events[0].Data))
+	assert.Equal(t, "3 e 3xxx", string(res.Events[2].Data))
+	// Chunked: the events' bytes are adjacent in one array.
+	a, b := res.Events[0].Data, res.Events[1].Data
+	assert.Equal(t, uintptr(unsafe.Pointer(&a[0]))+uintptr(len(a)), uintptr(unsafe.Pointer(&b[0])), "events share a chunk")
+
+	res = readSync(t, r, ReadRequest{Stream: "enc", After: 9, Encode: encode, OwnBuffers: true})
+	require.NoError(t, res.Err)
+	require.Equal(t, []int64{10, 11}, ids(res.Events))
+	a, b = res.Events[0].Data, res.Events[1].Data
+	assert.NotEqual(t, uintptr(unsafe.Pointer(&a[0]))+uintptr(len(a)), uintptr(unsafe.Pointer(&b[0])), "own buffers")
+	assert.Equal(t, "11  LLLL", string(b))
+
+	res = readSync(t, r, ReadRequest{Stream: "enc", After: 10})
+	require.NoError(t, res.Err)
+	require.Len(t, res.Events, 1)
+	assert.Equal(t, 200000, len(res.Events[0].Data))
+	assert.Equal(t, 200000, cap(res.Events[0].Data), "a large event: a buffer of its size")
 }
 
 func TestPruneKeepsLastAndOldest(t *testing.T) {

@@ -475,6 +475,7 @@ func TestBadInput(t *testing.T) {
 		{"size too small", nil, append([]string{"--hub-worker-buffer", "1KiB"}, key...), "--hub-worker-buffer: must be between 131080 (two maximum frames) and 1GiB"},
 		{"heartbeat too short", nil, append([]string{"--heartbeat", "10ms"}, key...), "--heartbeat: must be at least 100ms"},
 		{"header size", nil, append([]string{"--max-header-bytes", "10"}, key...), "--max-header-bytes: must be between 1024 and 1048576"},
+		{"outbound memory", []string{"PGSSE_MAX_OUTBOUND_MEMORY=64KiB"}, key, "PGSSE_MAX_OUTBOUND_MEMORY: must be between 1MiB and 1024GiB"},
 		{"mode", nil, []string{"--hub-socket-mode", "rw-------"}, `--hub-socket-mode: invalid mode "rw-------" (octal, e.g. 0600)`},
 		{"mode out of range", nil, []string{"--hub-socket-mode", "1777"}, `--hub-socket-mode: mode "1777" out of range (0000-0777)`},
 		{"bool", []string{"PGSSE_PPROF=maybe"}, nil, `PGSSE_PPROF: invalid boolean "maybe" (use true or false)`},

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/url"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -60,6 +61,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: what RLIMIT_NOFILE leaves after the other consumers, pgsse doctor shows the budget; now %d)", engine.MaxConnectionsFor(limit)))
 	perSubject := c.Int("max-connections-per-subject", engine.DefaultMaxConnectionsPerSubject, "SSE connections one token subject (sub, else the token) may hold at once (0 = no limit)")
 	maxHeader := c.Size("max-header-bytes", engine.DefaultMaxHeaderBytes, "request head limit")
+	maxOutbound := c.Size("max-outbound-memory", engine.DefaultMaxOutboundMemory, "bytes queued for all SSE connections together; per-connection limits shrink as it fills")
 	heartbeat := c.Duration("heartbeat", engine.DefaultHeartbeat, "comment line after this long without writes")
 	retry := c.Duration("retry", engine.DefaultRetry, "the SSE retry: value sent first")
 	retention := c.Duration("retention", engine.DefaultRetention, "prune durable events older than this (0 = keep)")
@@ -131,6 +133,9 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	}
 	if *hubBuffer < engine.MinHubWorkerBuffer || *hubBuffer > engine.MaxHubWorkerBuffer {
 		return nil, configErrorf("%s: must be between %d (two maximum frames) and %s", c.source("hub-worker-buffer"), engine.MinHubWorkerBuffer, formatSize(engine.MaxHubWorkerBuffer))
+	}
+	if *maxOutbound < engine.MinMaxOutboundMemory || *maxOutbound > engine.MaxMaxOutboundMemory {
+		return nil, configErrorf("%s: must be between %s and %s", c.source("max-outbound-memory"), formatSize(engine.MinMaxOutboundMemory), formatSize(engine.MaxMaxOutboundMemory))
 	}
 	if *maxHeader < engine.MinMaxHeaderBytes || *maxHeader > engine.MaxMaxHeaderBytes {
 		return nil, configErrorf("%s: must be between %d and %d", c.source("max-header-bytes"), engine.MinMaxHeaderBytes, engine.MaxMaxHeaderBytes)
@@ -240,14 +245,25 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		MaxConnectionsPerSubject: *perSubject,
 		AdminMaxConnections:      *adminMax,
 		MaxHeaderBytes:           int(*maxHeader),
-		Heartbeat:                *heartbeat,
-		Retry:                    *retry,
-		Retention:                *retention,
-		Demo:                     *demo,
-		Logger:                   s.logger,
-		Registry:                 s.registry,
+		// The Go heap follows the budget unless the operator chose a memory limit.
+		MaxOutboundMemory: int(*maxOutbound),
+		GoMemoryLimit:     os.Getenv("GOMEMLIMIT") == "",
+		Heartbeat:         *heartbeat,
+		Retry:             *retry,
+		Retention:         *retention,
+		Demo:              *demo,
+		Logger:            s.logger,
+		Registry:          s.registry,
 	}
 	return s, nil
+}
+
+// memoryLimitSource says who sets the Go runtime's soft memory limit.
+func memoryLimitSource(engineSets bool) string {
+	if engineSets {
+		return "follows --max-outbound-memory"
+	}
+	return "GOMEMLIMIT"
 }
 
 func checkHostPort(addr string) error {
@@ -364,6 +380,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			"listen", addr, "admin", adminAddr, "hub_socket", s.cfg.HubSocket,
 			"max_connections", s.cfg.MaxConnections, "fd_limit", s.fdLimit,
 			"max_header_bytes", s.cfg.MaxHeaderBytes, "hub_worker_buffer", s.cfg.HubWorkerBuffer,
+			"max_outbound_memory", s.cfg.MaxOutboundMemory, "go_memory_limit", memoryLimitSource(s.cfg.GoMemoryLimit),
 			"heartbeat", s.cfg.Heartbeat.String(), "retry", s.cfg.Retry.String(), "retention", s.cfg.Retention.String(),
 			"jwt", strings.Join(s.algorithms, ","), "public_streams", len(s.cfg.PublicStreams))
 		// After the first signal, a second one kills the process the default way.

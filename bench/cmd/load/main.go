@@ -7,6 +7,8 @@
 //	go run ./bench/cmd/load                      # full scale, every scenario, both servers
 //	go run ./bench/cmd/load --scale small        # seconds
 //	go run ./bench/cmd/load --scenarios 3,4 --profile-dir /tmp/prof
+//	go run ./bench/cmd/load --scenarios 4,7,8 --servers pgsse,pgsse-old --pgsse-old-bin /tmp/pgsse-main \
+//	    --conns 10000 --outbound-budget 64MiB     # memory against the budget, before/after
 //
 // PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
 // throwaway cluster started with scripts/pg.sh and stopped at exit. Each scenario and server
@@ -38,8 +40,10 @@ func main() {
 		root       = flag.String("root", ".", "module root, for building the servers")
 		pgsseBin   = flag.String("pgsse-bin", "", "pgsse binary (default: go build ./cmd/pgsse)")
 		baseBin    = flag.String("baseline-bin", "", "baseline binary (default: go build ./bench/baseline)")
-		servers    = flag.String("servers", "pgsse,baseline", "servers to compare, in table order")
-		scenarios  = flag.String("scenarios", "1,2,3,4,5,6", "scenarios to run")
+		oldBin     = flag.String("pgsse-old-bin", "", "an older pgsse build (server pgsse-old), e.g. main's, for before/after")
+		servers    = flag.String("servers", "pgsse,baseline", "servers to compare, in table order: pgsse, baseline, pgsse-old")
+		scenarios  = flag.String("scenarios", "1,2,3,4,5,6", "scenarios to run (7 stalled and 8 large event: pgsse builds only)")
+		budget     = flag.String("outbound-budget", "", "pgsse --max-outbound-memory in 4, 7, 8 (e.g. 64MiB; default: the server's)")
 		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
 		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4 and 6 here")
 		out        = flag.String("out", "", "also write the table to this file")
@@ -55,13 +59,20 @@ func main() {
 	flag.IntVar(&p.FanoutData, "fanout-data", p.FanoutData, "3, 6: bytes of data per event")
 	flag.DurationVar(&p.ThroughputDuration, "throughput-duration", p.ThroughputDuration, "4: publish flat out this long")
 	flag.IntVar(&p.Data, "data", p.Data, "2, 4: bytes of data per event")
+	flag.IntVar(&p.ThroughputBatch, "throughput-batch", p.ThroughputBatch, "4: events per transaction (1: one pgsse.publish per statement)")
 	flag.Float64Var(&p.SlowPercent, "slow-percent", p.SlowPercent, "6: percent of subscribers that never read")
 	flag.IntVar(&p.SlowRcvBuf, "slow-rcvbuf", p.SlowRcvBuf, "6: SO_RCVBUF of the subscribers that never read")
+	flag.IntVar(&p.RcvBuf, "rcvbuf", p.RcvBuf, "SO_RCVBUF of the reading subscribers (0: the kernel's default)")
 	flag.IntVar(&p.Hub.Workers, "hub-workers", p.Hub.Workers, "5: worker connections (one channel each)")
 	flag.Float64Var(&p.Hub.Rate, "hub-rate", p.Hub.Rate, "5: notifications per second")
 	flag.DurationVar(&p.Hub.Duration, "hub-duration", p.Hub.Duration, "5: per phase")
 	flag.IntVar(&p.Sources, "sources", p.Sources, "loopback source addresses (127.0.0.2 …)")
 	flag.IntVar(&p.Readers, "readers", p.Readers, "client epoll loops")
+	flag.IntVar(&p.Memory.StalledConns, "stalled-conns", p.Memory.StalledConns, "7: subscribers that never read")
+	flag.DurationVar(&p.Memory.StalledDuration, "stalled-duration", p.Memory.StalledDuration, "7: publish flat out this long")
+	flag.IntVar(&p.Memory.StalledData, "stalled-data", p.Memory.StalledData, "7: bytes of data per event")
+	flag.IntVar(&p.Memory.LargeBytes, "large-bytes", p.Memory.LargeBytes, "8: bytes of data of the large event")
+	flag.IntVar(&p.Memory.LargeSubscribers, "large-subscribers", p.Memory.LargeSubscribers, "8: subscribers")
 	flag.Parse()
 	switch *scale {
 	case "full":
@@ -77,10 +88,15 @@ func main() {
 			"latency-rate": func(q *bench.Params) any { return &q.LatencyRate }, "fanout-events": func(q *bench.Params) any { return &q.FanoutEvents },
 			"fanout-gap": func(q *bench.Params) any { return &q.FanoutGap }, "fanout-data": func(q *bench.Params) any { return &q.FanoutData },
 			"throughput-duration": func(q *bench.Params) any { return &q.ThroughputDuration }, "data": func(q *bench.Params) any { return &q.Data },
-			"slow-percent": func(q *bench.Params) any { return &q.SlowPercent }, "slow-rcvbuf": func(q *bench.Params) any { return &q.SlowRcvBuf },
+			"throughput-batch": func(q *bench.Params) any { return &q.ThroughputBatch },
+			"slow-percent":     func(q *bench.Params) any { return &q.SlowPercent }, "slow-rcvbuf": func(q *bench.Params) any { return &q.SlowRcvBuf },
+			"rcvbuf":  func(q *bench.Params) any { return &q.RcvBuf },
 			"sources": func(q *bench.Params) any { return &q.Sources }, "readers": func(q *bench.Params) any { return &q.Readers },
 			"hub-workers": func(q *bench.Params) any { return &q.Hub.Workers }, "hub-rate": func(q *bench.Params) any { return &q.Hub.Rate },
-			"hub-duration": func(q *bench.Params) any { return &q.Hub.Duration },
+			"hub-duration":  func(q *bench.Params) any { return &q.Hub.Duration },
+			"stalled-conns": func(q *bench.Params) any { return &q.Memory.StalledConns }, "stalled-duration": func(q *bench.Params) any { return &q.Memory.StalledDuration },
+			"stalled-data": func(q *bench.Params) any { return &q.Memory.StalledData }, "large-bytes": func(q *bench.Params) any { return &q.Memory.LargeBytes },
+			"large-subscribers": func(q *bench.Params) any { return &q.Memory.LargeSubscribers },
 		} {
 			if set[name] {
 				copyField(field(&p), field(&explicit))
@@ -95,10 +111,16 @@ func main() {
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || id < 1 || id > 6 {
-			log.Fatalf("load: --scenarios: %q is not one of 1-6", s)
+		if err != nil || id < 1 || id > 8 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-8", s)
 		}
 		ids = append(ids, id)
+	}
+	if *budget != "" {
+		var err error
+		if p.OutboundBudget, err = parseSize(*budget); err != nil {
+			log.Fatalf("load: --outbound-budget: %v", err)
+		}
 	}
 	names := strings.Split(*servers, ",")
 	raiseFDLimit()
@@ -161,6 +183,11 @@ func main() {
 			targets = append(targets, bench.Target{Name: n, Bin: *pgsseBin})
 		case "baseline":
 			targets = append(targets, bench.Target{Name: n, Bin: *baseBin})
+		case "pgsse-old":
+			if *oldBin == "" {
+				log.Fatal("load: --servers pgsse-old needs --pgsse-old-bin")
+			}
+			targets = append(targets, bench.Target{Name: "pgsse", Label: n, Bin: *oldBin, Old: true})
 		default:
 			log.Fatalf("load: --servers: unknown server %q", n)
 		}
@@ -189,7 +216,10 @@ func main() {
 			continue
 		}
 		for _, t := range targets {
-			log.Printf("load: scenario %d against %s", id, t.Name)
+			if id >= 7 && t.Name != "pgsse" {
+				continue // the memory scenarios compare pgsse builds
+			}
+			log.Printf("load: scenario %d against %s", id, t.Label+" "+t.Name)
 			r, err := bench.Scenario(ctx, env, t, p, id)
 			if err != nil {
 				log.Printf("load: scenario %d, %s: %v", id, t.Name, err)
@@ -220,6 +250,25 @@ func main() {
 		cleanup()
 		os.Exit(1)
 	}
+}
+
+// parseSize reads a byte count with an optional KiB, MiB or GiB suffix.
+func parseSize(v string) (int64, error) {
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			v, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("invalid size %q (bytes, or with a KiB, MiB or GiB suffix)", v)
+	}
+	return n * mult, nil
 }
 
 func gitDescribe(root string) string {

@@ -1,0 +1,107 @@
+//go:build linux
+
+package engine
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/pgsse/pgsse/sse"
+)
+
+// drainWritable does what watchWritable and its task do, for a Server that is not running.
+func drainWritable(t *testing.T, s *Server) {
+	events := make([]unix.EpollEvent, 16)
+	n, err := unix.EpollWait(s.out.epfd, events, 0)
+	require.NoError(t, err)
+	var fds []int32
+	for _, ev := range events[:n] {
+		fds = append(fds, ev.Fd)
+	}
+	s.flushReady(fds)
+}
+
+// What the queues hold is counted exactly: a shared encoding once however many queues hold
+// it, private bytes per queue, plus outItemBytes per piece; transient bytes are copied; the
+// queues drain in order once the sockets have room (the writability set), and a closed
+// connection's queue is given back.
+func TestOutboundQueueAccounting(t *testing.T) {
+	s, cs, scs := queueServer(t, 3)
+	var prefix [3][]byte
+	for i, sc := range scs {
+		prefix[i] = fill(s, sc)
+	}
+	base := s.out.total
+	require.Equal(t, 3, s.out.queued)
+
+	ev := &event{id: 1, enc: sse.AppendEvent(nil, 1, nil, bytes.Repeat([]byte("x"), 10_000))}
+	for _, sc := range scs {
+		sc.writeEvents(s, []*event{ev})
+	}
+	assert.Equal(t, base+len(ev.enc)+3*outItemBytes, s.out.total, "a shared encoding counts once")
+	assert.EqualValues(t, 3, ev.queued)
+
+	scratch := []byte("private bytes\n")
+	scs[0].write(s, scratch)
+	copy(scratch, "XXXXXXXXXXXXXX") // the caller reuses its scratch at once
+	assert.Equal(t, base+len(ev.enc)+len("private bytes\n")+4*outItemBytes, s.out.total, "transient bytes are copied and count per queue")
+
+	// Connection 2 goes away: its queue is dropped, the shared encoding is still held by two.
+	s.connClosed(scs[2])
+	assert.EqualValues(t, 2, ev.queued)
+	assert.Equal(t, 2, s.out.queued)
+
+	// The peers read; the tick's epoll set reports the sockets and the queues drain in order.
+	want := []string{string(prefix[0]) + string(ev.enc) + "private bytes\n", string(prefix[1]) + string(ev.enc)}
+	for i := range 2 {
+		var got string
+		waitFor(t, 10*time.Second, "connection "+strconv.Itoa(i)+" drained", func() bool {
+			got = cs[i].text()
+			drainWritable(t, s)
+			return scs[i].pending() == 0 && strings.HasSuffix(cs[i].text(), "\n")
+		})
+		got = cs[i].text()
+		head := strings.Index(got, string(prefix[i][:10]))
+		require.GreaterOrEqual(t, head, 0)
+		assert.Equal(t, want[i], got[head:], "connection %d: everything, in order", i)
+	}
+	assert.Zero(t, s.out.queued)
+	assert.Zero(t, s.out.total, "nothing held once every queue drained")
+	assert.Zero(t, ev.queued)
+}
+
+// A connection closed while its socket has taken part of an event: that event is completed,
+// what was queued after it is dropped, and the last bytes (retry:) follow; the socket closes
+// once they have left. A client never sees half an event run into the retry field.
+func TestOutboundFinishCompletesTheBegunEvent(t *testing.T) {
+	s, cs, scs := queueServer(t, 1)
+	c, sc := cs[0], scs[0]
+	first := &event{id: 1, enc: sse.AppendEvent(nil, 1, nil, bytes.Repeat([]byte("a"), 100_000))}
+	second := &event{id: 2, enc: sse.AppendEvent(nil, 2, nil, []byte("dropped"))}
+	sc.writeEvents(s, []*event{first})
+	require.True(t, sc.q != nil && sc.q.begun, "the socket took part of the first event")
+	sc.writeEvents(s, []*event{second})
+	s.closeWithRetry(sc)
+	assert.Equal(t, stateClosing, sc.state)
+	assert.False(t, c.closed, "the close waits for the last bytes")
+	assert.Zero(t, second.queued, "what was queued after the begun event is dropped")
+	waitFor(t, 10*time.Second, "the queue drained and the socket closed", func() bool {
+		c.text()
+		drainWritable(t, s)
+		return c.closed
+	})
+	got := c.text()
+	got = got[strings.Index(got, "\r\n\r\n")+4:] // after the response head
+	got = got[strings.Index(got, "\n\n")+2:]     // and its retry/comment block
+	require.True(t, strings.HasPrefix(got, string(first.enc)), "the first event whole: %.60q", got)
+	rest := got[len(first.enc):]
+	assert.True(t, strings.HasPrefix(rest, "retry: ") && strings.HasSuffix(rest, "\n\n") && !strings.Contains(rest, "dropped"), "then the retry field: %q", rest)
+	assert.Zero(t, s.out.total)
+}
