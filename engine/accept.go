@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -27,7 +26,7 @@ import (
 // flight, so the loop takes on at most that many new connections per pass; connections
 // accepted meanwhile wait in the acceptor's queue rather than in the kernel's backlog, which
 // drops SYNs once full (the clients then retry after 1 s, 3 s, 7 s…). gnet keeps only a
-// placeholder listener that nothing can connect to (Register needs one).
+// placeholder listener that accepts nothing (Register needs one).
 //
 // When accept fails with EMFILE or ENFILE the server keeps serving what it has: the acceptor
 // closes its reserve descriptor, accepts the waiting connection and closes it at once (shed:
@@ -87,8 +86,9 @@ func acceptReason(err error) int {
 }
 
 // acceptGuard is what every listener does when accept fails: shed with the reserve
-// descriptor on EMFILE/ENFILE, count, log at most once per acceptLogEvery, back off. One
-// goroutine uses a guard at a time.
+// descriptor on EMFILE/ENFILE, count, log at most once per acceptLogEvery, back off. The
+// accepting goroutine alone uses the reserve and the back-off; report may also be called by
+// the goroutine that hands connections to the loop.
 type acceptGuard struct {
 	name    string // the flag and address, for the log: "--listen 127.0.0.1:8080"
 	spare   int    // the reserve descriptor (/dev/null), -1 while not held
@@ -370,23 +370,44 @@ func listenSSE(addr string, share bool) (net.Listener, error) {
 	return lc.Listen(context.Background(), "tcp", addr)
 }
 
-// placeholderListener is the gnet engine's listener: a Unix socket bound in a private
-// directory whose path is removed once gnet has started, so nothing can ever connect to it.
-// gnet needs one listener for Engine.Register; pgsse's own acceptors do the accepting.
-type placeholderListener struct{ dir, path string }
+// placeholderListener is the gnet engine's listener: gnet needs one for Engine.Register, and
+// pgsse's own acceptors do the accepting. It is a UDP socket on a free loopback port (nothing
+// to accept, so nothing for gnet's acceptor to fail on; no file, so it works in a read-only
+// image without /tmp), connected to itself once gnet has started (seal), after which the
+// kernel drops every datagram anyone else sends it. The port makes the address unique, which
+// gnet's process-wide map of engines needs (Run deletes its entry).
+type placeholderListener struct{ hostPort string }
 
 func newPlaceholder() (*placeholderListener, error) {
-	dir, err := os.MkdirTemp("", "pgsse-loop-")
+	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	return &placeholderListener{dir: dir, path: filepath.Join(dir, "loop.sock")}, nil
+	defer c.Close()
+	return &placeholderListener{hostPort: c.LocalAddr().String()}, nil
 }
 
-func (p *placeholderListener) addr() string { return "unix://" + p.path }
+func (p *placeholderListener) addr() string { return "udp://" + p.hostPort }
 
-// remove takes the path away (nothing can connect after that) and the directory with it.
-func (p *placeholderListener) remove() { _ = os.RemoveAll(p.dir) }
+// seal connects the socket to itself: from then on it receives nothing.
+func (p *placeholderListener) seal(eng gnet.Engine) error {
+	fd, err := eng.DupListener("udp", p.hostPort)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return connectToSelf(fd)
+}
+
+// connectToSelf connects a UDP socket to its own address: it then receives only what it sends
+// itself.
+func connectToSelf(fd int) error {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return err
+	}
+	return unix.Connect(fd, sa)
+}
 
 // AdminListener wraps the admin endpoint's listener (cmd/pgsse) with the accept policy of the
 // other listeners: at most Config.AdminMaxConnections connections open at once — at the cap

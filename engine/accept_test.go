@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -139,7 +140,6 @@ func BenchmarkAccept(b *testing.B) {
 		if own {
 			placeholder, err = newPlaceholder()
 			require.NoError(b, err)
-			defer placeholder.remove()
 			gnetAddr = placeholder.addr()
 		} else {
 			gnetAddr = "tcp://" + addr
@@ -154,6 +154,7 @@ func BenchmarkAccept(b *testing.B) {
 			s, err := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			require.NoError(b, err)
 			s.eng = h.eng
+			require.NoError(b, placeholder.seal(h.eng))
 			ln, err := listenSSE(addr, false)
 			require.NoError(b, err)
 			var open atomic.Int64
@@ -203,4 +204,29 @@ func processCPU() int64 {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// The placeholder's socket, once sealed, receives nothing anybody else sends it: gnet's
+// listener never has anything to act on.
+func TestPlaceholderSealed(t *testing.T) {
+	p, err := newPlaceholder()
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(p.addr(), "udp://127.0.0.1:"), p.addr())
+	pc, err := net.ListenPacket("udp4", p.hostPort) // stands in for gnet's listener
+	require.NoError(t, err)
+	defer pc.Close()
+	raw, err := pc.(*net.UDPConn).SyscallConn()
+	require.NoError(t, err)
+	var serr error
+	require.NoError(t, raw.Control(func(fd uintptr) { serr = connectToSelf(int(fd)) }))
+	require.NoError(t, serr)
+	sender, err := net.Dial("udp4", p.hostPort)
+	require.NoError(t, err)
+	defer sender.Close()
+	_, _ = sender.Write([]byte("anyone there?"))
+	require.NoError(t, pc.SetReadDeadline(time.Now().Add(200*time.Millisecond)))
+	_, _, err = pc.ReadFrom(make([]byte, 64))
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	assert.True(t, ne.Timeout(), "nothing arrives: %v", err)
 }

@@ -171,7 +171,6 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("engine: the loop's placeholder socket: %w", err)
 	}
-	defer placeholder.remove()
 
 	// The LISTEN source exists (not started) before the loop can accept anyone: a hub worker
 	// or /channels/ client that subscribes at once must reach Listen, not a nil source.
@@ -213,7 +212,10 @@ func (s *Server) Run(ctx context.Context) error {
 		return abort(fmt.Errorf("engine: event loop: %w", err))
 	case <-s.loopsReady:
 	}
-	placeholder.remove()
+	if err := placeholder.seal(s.eng); err != nil {
+		_ = s.eng.Stop(context.Background())
+		return abort(fmt.Errorf("engine: the loop's placeholder socket: %w", err))
+	}
 	anchor, peer, err := registerAnchor(s.eng)
 	if err != nil {
 		_ = s.eng.Stop(context.Background())
