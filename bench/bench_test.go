@@ -115,14 +115,30 @@ func BenchmarkScenario3FanOut(b *testing.B)     { runScenario(b, 3) }
 func BenchmarkScenario4Throughput(b *testing.B) { runScenario(b, 4) }
 func BenchmarkScenario6Isolation(b *testing.B)  { runScenario(b, 6) }
 
+// BenchmarkScenario9Publish reports publishing over HTTP (pgsse) and pgsse.publish over SQL
+// (baseline), measured on one server in one run.
+func BenchmarkScenario9Publish(b *testing.B) {
+	runPaired(b, func(env *Env, t Target, p Params) ([]*Result, error) {
+		return Publish(context.Background(), env, t, p.Publish, p)
+	})
+}
+
 // BenchmarkScenario5Hub reports the hub phase (pgsse) and the direct-LISTEN phase (baseline)
 // of each run.
 func BenchmarkScenario5Hub(b *testing.B) {
+	runPaired(b, func(env *Env, t Target, p Params) ([]*Result, error) {
+		return Hub(context.Background(), env, t, p, p.Hub)
+	})
+}
+
+// runPaired runs a scenario that measures pgsse against its own baseline in one run, and
+// reports both results' metrics prefixed with their target.
+func runPaired(b *testing.B, scenario func(*Env, Target, Params) ([]*Result, error)) {
 	targets := servers(b)
 	env := &Env{Cluster: UseCluster(pgtest.URL(b)), Dir: b.TempDir(), Logf: b.Logf}
 	p := params()
 	reportMeans(b, true, func() []*Result {
-		rs, err := Hub(context.Background(), env, targets[0], p, p.Hub)
+		rs, err := scenario(env, targets[0], p)
 		require.NoError(b, err)
 		return rs
 	})

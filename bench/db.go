@@ -4,6 +4,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -55,6 +56,23 @@ func (c *Cluster) Stop() {
 	}
 	_ = exec.Command(c.script, "stop", c.dir).Run()
 	c.dir = ""
+}
+
+// MakeDurable gives a cluster this process started PostgreSQL's own defaults for
+// durability — fsync, synchronous_commit and full_page_writes on — where scripts/pg.sh turns
+// them off for tests (all three take effect on reload). Publishing figures then include what
+// a COMMIT costs in production: a WAL flush.
+func (c *Cluster) MakeDurable(ctx context.Context) error {
+	if c.dir == "" {
+		return errors.New("refusing to change the settings of a cluster this process did not start")
+	}
+	for _, sql := range []string{"ALTER SYSTEM SET fsync = on", "ALTER SYSTEM SET synchronous_commit = on",
+		"ALTER SYSTEM SET full_page_writes = on", "SELECT pg_reload_conf()"} {
+		if err := execSQL(ctx, c.AdminURL, sql); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Database is a fresh database with pgsse's schema, dropped by Drop.

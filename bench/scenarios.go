@@ -45,7 +45,8 @@ type Params struct {
 	PrefillEvents int     // scenario 6: events published to them alone before the others connect (600 × 7,000 B: more than the ≈3 MB loopback socket buffers hold)
 	PrefillData   int     // bytes of data per prefill event (inline in NOTIFY below 7,900)
 
-	Hub HubParams // scenario 5
+	Hub     HubParams     // scenario 5
+	Publish PublishParams // scenario 9
 
 	// OutboundBudget is pgsse's --max-outbound-memory in scenarios 4, 7 and 8 (0 = the
 	// server's default); RSS is reported against it.
@@ -65,6 +66,7 @@ func Full() Params {
 		ThroughputDuration: 10 * time.Second, Data: 64,
 		SlowPercent: 1, SlowRcvBuf: 4096, PrefillEvents: 600, PrefillData: 7000,
 		Hub:     HubParams{Workers: 64, Rate: 5000, Duration: 10 * time.Second},
+		Publish: fullPublish(),
 		Sources: 8, Readers: 1,
 		Memory: MemoryParams{StalledConns: 200, StalledDuration: 10 * time.Second, StalledData: 1024,
 			LargeBytes: 50 << 20, LargeSubscribers: 10},
@@ -85,6 +87,7 @@ func Small() Params {
 	p.Hub = HubParams{Workers: 8, Rate: 1000, Duration: time.Second}
 	p.Memory = MemoryParams{StalledConns: 50, StalledDuration: 2 * time.Second, StalledData: 1024,
 		LargeBytes: 16 << 20, LargeSubscribers: 10}
+	p.Publish = smallPublish()
 	return p
 }
 

@@ -91,7 +91,7 @@ func (s *Server) overCapacity() (shedReason, bool) {
 	switch {
 	case s.draining:
 		return shedDraining, true
-	case s.active >= s.cfg.MaxConnections:
+	case s.atCapacity():
 		return shedOverCapacity, true
 	case s.databaseUnavailable():
 		return shedDatabaseUnavailable, true

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/framing"
+	"github.com/pgsse/pgsse/sse"
 )
 
 // Config is everything `pgsse serve` configures (SPEC §6). cmd/pgsse fills it from flags
@@ -29,21 +30,24 @@ type Config struct {
 	PublicStreams []string // patterns that need no token
 	CORSOrigins   []string // exact origins allowed to read streams cross-origin
 
-	MaxConnections int // SSE connections; default MaxConnectionsFor(FDLimit())
+	MaxConnections int // SSE-port connections (subscribers and publishers); default MaxConnectionsFor(FDLimit())
 	// MaxConnectionsPerSubject caps the SSE connections of one token subject (SPEC §3b);
 	// default DefaultMaxConnectionsPerSubject, NoLimit for none.
 	MaxConnectionsPerSubject int
-	MaxHeaderBytes           int           // request head limit, default DefaultMaxHeaderBytes
-	Heartbeat                time.Duration // default DefaultHeartbeat
-	Retry                    time.Duration // the retry: field, default DefaultRetry
-	Retention                time.Duration // prune events older than this; 0 = keep forever (the CLI's default is DefaultRetention)
-	Demo                     bool          // serve the demo page at /
 	// MaxOutboundMemory bounds the bytes queued for all SSE connections together
 	// (--max-outbound-memory, default DefaultMaxOutboundMemory; budget.go).
 	MaxOutboundMemory int
 	// GoMemoryLimit lets the engine keep the Go runtime's soft memory limit in step with
 	// MaxOutboundMemory while it runs (budget.go). The CLI sets it unless GOMEMLIMIT is set.
-	GoMemoryLimit bool
+	GoMemoryLimit  bool
+	MaxHeaderBytes int // request head limit, default DefaultMaxHeaderBytes
+	// MaxPublishBytes is the largest request body of POST /streams/{stream} and POST
+	// /publish (--max-publish-bytes), default DefaultMaxPublishBytes.
+	MaxPublishBytes int64
+	Heartbeat       time.Duration // default DefaultHeartbeat
+	Retry           time.Duration // the retry: field, default DefaultRetry
+	Retention       time.Duration // prune events older than this; 0 = keep forever (the CLI's default is DefaultRetention)
+	Demo            bool          // serve the demo page at /
 
 	ReplayPoolSize int // replay connections (application_name pgsse-replay), default DefaultReplayPoolSize
 
@@ -63,19 +67,20 @@ type Config struct {
 
 // Defaults (SPEC §6): the CLI's flag defaults, and what New fills in for a zero field.
 const (
-	DefaultListen                      = ":8080"
-	DefaultHubSocketMode   os.FileMode = 0o600
-	DefaultHubWorkerBuffer             = 1 << 20 // bytes
-	DefaultMaxHeaderBytes              = 8192
-	DefaultHeartbeat                   = 15 * time.Second
-	DefaultRetry                       = 2 * time.Second
-	DefaultRetention                   = 24 * time.Hour
-	DefaultReplayPoolSize              = 4
+	DefaultListen                        = ":8080"
+	DefaultHubSocketMode     os.FileMode = 0o600
+	DefaultHubWorkerBuffer               = 1 << 20 // bytes
+	DefaultMaxHeaderBytes                = 8192
+	DefaultHeartbeat                     = 15 * time.Second
+	DefaultRetry                         = 2 * time.Second
+	DefaultRetention                     = 24 * time.Hour
+	DefaultReplayPoolSize                = 4
+	DefaultMaxOutboundMemory             = 256 << 20                  // bytes queued for all SSE connections together
+	DefaultMaxPublishBytes               = sse.DefaultMaxPublishBytes // SPEC §3a: 1 MiB
 	// DefaultMaxConnectionsPerSubject is --max-connections-per-subject's default (0 on the
 	// command line is NoLimit).
 	DefaultMaxConnectionsPerSubject = 256
 	DefaultAdminMaxConnections      = 64
-	DefaultMaxOutboundMemory        = 256 << 20 // bytes queued for all SSE connections together
 )
 
 // NoLimit in a Config limit field means "no limit" (the zero value means "the default").
@@ -93,6 +98,8 @@ const (
 	MaxInterval          = 24 * time.Hour // the longest --heartbeat and --retry
 	MinMaxOutboundMemory = 1 << 20        // bytes
 	MaxMaxOutboundMemory = 1 << 40        // bytes
+	MinMaxPublishBytes   = 1
+	MaxMaxPublishBytes   = 1 << 30 // a batch of 1,000 events of 1 MiB
 )
 
 // The descriptor budget (SPEC §3b "Descriptors"). Every consumer of file descriptors gets its
@@ -222,6 +229,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	orDefault(&cfg.AdminMaxConnections, DefaultAdminMaxConnections)
 	budget := cfg.FDBudget(FDLimit())
 	orDefault(&cfg.MaxOutboundMemory, DefaultMaxOutboundMemory)
+	orDefault(&cfg.MaxPublishBytes, DefaultMaxPublishBytes)
 	if cfg.MaxConnections == 0 {
 		if cfg.MaxConnections = budget.MaxConnections; cfg.MaxConnections < 1 {
 			return cfg, errors.New("--max-connections: the file-descriptor limit " + strconv.FormatUint(budget.Limit, 10) +
@@ -247,6 +255,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("--heartbeat: must be between " + MinHeartbeat.String() + " and " + MaxInterval.String())
 	case cfg.Retry < MinRetry || cfg.Retry > MaxInterval:
 		return cfg, errors.New("--retry: must be between " + MinRetry.String() + " and " + MaxInterval.String())
+	case cfg.MaxPublishBytes < MinMaxPublishBytes || cfg.MaxPublishBytes > MaxMaxPublishBytes:
+		return cfg, errors.New("--max-publish-bytes: must be between " + strconv.Itoa(MinMaxPublishBytes) + " and " + strconv.Itoa(MaxMaxPublishBytes))
 	case cfg.MaxOutboundMemory < MinMaxOutboundMemory || cfg.MaxOutboundMemory > MaxMaxOutboundMemory:
 		return cfg, errors.New("--max-outbound-memory: must be between 1MiB and 1TiB")
 	case cfg.Retention < 0:

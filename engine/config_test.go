@@ -51,6 +51,7 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 	assert.Equal(t, DefaultHeartbeat, cfg.Heartbeat)
 	assert.Equal(t, DefaultRetry, cfg.Retry)
 	assert.Equal(t, DefaultReplayPoolSize, cfg.ReplayPoolSize)
+	assert.Equal(t, int64(DefaultMaxPublishBytes), cfg.MaxPublishBytes)
 	assert.Equal(t, DefaultMaxOutboundMemory, cfg.MaxOutboundMemory)
 	assert.Equal(t, MaxConnectionsFor(FDLimit()), cfg.MaxConnections)
 	assert.Zero(t, cfg.Retention, "zero keeps events forever")
@@ -69,6 +70,8 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 		{func(c *Config) { c.Retry = -time.Second }, "--retry"},
 		{func(c *Config) { c.Retention = -time.Second }, "--retention"},
 		{func(c *Config) { c.HubWorkerBuffer = MinHubWorkerBuffer - 1 }, "--hub-worker-buffer"},
+		{func(c *Config) { c.MaxPublishBytes = -1 }, "--max-publish-bytes"},
+		{func(c *Config) { c.MaxPublishBytes = MaxMaxPublishBytes + 1 }, "--max-publish-bytes"},
 		{func(c *Config) { c.MaxOutboundMemory = MinMaxOutboundMemory - 1 }, "--max-outbound-memory"},
 		{func(c *Config) { c.MaxOutboundMemory = MaxMaxOutboundMemory + 1 }, "--max-outbound-memory"},
 	} {
@@ -79,7 +82,8 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.flag+":")
 		}
 	}
-	cfg = Config{MaxHeaderBytes: MinMaxHeaderBytes, Heartbeat: MinHeartbeat, Retry: MinRetry, HubWorkerBuffer: MinHubWorkerBuffer, MaxOutboundMemory: MinMaxOutboundMemory}
+	cfg = Config{MaxHeaderBytes: MinMaxHeaderBytes, Heartbeat: MinHeartbeat, Retry: MinRetry, HubWorkerBuffer: MinHubWorkerBuffer,
+		MaxOutboundMemory: MinMaxOutboundMemory, MaxPublishBytes: MinMaxPublishBytes}
 	_, err = cfg.withDefaults()
 	assert.NoError(t, err, "the bounds themselves are allowed")
 }

@@ -1,6 +1,7 @@
 // Package engine is pgsse's server: one gnet event loop that serves SSE clients
-// (SPEC §3) and hub workers (SPEC §5), fed by one LISTEN session (pglisten) and a small
-// pool of replay connections (store).
+// (SPEC §3), HTTP publishers (SPEC §3a) and hub workers (SPEC §5), fed by one LISTEN
+// session (pglisten) and a small pool of replay connections (store); publish requests go
+// to store's group-commit Publisher.
 //
 // The parts, one file (or two) each:
 //
@@ -11,10 +12,12 @@
 //	loop.go              the task queue, enter/leave around every loop entry, the ticker
 //	handler.go           the gnet callbacks, dispatching by connection kind
 //	request.go           HTTP request heads on the SSE port: routing, authorisation, CORS
-//	verify.go            token checks off the loop: the verifier pool's cache, or the pool and back as a task
-//	admission.go         who becomes a subscriber and when: the admission FIFO (a bounded number per
+//	sseconn.go           the connection state machine of the SSE port (subscribers and publishers):
+//	                     states, transitions, time rules, writes
+//	publish.go           POST /streams/{stream} and POST /publish: bodies, grants, the Publisher
+//	verify.go            checkToken: token checks off the loop (auth.Pool), answers as loop tasks
+//	admission.go         who becomes a subscriber and when: the admission FIFO (a bounded amount per
 //	                     round between deliveries), capacity, draining, per-subject caps
-//	sseconn.go           the SSE connection state machine: states, transitions, time rules, writes
 //	streams.go           durable and ephemeral streams: fan-out, catch-up, lagging, gaps
 //	channels.go          raw channels: one LISTEN per channel, shared by SSE clients and workers
 //	hub.go, hubsocket.go the hub (its own type) and its socket file

@@ -89,7 +89,12 @@ func (ts *testServer) url(path string) string { return "http://" + ts.Addr().Str
 
 func migratedDB(t testing.TB) string {
 	t.Helper()
-	dsn := pgtest.NewDatabase(t)
+	return migrated(t, pgtest.NewDatabase(t))
+}
+
+// migrated migrates the database at dsn to pgsse's schema and returns dsn.
+func migrated(t testing.TB, dsn string) string {
+	t.Helper()
 	conn := connect(t, dsn)
 	_, _, err := store.Migrate(context.Background(), conn)
 	require.NoError(t, err)

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/store"
 )
 
 // metrics are the Prometheus series of SPEC §4. Counters are updated from the loop in
@@ -48,10 +49,21 @@ type metrics struct {
 	// rejectedOther keeps the vector for any other.
 	rejected      map[int]prometheus.Counter
 	rejectedOther *prometheus.CounterVec
+
+	// Publishing (SPEC §3a). pgsse_publish_requests_total{status} counts the answers to
+	// POST /streams/… and POST /publish (their refusals are not in pgsse_rejected_total).
+	publishConns         prometheus.Gauge
+	publishRequests      map[int]prometheus.Counter
+	publishRequestsOther *prometheus.CounterVec
+	publishBatch         prometheus.Histogram // events per committed transaction
+	publishCommit        prometheus.Histogram // seconds from sending a transaction to its COMMIT's answer
 }
 
 // rejectedStatuses are the error statuses the SSE port answers (SPEC §3).
 var rejectedStatuses = []int{400, 401, 403, 404, 405, 431}
+
+// publishStatuses are the statuses publish requests are answered with (SPEC §3a).
+var publishStatuses = []int{200, 400, 401, 403, 408, 411, 413, 415, 417, 431, 500, 501, 503}
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_dropped_total", Help: "Deliveries or connections dropped, by reason."}, []string{"reason"})
@@ -95,6 +107,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for reason, label := range acceptReasonLabels {
 		m.acceptErrors[reason] = acceptErrors.WithLabelValues(label)
 	}
+	published := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_publish_requests_total", Help: "Answers to POST /streams/… and POST /publish, by status."}, []string{"status"})
+	m.publishConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_publish_connections", Help: "Connections on the SSE port counted as publishers (keep-alive)."})
+	m.publishRequests = make(map[int]prometheus.Counter, len(publishStatuses))
+	m.publishRequestsOther = published
+	for _, status := range publishStatuses {
+		m.publishRequests[status] = published.WithLabelValues(strconv.Itoa(status))
+	}
+	m.publishBatch = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "pgsse_publish_batch_size",
+		Help:    "Events per committed publishing transaction (group commit: all requests that arrived while the previous one was in flight).",
+		Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000},
+	})
+	m.publishCommit = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "pgsse_publish_commit_seconds",
+		Help:    "Time from sending a publishing transaction to PostgreSQL to the answer to its COMMIT.",
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+	})
 	stat := func(read func(*auth.Stats) uint64) func() float64 {
 		return func() float64 {
 			if st := m.verifyStats.Load(); st != nil {
@@ -118,7 +147,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			stat(func(st *auth.Stats) uint64 { return st.QueueFull.Load() })),
 	}
 	for _, c := range append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
-		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark}, tokens...) {
+		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark,
+		m.publishConns, published, m.publishBatch, m.publishCommit}, tokens...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -132,4 +162,22 @@ func (m *metrics) rejectedFor(status int) prometheus.Counter {
 		return c
 	}
 	return m.rejectedOther.WithLabelValues(strconv.Itoa(status))
+}
+
+// publishRequestsFor is the pgsse_publish_requests_total counter of one status.
+func (m *metrics) publishRequestsFor(status int) prometheus.Counter {
+	if c, ok := m.publishRequests[status]; ok {
+		return c
+	}
+	return m.publishRequestsOther.WithLabelValues(strconv.Itoa(status))
+}
+
+// observePublish records one publishing transaction (store.PublisherConfig.Observe, called
+// from a publisher goroutine; histograms are safe for that).
+func (m *metrics) observePublish(g store.PublishGroup) {
+	if g.Err != nil {
+		return
+	}
+	m.publishBatch.Observe(float64(g.Events))
+	m.publishCommit.Observe(g.Commit.Seconds())
 }

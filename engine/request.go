@@ -12,48 +12,95 @@ import (
 	"github.com/pgsse/pgsse/sse"
 )
 
-// HTTP request handling on the SSE port (SPEC §3): a connection in state head is read until
-// its request head is complete, the head is parsed (sse.Parser) and routed; route has one
-// case per endpoint and method, so a new endpoint is one case there and its handler.
+// HTTP request handling on the SSE port (SPEC §3, §3a): a connection in state head is read
+// until its request head is complete, the head is parsed (sse.Parser) and routed; route has
+// one case per endpoint and method, so a new endpoint is one case there and its handler
+// (subscribe here, publish in publish.go).
 
 var (
 	crlfcrlf = []byte("\r\n\r\n")
 	lflf     = []byte("\n\n")
 )
 
-// readRequest handles bytes from an SSE-port connection. Nothing is read after the head: a
-// connection past state head has whatever it sends discarded.
+// readRequest handles the input of an SSE-port connection, as far as its state allows: the
+// request head (head), a publish request's body (publish-body), a keep-alive connection's
+// next request (idle). A publisher waiting for its COMMIT leaves what it sent ahead (a
+// pipelined request) in the input, up to publishPipelineBytes; anything a subscriber sends
+// after its head is discarded.
 func (s *Server) readRequest(sc *sseConn) {
-	c := sc.c
-	if sc.state != stateHead {
-		_, _ = c.Discard(-1)
-		return
+	for !sc.closed {
+		switch sc.state {
+		case stateHead:
+			if !s.readRequestHead(sc) {
+				return
+			}
+		case statePublishBody:
+			if !s.readBody(sc) {
+				return
+			}
+		case stateIdle:
+			if sc.c.InboundBuffered() == 0 {
+				return
+			}
+			if sc.pending() > publishUnreadAnswerBytes {
+				s.finish(sc, nil) // the client does not read its answers
+				return
+			}
+			s.nextRequest(sc)
+		case statePublishCommit:
+			if sc.c.InboundBuffered() > publishPipelineBytes {
+				s.finish(sc, nil)
+			}
+			return
+		default:
+			_, _ = sc.c.Discard(-1)
+			return
+		}
 	}
+}
+
+// readRequestHead parses and routes a request head once it is complete. It reports whether the
+// connection carries on reading (a publish request's body, or its next request).
+func (s *Server) readRequestHead(sc *sseConn) bool {
+	c := sc.c
 	buf, _ := c.Peek(-1)
 	// Parse only once the head can be complete (or is too big): a client trickling one byte
 	// per packet must not make us re-parse a growing head each time.
-	if len(buf) <= s.cfg.MaxHeaderBytes && !bytes.Contains(buf, crlfcrlf) && !bytes.Contains(buf, lflf) {
-		return
+	if head := buf[:min(len(buf), s.cfg.MaxHeaderBytes+len(crlfcrlf))]; len(buf) <= s.cfg.MaxHeaderBytes &&
+		!bytes.Contains(head, crlfcrlf) && !bytes.Contains(head, lflf) {
+		return false
 	}
 	req, err := s.parser.Parse(buf, s.cfg.MaxHeaderBytes)
 	if errors.Is(err, sse.ErrIncomplete) {
-		return
+		return false
 	}
 	if err != nil {
 		var pe *sse.ParseError
+		status, reason := 400, err.Error()
 		switch {
 		case errors.Is(err, sse.ErrHeadTooLarge):
-			s.reject(sc, 431, "request head larger than "+strconv.Itoa(s.cfg.MaxHeaderBytes)+" bytes", sse.CORS{})
+			status, reason = 431, "request head larger than "+strconv.Itoa(s.cfg.MaxHeaderBytes)+" bytes"
 		case errors.As(err, &pe):
-			s.reject(sc, pe.Status, pe.Reason, sse.CORS{})
-		default:
-			s.reject(sc, 400, err.Error(), sse.CORS{})
+			status, reason = pe.Status, pe.Reason
 		}
+		if isPOST(buf) {
+			// A body may follow: linger so that the client reads the answer.
+			s.metrics.publishRequestsFor(status).Inc()
+			s.linger(sc, sse.AppendError(s.scratch[:0], status, reason, sse.CORS{}))
+			return false
+		}
+		s.reject(sc, status, reason, sse.CORS{})
 		_, _ = c.Discard(-1)
-		return
+		return false
 	}
 	s.route(sc, req)
+	switch sc.state {
+	case statePublishBody, statePublishCommit, stateIdle:
+		_, _ = c.Discard(req.HeadLen) // the body, or the next request, follows
+		return true
+	}
 	_, _ = c.Discard(-1)
+	return false
 }
 
 // route answers one request head: one case per endpoint, then per method.
@@ -61,17 +108,25 @@ func (s *Server) route(sc *sseConn, req *sse.Request) {
 	cors := s.corsFor(req.Origin)
 	switch req.Route {
 	case sse.RouteStream, sse.RouteChannel:
-		switch req.Method {
-		case sse.MethodGET:
+		switch {
+		case req.Method == sse.MethodGET:
+			s.uncountPublisher(sc) // a keep-alive publisher may turn into a subscriber
 			s.subscribe(sc, req, cors)
+		case req.Method == sse.MethodPOST && req.Route == sse.RouteStream:
+			s.publish(sc, req, cors)
+		case req.Method == sse.MethodOPTIONS:
+			s.preflight(sc, req, cors)
+		default:
+			s.methodNotAllowed(sc, req, cors)
+		}
+	case sse.RoutePublish:
+		switch req.Method {
+		case sse.MethodPOST:
+			s.publish(sc, req, cors)
 		case sse.MethodOPTIONS:
 			s.preflight(sc, req, cors)
-		case sse.MethodHEAD:
-			// A response to HEAD carries no body (RFC 9110 §9.3.2).
-			s.metrics.rejectedFor(405).Inc()
-			s.finish(sc, sse.AppendErrorHead(s.scratch[:0], 405, "method not allowed: use GET", cors))
 		default:
-			s.reject(sc, 405, "method not allowed: use GET", cors)
+			s.methodNotAllowed(sc, req, cors)
 		}
 	case sse.RouteRoot:
 		if s.cfg.Demo && req.Method == sse.MethodGET {
@@ -84,13 +139,40 @@ func (s *Server) route(sc *sseConn, req *sse.Request) {
 	}
 }
 
+// allowedMethods is the Allow header (405) and the preflight's
+// Access-Control-Allow-Methods of a route.
+func allowedMethods(r sse.Route) (allow, use string) {
+	switch r {
+	case sse.RouteStream:
+		return sse.AllowStream, "GET or POST"
+	case sse.RoutePublish:
+		return sse.AllowPublish, "POST"
+	}
+	return "GET, OPTIONS", "GET"
+}
+
+// methodNotAllowed answers 405 with the route's Allow header (a HEAD request gets the
+// head only: RFC 9110 §9.3.2).
+func (s *Server) methodNotAllowed(sc *sseConn, req *sse.Request, cors sse.CORS) {
+	allow, use := allowedMethods(req.Route)
+	s.metrics.rejectedFor(405).Inc()
+	r := sse.Reply{CORS: cors, Allow: allow}
+	if req.Method == sse.MethodHEAD {
+		s.finish(sc, sse.AppendReplyHead(s.scratch[:0], 405, "method not allowed: use "+use, r))
+		return
+	}
+	s.finish(sc, sse.AppendReply(s.scratch[:0], 405, "method not allowed: use "+use, r))
+}
+
 // reject answers with an error status and a one-line text/plain body, and closes.
 func (s *Server) reject(sc *sseConn, status int, reason string, cors sse.CORS) {
 	s.metrics.rejectedFor(status).Inc()
 	s.finish(sc, sse.AppendError(s.scratch[:0], status, reason, cors))
 }
 
-// preflight answers a CORS preflight from an allowed origin (204), else 403.
+// preflight answers a CORS preflight from an allowed origin (204) with the route's methods,
+// else 403. A preflight for a POST asks for Content-Type, so the default allowed headers
+// for it include Content-Type.
 func (s *Server) preflight(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	if cors.Origin == nil {
 		s.reject(sc, 403, "origin not allowed", cors)
@@ -99,8 +181,12 @@ func (s *Server) preflight(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	allow := req.ACRHeaders
 	if len(allow) == 0 || !sse.ValidHeaderList(allow) {
 		allow = []byte(sse.DefaultAllowHeaders)
+		if string(req.ACRMethod) == "POST" {
+			allow = []byte(sse.DefaultPublishAllowHeaders)
+		}
 	}
-	s.finish(sc, sse.AppendPreflight(s.scratch[:0], cors, allow))
+	methods, _ := allowedMethods(req.Route)
+	s.finish(sc, sse.AppendPreflightMethods(s.scratch[:0], cors, allow, methods))
 }
 
 // subRequest is what a subscription request asked for, kept from its head (a view into
@@ -228,8 +314,8 @@ func (s *Server) unauthorized(sc *sseConn, reason string) {
 	s.finish(sc, sse.AppendUnauthorized(s.scratch[:0], reason, false, s.connCORS(sc)))
 }
 
-// requestToken finds the token: Authorization: Bearer, else ?token=, else the pgsse_token
-// cookie (SPEC §3); nil if there is none.
+// requestToken is the request's token (SPEC §3): Authorization: Bearer, else ?token=, else
+// the pgsse_token cookie; nil if there is none. A view into the request.
 func requestToken(req *sse.Request) []byte {
 	if tok := bearer(req.Authorization); tok != nil {
 		return tok

@@ -44,6 +44,8 @@ type Server struct {
 	listen   listenSource // the LISTEN session (listen.go)
 	replayer *store.Replayer
 
+	publishState // the Publisher and publisher connections (publish.go)
+
 	loopsReady chan struct{}
 	loopsOnce  sync.Once
 	started    chan struct{}
@@ -118,6 +120,8 @@ func New(cfg Config) (*Server, error) {
 		channels:   make(map[string]*channel),
 		subjects:   make(map[string]int32),
 	}
+	s.publishBudget = max(publishMemoryBytes, 2*cfg.MaxPublishBytes)
+	s.publishBodyTimeoutMS = publishBodyTimeoutMS
 	s.hub.srv = s
 	s.hub.maxChannels, s.hub.maxWorkerChannels = hubMaxChannels, hubMaxChannelsPerWorker
 	s.out.epfd = -1
@@ -265,6 +269,9 @@ func (s *Server) Run(ctx context.Context) error {
 	for _, a := range acceptors {
 		a.close()
 	}
+	pubCtx, pubCancel := context.WithTimeout(context.Background(), drainTimeout)
+	s.stopPublisher(pubCtx) // what is still queued is committed (and answered, if its client waited)
+	pubCancel()
 	stopBG()
 	close(s.stopping)
 	s.out.stopWatching()
@@ -309,7 +316,8 @@ func (s *Server) admitRound(taskTime time.Duration) bool {
 }
 
 // drain tells every client to come back later (jittered) and every worker to fail over,
-// flushes and closes, within drainTimeout.
+// flushes and closes, within drainTimeout. A publisher waiting for its COMMIT is answered
+// (and closed) when it comes.
 func (s *Server) drain() {
 	done := make(chan struct{})
 	s.tasks.push(func() {

@@ -298,7 +298,8 @@ func TestSSEFaultOutageCatchUpWithoutLaterTraffic(t *testing.T) {
 
 func TestSSEFaultPostgresRestart(t *testing.T) {
 	t.Parallel()
-	cluster, dsn := privateMigratedDB(t)
+	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{})
+	dsn := migrated(t, cluster.NewDatabase(t))
 	ts := startServer(t, dsn, nil)
 	addr := ts.Addr().String()
 	tok := bearerH(allStreams(t))
@@ -412,7 +413,8 @@ func TestSSEFaultChannelRelisten(t *testing.T) {
 // their connections and are caught up once it is back.
 func TestShedDatabaseUnavailable(t *testing.T) {
 	t.Parallel()
-	cluster, dsn := privateMigratedDB(t)
+	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{})
+	dsn := migrated(t, cluster.NewDatabase(t))
 	ts := startServer(t, dsn, nil)
 	addr := ts.Addr().String()
 	tok := bearerH(allStreams(t))
@@ -443,17 +445,4 @@ func TestShedDatabaseUnavailable(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "back", live.mustNextData(10*time.Second).Data, "the connected client stayed")
 	assert.Equal(t, "back", c.mustNextData(10*time.Second).Data)
-}
-
-// privateMigratedDB is a migrated database on a private cluster the test may stop and restart.
-func privateMigratedDB(t *testing.T) (*pgtest.Cluster, string) {
-	t.Helper()
-	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{})
-	dsn := cluster.NewDatabase(t)
-	conn := connectPlain(dsn)
-	require.NotNil(t, conn)
-	defer conn.Close(context.Background())
-	_, _, err := store.Migrate(context.Background(), conn)
-	require.NoError(t, err)
-	return cluster, dsn
 }

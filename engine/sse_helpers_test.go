@@ -34,6 +34,7 @@ type httpResult struct {
 	Status int
 	Header http.Header
 	Body   string // the body as sent (for HEAD: whatever followed the head)
+	Close  bool   // the response said Connection: close (net/http drops that header)
 }
 
 // exchange writes raw (a complete request, CRLFs included) to addr and reads one

@@ -2,24 +2,27 @@ package engine
 
 import (
 	"math/rand/v2"
+	"strconv"
 
 	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/sse"
 )
 
-// The SSE connection state machine (SPEC §3). A connection on the SSE port moves through
+// The connection state machine of the SSE port (SPEC §3, §3a). A subscriber moves through
 //
 //	head ─► verifying ─► queued ─► pending ─► catch-up ◄─► live
 //	  └────────────────►┘                        ▲    ╲     │
 //	                                             │     ▼    ▼
 //	                                             └──── lagging    and from any state ─► closing
 //
-//   - head: reading the request head (headTimeoutMS from the accept);
+//   - head: reading the request head (headTimeoutMS from the accept, or from the first byte
+//     of a keep-alive connection's next request);
 //   - verifying: the head is parsed and its token is being checked on the verifier pool
 //     (verify.go); the answer comes back as a loop task (verifyTimeoutMS);
-//   - queued: authorised, waiting in the admission FIFO (admission.go), which admits at most
-//     admitPerPass connections between two rounds of deliveries;
+//   - queued: authorised, waiting in the admission FIFO (admission.go), serviced a round at
+//     a time between rounds of deliveries;
 //   - pending: admitted and registered on its stream or channel, waiting for the LISTEN or
 //     the head read before the response head goes out (pendingTimeoutMS);
 //   - catch-up: the response head is sent; history is read from the table, live durable
@@ -28,7 +31,16 @@ import (
 //   - lagging: over its high watermark queued (budget.go); waits to drain below the low one,
 //     then catches up;
 //   - closing: the last bytes are queued and the socket closes once they have left
-//     (closeLingerMS at most).
+//     (closeLingerMS at most);
+//   - publish-body: a publish request's head was accepted; its body is read (bounded by
+//     --max-publish-bytes) while its token is checked off the loop (publishBodyTimeoutMS);
+//   - publish-commit: the request is with the Publisher; the answer goes out after COMMIT
+//     (the connection reads nothing more until then: one request in flight);
+//   - idle: a keep-alive connection between requests (keepAliveIdleMS);
+//   - linger: answered with "Connection: close" while the client may still be sending its
+//     body: the write side is shut and input is discarded until EOF or lingerTimeoutMS, so
+//     that closing with unread input does not reset the connection before the client has
+//     read the answer.
 //
 // The helpers in this file are the only code that assigns sseConn.state. Each says which
 // transition it makes and does what that transition owes: verify parks a connection for
@@ -44,14 +56,18 @@ import (
 type connState uint8
 
 const (
-	stateHead      connState = iota // reading the request head
-	stateVerifying                  // its token is on the verifier pool
-	stateQueued                     // authorised; waiting in the admission FIFO
-	statePending                    // admitted and registered; no response head yet
-	stateCatchUp                    // response sent; reading history from the table
-	stateLive                       // taking live writes
-	stateLagging                    // over the high watermark; waiting to drain
-	stateClosing                    // a final write is queued; the socket closes once it is flushed
+	stateHead          connState = iota // reading the request head
+	stateVerifying                      // a subscriber whose token is on the verifier pool
+	stateQueued                         // a subscriber authorised, waiting in the admission FIFO
+	statePending                        // admitted and registered; no response head yet
+	stateCatchUp                        // response sent; reading history from the table
+	stateLive                           // taking live writes
+	stateLagging                        // over the high watermark; waiting to drain
+	stateClosing                        // a final write is queued; the socket closes once it is flushed
+	statePublishBody                    // a publish request: reading its body, verifying its token
+	statePublishCommit                  // a publish request with the Publisher: answered after COMMIT
+	stateIdle                           // keep-alive: between a publisher's requests
+	stateLinger                         // answered and closing: discarding input until EOF
 )
 
 // Time rules of the states.
@@ -59,6 +75,8 @@ const (
 	headTimeoutMS    = 10_000 // a complete request head within this (SPEC §3)
 	verifyTimeoutMS  = 10_000 // a token check that takes longer (the pool is swamped) is shed
 	pendingTimeoutMS = 30_000 // a subscription whose LISTEN or head read takes longer is shed
+	keepAliveIdleMS  = 30_000 // a keep-alive connection without a new request for this long is closed
+	lingerTimeoutMS  = 2_000  // a lingering close waits at most this long for the client's EOF
 	closeLingerMS    = 5_000  // a closing connection's last bytes get this long to leave
 	sweepIntervalMS  = 240    // sweepConns runs at most this often: just under tickSlow, so every slow tick sweeps
 	// dbUnavailableAfterMS: once the LISTEN session has been down this long, a connection
@@ -118,10 +136,11 @@ type sseConn struct {
 	q       *outQueue // what the socket has not taken yet; nil when nothing (outbound.go)
 	stream  *stream
 	ch      *channel
-	tags    []string    // token tags (audience)
-	cors    []byte      // allowed Origin to echo in the response head, until it is sent
-	req     *subRequest // what it asked for, from the head until it is admitted (verifying, queued)
-	subject string      // its key in Server.subjects while counted there ("" = not counted)
+	pub     *publishConn // a publisher's request state (publish.go); kept across keep-alive requests
+	tags    []string     // token tags (audience)
+	cors    []byte       // allowed Origin to echo in the response head, until it is sent
+	req     *subRequest  // what it asked for, from the head until it is admitted (verifying, queued)
+	subject string       // its key in Server.subjects while counted there ("" = not counted)
 }
 
 // to is the one assignment of a state; only the transition helpers below call it.
@@ -219,6 +238,73 @@ func (s *Server) finish(sc *sseConn, last []byte) {
 	}
 }
 
+// linger writes a connection's last bytes and closes it gracefully although the client may
+// still be sending (a publish refused before its body was read): → linger. Once the socket
+// has taken the answer, the write side is shut (the client sees the answer and EOF); input
+// is discarded until the client's EOF closes the connection or lingerTimeoutMS passes. If
+// the answer could not be written at once, it closes as finish does (→ closing).
+func (s *Server) linger(sc *sseConn, last []byte) {
+	if sc.closed || sc.pending() > 0 || sc.c.OutboundBuffered() > 0 {
+		s.finish(sc, last)
+		return
+	}
+	sc.write(s, last)
+	if sc.closed {
+		return
+	}
+	if sc.pending() > 0 || unix.Shutdown(sc.c.Fd(), unix.SHUT_WR) != nil {
+		// Part of the answer waits in the queue: close once it has left, as finish does.
+		sc.to(stateClosing, s.nowMS)
+		return
+	}
+	sc.to(stateLinger, s.nowMS)
+	_, _ = sc.c.Discard(-1)
+}
+
+// beginPublish makes a connection whose head is a publish request a publisher: head →
+// publish-body. A connection counts against MaxConnections as a publisher from its first
+// publish request until it closes or turns into a subscriber.
+func (s *Server) beginPublish(sc *sseConn) {
+	if !sc.pub.counted {
+		sc.pub.counted = true
+		s.publishers++
+		s.metrics.publishConns.Set(float64(s.publishers))
+	}
+	sc.to(statePublishBody, s.nowMS)
+}
+
+// submitted records that a publish request is with the Publisher: publish-body →
+// publish-commit. Nothing more is read from the connection until it is answered.
+func (s *Server) submitted(sc *sseConn) { sc.to(statePublishCommit, s.nowMS) }
+
+// answerPublish writes the answer to a publish request: publish-body or publish-commit →
+// idle when the connection is kept alive; otherwise it closes (lingering when the client
+// may still be sending).
+func (s *Server) answerPublish(sc *sseConn, b []byte, keepAlive, bodyUnread bool) {
+	switch {
+	case keepAlive:
+		sc.write(s, b)
+		sc.to(stateIdle, s.nowMS)
+	case bodyUnread:
+		s.linger(sc, b)
+	default:
+		s.finish(sc, b)
+	}
+}
+
+// nextRequest starts reading a keep-alive connection's next request: idle → head.
+func (s *Server) nextRequest(sc *sseConn) { sc.to(stateHead, s.nowMS) }
+
+// uncountPublisher stops counting a publisher connection that closed or turned into a
+// subscriber.
+func (s *Server) uncountPublisher(sc *sseConn) {
+	if sc.pub != nil && sc.pub.counted {
+		sc.pub.counted = false
+		s.publishers--
+		s.metrics.publishConns.Set(float64(s.publishers))
+	}
+}
+
 // shed answers 200 with a jittered retry and a comment saying why, and closes: EventSource
 // treats any non-200 as final, so load shedding must not use 503. For a connection whose
 // response head has not been sent (head, verifying, queued, pending).
@@ -241,14 +327,20 @@ func (s *Server) closeWithRetry(sc *sseConn) {
 	s.finish(sc, append(b, '\n'))
 }
 
-// retryLater sends a connection away, whatever its state: one still sending its head is
-// closed, one without a response head is shed for why, a streaming one gets a retry field.
+// retryLater sends a connection away, whatever its state: one still sending its head (or
+// idle between requests) is closed, one without a response head is shed for why, a
+// streaming one gets a retry field; a publisher reading its body is answered 503, one
+// waiting for its COMMIT is answered (and closed) when it comes.
 func (s *Server) retryLater(sc *sseConn, why shedReason) {
 	switch {
 	case sc.closed || sc.state == stateClosing:
-	case sc.state == stateHead:
+	case sc.state == stateHead, sc.state == stateIdle, sc.state == stateLinger:
 		s.finish(sc, nil)
-	case sc.state < stateCatchUp:
+	case sc.state == statePublishBody:
+		s.refusePublish(sc, 503, "the server is shutting down; retry elsewhere")
+	case sc.state == statePublishCommit:
+		// Answered after COMMIT (with a close: the server is draining).
+	case sc.state < stateCatchUp: // verifying, queued, pending
 		s.shed(sc, why)
 	default:
 		s.closeWithRetry(sc)
@@ -280,6 +372,8 @@ func (s *Server) removeConn(sc *sseConn) {
 		s.metrics.sseConns.Set(float64(s.active))
 	}
 	s.uncountSubject(sc)
+	s.uncountPublisher(sc)
+	s.releasePublish(sc)
 	switch {
 	case sc.stream != nil:
 		st := sc.stream
@@ -315,7 +409,9 @@ func subIndex(sc *sseConn) *int32 { return &sc.subIdx }
 // pending one is shed once the LISTEN session has been down for dbUnavailableAfterMS
 // (database unavailable), a streaming connection whose token expired is closed with a
 // retry, one without a write for --heartbeat gets a comment line, and a closing one whose
-// last bytes have not left within closeLingerMS is closed without them.
+// last bytes have not left within closeLingerMS is closed without them; a publish body not
+// complete within publishBodyTimeoutMS is answered 408, a keep-alive connection idle for
+// keepAliveIdleMS and a lingering one after lingerTimeoutMS are closed.
 func (s *Server) sweepConns() {
 	heartbeatMS := s.cfg.Heartbeat.Milliseconds()
 	dbDown := s.databaseUnavailable()
@@ -338,6 +434,19 @@ func (s *Server) sweepConns() {
 				s.shed(sc, shedDatabaseUnavailable)
 			case s.nowMS-sc.enteredMS > pendingTimeoutMS:
 				s.shed(sc, shedOverCapacity)
+			}
+		case stateIdle:
+			if s.nowMS-sc.enteredMS >= keepAliveIdleMS {
+				s.finish(sc, nil)
+			}
+		case stateLinger:
+			if s.nowMS-sc.enteredMS >= lingerTimeoutMS {
+				s.finish(sc, nil)
+			}
+		case statePublishBody:
+			if s.nowMS-sc.enteredMS >= s.publishBodyTimeoutMS {
+				s.refusePublish(sc, 408, "the request body did not arrive within "+
+					strconv.FormatInt(s.publishBodyTimeoutMS/1000, 10)+" s")
 			}
 		case stateClosing:
 			if sc.pending() > 0 && s.nowMS-sc.enteredMS >= closeLingerMS {

@@ -37,11 +37,12 @@ func newRecordConn(t *testing.T) *recordConn {
 	return &recordConn{fd: fds[0], peer: fds[1]}
 }
 
-func (c *recordConn) Fd() int               { return c.fd }
-func (c *recordConn) OutboundBuffered() int { return 0 }
-func (c *recordConn) Close() error          { c.closed = true; return nil }
-func (c *recordConn) SetContext(v any)      { c.ctx = v }
-func (c *recordConn) Context() any          { return c.ctx }
+func (c *recordConn) Fd() int                  { return c.fd }
+func (c *recordConn) OutboundBuffered() int    { return 0 }
+func (c *recordConn) Close() error             { c.closed = true; return nil }
+func (c *recordConn) SetContext(v any)         { c.ctx = v }
+func (c *recordConn) Context() any             { return c.ctx }
+func (c *recordConn) Discard(int) (int, error) { return 0, nil }
 
 // text is everything written so far.
 func (c *recordConn) text() string {
@@ -156,6 +157,43 @@ func TestSweepConnsTimeRules(t *testing.T) {
 		assert.True(t, c.closed)
 		tail := strings.TrimLeft(c.text()[head:], ":\n") // heartbeats meanwhile
 		assert.True(t, strings.HasPrefix(tail, "retry: ") && strings.HasSuffix(tail, "\n\n"), "a retry field last: %q", tail)
+	})
+}
+
+// The publisher states' time rules: a body not complete within publishBodyTimeoutMS is
+// answered 408 and closed; a keep-alive connection idle for keepAliveIdleMS is closed.
+func TestSweepConnsPublisherTimeRules(t *testing.T) {
+	const t0 = 1_000_000
+	t.Run("body", func(t *testing.T) {
+		s, c, sc := openAt(t, t0)
+		sc.pub = &publishConn{keepAlive: true}
+		s.beginPublish(sc)
+		s.nowMS = t0 + s.publishBodyTimeoutMS - 1
+		s.sweepConns()
+		assert.Equal(t, statePublishBody, sc.state)
+		s.nowMS++
+		s.sweepConns()
+		assert.Equal(t, stateLinger, sc.state, "answered, write side shut, waiting for the client's EOF")
+		assert.True(t, strings.HasPrefix(c.text(), "HTTP/1.1 408 "), "got %q", c.text())
+		assert.Contains(t, c.text(), "Connection: close")
+		s.nowMS += lingerTimeoutMS
+		s.sweepConns()
+		assert.True(t, c.closed, "closed after lingerTimeoutMS without the client's EOF")
+	})
+	t.Run("idle", func(t *testing.T) {
+		s, c, sc := openAt(t, t0)
+		sc.pub = &publishConn{keepAlive: true}
+		s.beginPublish(sc)
+		s.answerPublish(sc, []byte("HTTP/1.1 200 OK\r\n\r\n"), true, false)
+		require.Equal(t, stateIdle, sc.state)
+		s.nowMS = t0 + keepAliveIdleMS - 1
+		s.sweepConns()
+		assert.Equal(t, stateIdle, sc.state)
+		assert.False(t, c.closed)
+		s.nowMS++
+		s.sweepConns()
+		assert.Equal(t, stateClosing, sc.state)
+		assert.True(t, c.closed)
 	})
 }
 

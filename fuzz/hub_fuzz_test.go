@@ -51,20 +51,8 @@ func FuzzHubServer(f *testing.F) {
 	token := uint64(0)
 
 	f.Fuzz(func(t *testing.T, data []byte, split uint16) {
-		c, err := net.DialTimeout("unix", sock, 5*time.Second)
-		if err != nil {
-			t.Fatalf("dial: %v", err)
-		}
+		c := sendInTwo(t, "unix", sock, data, split, 10*time.Second)
 		defer c.Close()
-		cut := 0
-		if len(data) > 0 {
-			cut = int(split) % (len(data) + 1)
-		}
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := c.Write(data[:cut]); err == nil {
-			_, _ = c.Write(data[cut:])
-		}
-		_ = c.(*net.UnixConn).CloseWrite()
 
 		// Everything the hub sent must be well-formed hub frames, then EOF.
 		var dec framing.Decoder
@@ -100,6 +88,25 @@ func FuzzHubServer(f *testing.F) {
 	})
 }
 
+// sendInTwo dials addr, writes data in two pieces (cut at split modulo its length) and
+// closes the write side; the connection's deadline is timeout from now.
+func sendInTwo(t *testing.T, network, addr string, data []byte, split uint16, timeout time.Duration) net.Conn {
+	c, err := net.DialTimeout(network, addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	cut := 0
+	if len(data) > 0 {
+		cut = int(split) % (len(data) + 1)
+	}
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write(data[:cut]); err == nil {
+		_, _ = c.Write(data[cut:])
+	}
+	_ = c.(interface{ CloseWrite() error }).CloseWrite()
+	return c
+}
+
 func isReset(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Err != nil && (op.Err.Error() == "read: connection reset by peer")
@@ -111,14 +118,20 @@ func startFuzzHub(f *testing.F) string {
 	if err != nil {
 		f.Fatal(err)
 	}
+	f.Cleanup(func() { os.RemoveAll(dir) })
 	sock := filepath.Join(dir, "hub.sock")
-	srv, err := engine.New(engine.Config{
-		DatabaseURL: "postgres://pgsse@127.0.0.1:1/none?sslmode=disable&connect_timeout=1",
-		Listen:      "127.0.0.1:0",
-		HubSocket:   sock,
-		Retention:   0,
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	runFuzzEngine(f, engine.Config{HubSocket: sock})
+	return sock
+}
+
+// runFuzzEngine runs one engine for the whole fuzz process, on 127.0.0.1:0 against an
+// unreachable PostgreSQL (so a target needs no database), quiet; cfg adds the rest.
+func runFuzzEngine(f *testing.F, cfg engine.Config) *engine.Server {
+	cfg.DatabaseURL = "postgres://pgsse@127.0.0.1:1/none?sslmode=disable&connect_timeout=1"
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Retention = 0
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := engine.New(cfg)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -128,14 +141,13 @@ func startFuzzHub(f *testing.F) string {
 	select {
 	case <-srv.Started():
 	case err := <-done:
-		f.Fatalf("hub did not start: %v", err)
+		f.Fatalf("the engine did not start: %v", err)
 	}
 	f.Cleanup(func() {
 		cancel()
 		<-done
-		os.RemoveAll(dir)
 	})
-	return sock
+	return srv
 }
 
 // fuzzWorker is a well-behaved worker that must keep being served.

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
@@ -77,7 +78,7 @@ func refParsePayload(s string) (refPayload, bool) {
 			return p, false
 		}
 		tag := after[:l]
-		if strings.ContainsFunc(tag, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		if !utf8.ValidString(tag) || strings.ContainsFunc(tag, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 			return p, false
 		}
 		p.tags = append(p.tags, tag)

@@ -139,6 +139,21 @@ func CheckTag[T Text](s T) error {
 	return nil
 }
 
+// CheckAudience reports whether tags is a valid audience for an event: at
+// most MaxAudience tags (ErrAudienceCount), each one CheckTag. Empty means
+// everyone.
+func CheckAudience[T Text](tags []T) error {
+	if len(tags) > MaxAudience {
+		return ErrAudienceCount
+	}
+	for _, t := range tags {
+		if err := CheckTag(t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // CheckStreamPattern reports whether p is a valid stream grant: "*", a
 // stream name, or a prefix of one followed by '*' ("chat/*"; the prefix may
 // be up to MaxStream bytes). The non-star part follows CheckStream's

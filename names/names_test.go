@@ -159,6 +159,39 @@ func TestCheckTag(t *testing.T) {
 	both(t, CheckTag[string], CheckTag[[]byte], cases)
 }
 
+func TestCheckAudience(t *testing.T) {
+	many := func(n int) []string {
+		tags := make([]string, n)
+		for i := range tags {
+			tags[i] = "t"
+		}
+		return tags
+	}
+	cases := []struct {
+		name string
+		tags []string
+		want error
+	}{
+		{"none (everyone)", nil, nil},
+		{"one", []string{"user:7"}, nil},
+		{"max", many(MaxAudience), nil},
+		{"max+1", many(MaxAudience + 1), ErrAudienceCount},
+		{"the tag rule: length", []string{"a", ""}, ErrTagLength},
+		{"the tag rule: control", []string{"a\x01"}, ErrTagControl},
+		{"the tag rule: UTF-8", []string{"\xc3"}, ErrTagUTF8},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, CheckAudience(tc.tags))
+			bs := make([][]byte, len(tc.tags))
+			for i, tag := range tc.tags {
+				bs[i] = []byte(tag)
+			}
+			assert.Equal(t, tc.want, CheckAudience(bs))
+		})
+	}
+}
+
 func TestCheckStreamPattern(t *testing.T) {
 	cases := []nameCase{
 		{"everything", "*", nil},

@@ -94,6 +94,12 @@ func AppendReply(dst []byte, status int, reason string, r Reply) []byte {
 	return appendText(dst, status, reason, r, "Bearer", true)
 }
 
+// AppendReplyHead appends the head AppendReply would write, without the body: the
+// answer to a HEAD request (RFC 9110 §9.3.2).
+func AppendReplyHead(dst []byte, status int, reason string, r Reply) []byte {
+	return appendText(dst, status, reason, r, "Bearer", false)
+}
+
 func appendText(dst []byte, status int, reason string, r Reply, challenge string, body bool) []byte {
 	if status < 100 || status > 999 {
 		status = 500

@@ -149,7 +149,7 @@
 //	event   = 0*64 event-char  A-Z a-z 0-9 . _ : -   (empty = "message")
 //	ntags   = 1*3DIGIT         number of audience tags, 0 … 64; 0 = everyone
 //	len     = 1*3DIGIT         byte length of the tag that follows, 1 … 200
-//	tag     = len octets, none of them 0x00–0x1F or 0x7F
+//	tag     = len octets of UTF-8, none of them 0x00–0x1F or 0x7F (names.CheckTag)
 //	data    = every byte after the header's LF, up to the end (UTF-8 text, may hold LF)
 //
 // Example: "D1 1764584040123456 orders/42 7 created 1 6:user:7\n{\"total\":3}".

@@ -32,8 +32,6 @@ var (
 	ErrEventTooLarge = errors.New("event too large")
 	// ErrDataNotText: data must be UTF-8 text without NUL bytes (a PostgreSQL text value).
 	ErrDataNotText = errors.New("data must be UTF-8 text without NUL bytes")
-	// ErrTagNotUTF8: audience tags are PostgreSQL text.
-	ErrTagNotUTF8 = errors.New("audience tag must be valid UTF-8")
 	// ErrEmptyRequest: a request holds at least one event.
 	ErrEmptyRequest = errors.New("a request holds at least one event")
 	// ErrTooManyEvents: a request holds at most MaxBatchEvents events.
@@ -120,7 +118,7 @@ func (ev *PublishEvent) checkNames(maxEventBytes int64) error {
 			return &EventError{Field: "event", Err: err}
 		}
 	}
-	if err := CheckAudience(ev.Audience); err != nil {
+	if err := names.CheckAudience(ev.Audience); err != nil {
 		return &EventError{Field: "audience", Err: err}
 	}
 	if ev.Ephemeral {
@@ -133,16 +131,12 @@ func (ev *PublishEvent) checkNames(maxEventBytes int64) error {
 	return nil
 }
 
-// checkText checks that data and tags are PostgreSQL text (UTF-8 without NUL bytes):
-// O(len(data)), so the Publisher runs it on its own goroutine rather than its caller's.
+// checkText checks that data is PostgreSQL text (UTF-8 without NUL bytes; tags are
+// checked with the names, names.CheckTag): O(len(data)), so the Publisher runs it on its
+// own goroutine rather than its caller's.
 func (ev *PublishEvent) checkText() error {
 	if !isText(ev.Data) {
 		return &EventError{Field: "data", Err: ErrDataNotText}
-	}
-	for _, t := range ev.Audience {
-		if !utf8.ValidString(t) { // CheckAudience has already refused NUL bytes
-			return &EventError{Field: "audience", Err: ErrTagNotUTF8}
-		}
 	}
 	return nil
 }

@@ -13,7 +13,7 @@ type Kind byte
 // Payload kinds.
 const (
 	KindDurable   Kind = 'D' // durable event, data inline
-	KindWake      Kind = 'W' // durable event too big for NOTIFY: read stream/id from pgsse.events
+	KindWake      Kind = 'W' // durable events from id on (one too big for NOTIFY, or several of one transaction): read them from pgsse.events
 	KindEphemeral Kind = 'E' // pgsse.broadcast: never stored
 )
 
@@ -39,7 +39,7 @@ var (
 	ErrPayloadID      = errors.New("payload: id must be 1-19 digits, 1 to 2^63-1, without leading zeros")
 	ErrPayloadEvent   = errors.New("payload: bad event field")
 	ErrPayloadNTags   = errors.New("payload: tag count must be 0-64 without leading zeros")
-	ErrPayloadTag     = errors.New("payload: bad audience tag (len:octets, 1-200 bytes, no control characters)")
+	ErrPayloadTag     = errors.New("payload: bad audience tag (len:octets, 1-200 bytes of UTF-8, no control characters)")
 	ErrPayloadHeader  = errors.New("payload: header must end with a line feed after the last tag")
 	ErrPayloadWake    = errors.New("payload: a W payload carries no event, tags or data")
 	ErrPayloadSpacing = errors.New("payload: fields must be separated by single spaces")
@@ -112,7 +112,7 @@ func ParsePayload(src []byte, p *Payload) error {
 	}
 	i++
 	ntags, i, ok := parseUint(src, i, maxNTagDigits)
-	if !ok || ntags > MaxTags {
+	if !ok || ntags > names.MaxAudience {
 		return ErrPayloadNTags
 	}
 	tagStart := i
@@ -122,11 +122,11 @@ func ParsePayload(src []byte, p *Payload) error {
 		}
 		var l uint64
 		l, i, ok = parseUint(src, i+1, maxLenDigits)
-		if !ok || l == 0 || l > MaxTagLength || i >= len(src) || src[i] != ':' || uint64(len(src)-i-1) < l {
+		if !ok || l == 0 || l > names.MaxTag || i >= len(src) || src[i] != ':' || uint64(len(src)-i-1) < l {
 			return ErrPayloadTag
 		}
 		i++
-		if checkTag(src[i:i+int(l)]) != nil {
+		if names.CheckTag(src[i:i+int(l)]) != nil {
 			return ErrPayloadTag
 		}
 		i += int(l)

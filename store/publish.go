@@ -12,19 +12,10 @@ import (
 	"github.com/pgsse/pgsse/names"
 )
 
-// Audience limits, enforced identically by pgsse.publish/pgsse.broadcast in SQL and by
-// CheckAudience in Go.
-const (
-	MaxTags      = 64  // tags per event
-	MaxTagLength = 200 // bytes per tag
-)
-
-// Sentinel errors for bad arguments. Their messages equal the SQL functions' messages
-// (SQLSTATE 22023) for the same rule.
+// Sentinel errors for bad arguments of pgsse.prune. Their messages equal the SQL
+// function's messages (SQLSTATE 22023). The name and audience rules, with the same
+// messages as SQL, are names.CheckStream, names.CheckEvent and names.CheckAudience.
 var (
-	ErrTooManyTags  = errors.New("audience must have at most 64 tags")
-	ErrTagLength    = errors.New("audience tag must be 1-200 bytes")
-	ErrTagControl   = errors.New("audience tag must not contain control characters")
 	ErrNegativeKeep = errors.New("keep_last must be a non-negative integer")
 	ErrNegativeAge  = errors.New("older_than must be a non-negative interval")
 )
@@ -39,32 +30,6 @@ const (
 	oidInterval  = 1186
 )
 
-// CheckAudience reports whether tags is a valid audience: at most MaxTags tags, each
-// 1–MaxTagLength bytes without control characters (bytes 0x00–0x1F, 0x7F).
-func CheckAudience(tags []string) error {
-	if len(tags) > MaxTags {
-		return ErrTooManyTags
-	}
-	for _, t := range tags {
-		if err := checkTag(t); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func checkTag[T names.Text](t T) error {
-	if len(t) == 0 || len(t) > MaxTagLength {
-		return ErrTagLength
-	}
-	for i := 0; i < len(t); i++ {
-		if t[i] < 0x20 || t[i] == 0x7f {
-			return ErrTagControl
-		}
-	}
-	return nil
-}
-
 func checkArgs(stream, event string, audience []string) error {
 	if err := names.CheckStream(stream); err != nil {
 		return err
@@ -74,7 +39,7 @@ func checkArgs(stream, event string, audience []string) error {
 			return err
 		}
 	}
-	return CheckAudience(audience)
+	return names.CheckAudience(audience)
 }
 
 // streamArgs encodes the four arguments of pgsse.publish/pgsse.broadcast as text
@@ -116,7 +81,7 @@ func appendTextArray(dst []byte, elems []string) []byte {
 // transaction opened on conn, the event becomes visible and is delivered at commit.
 // event "" means NULL (the SSE default "message"); an empty audience means everyone.
 // Arguments are checked in Go first (names.CheckStream, names.CheckEvent,
-// CheckAudience); PostgreSQL errors are returned as *pgconn.PgError.
+// names.CheckAudience); PostgreSQL errors are returned as *pgconn.PgError.
 func Publish(ctx context.Context, conn *pgconn.PgConn, stream, data, event string, audience []string) (int64, error) {
 	if err := checkArgs(stream, event, audience); err != nil {
 		return 0, err

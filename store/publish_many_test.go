@@ -237,7 +237,7 @@ func TestMaxEventBytesSQL(t *testing.T) {
 }
 
 // The quick checks (valid_names, valid_audience) agree with check_args, which raises
-// the rule, and with Go's names package and CheckAudience, on many near-miss inputs.
+// the rule, and with Go's names package (names.CheckAudience), on many near-miss inputs.
 func TestQuickChecksAgreeWithCheckArgs(t *testing.T) {
 	dsn := migrated(t)
 	c := connect(t, dsn)
@@ -298,13 +298,13 @@ func TestQuickChecksAgreeWithCheckArgs(t *testing.T) {
 			tags = make([]string, 63+rng.IntN(3))
 		}
 		for j := range tags {
-			tags[j] = word(MaxTagLength)
+			tags[j] = word(names.MaxTag)
 		}
 		arr := appendTextArray(nil, tags)
 		res := c.ExecParams(ctx, "SELECT pgsse.valid_audience($1)", [][]byte{arr}, []uint32{oidTextArray}, nil, nil).Read()
 		require.NoError(t, res.Err)
 		checkOK, msg := sqlOK("SELECT pgsse.check_args('s', 'd', NULL, $1::text[])::text", arr)
-		goErr := CheckAudience(tags)
+		goErr := names.CheckAudience(tags)
 		assert.Equal(t, checkOK, string(res.Rows[0][0]) == "t", "valid_audience(%q): %s", tags, msg)
 		assert.Equal(t, checkOK, goErr == nil, "Go (%v) vs check_args (%s) for %q", goErr, msg, tags)
 	}

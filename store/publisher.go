@@ -441,6 +441,9 @@ type publishWorker struct {
 	settingsKey string // fingerprint of the pg_db_role_setting rows for the setting at connect
 	buf         []byte
 	refresh     *time.Timer
+	// refreshPending: the refresh timer fired while a chain of groups ran; the loop
+	// re-reads the setting next.
+	refreshPending bool
 }
 
 // setupSQL reads, on a new connection, the OID of pgsse.message, the setting and the
@@ -478,12 +481,11 @@ func (w *publishWorker) loop() {
 			backoff = publishRetryMin
 			p.markUp()
 		}
-		select {
-		case <-w.refresh.C: // due even while busy
+		if w.refreshDue() { // due even while busy
+			w.refreshPending = false
 			w.refreshSetting()
 			w.refresh.Reset(p.cfg.SettingRefresh)
 			continue
-		default:
 		}
 		if group := p.take(w.shard); group != nil {
 			w.publish(group)
@@ -596,9 +598,18 @@ func (w *publishWorker) refreshSetting() {
 	w.p.setSetting(string(row[0]))
 }
 
-// publish runs one group: checks the data, then one transaction (retried or split as
-// the failure requires), then answers every request.
+// publish runs one group, and the groups queued behind it (publishChain): checks the
+// data, then one transaction per group (retried or split as a failure requires), then
+// answers every request.
 func (w *publishWorker) publish(group []*pendingPublish) {
+	if ok := w.checkGroup(group); len(ok) > 0 {
+		w.publishChain(ok)
+	}
+}
+
+// checkGroup answers the requests of group whose data fails the checks Submit leaves to
+// the publisher goroutine, and returns the others.
+func (w *publishWorker) checkGroup(group []*pendingPublish) []*pendingPublish {
 	p := w.p
 	max, settingErr := p.MaxEventBytes()
 	ok := group[:0]
@@ -609,10 +620,7 @@ func (w *publishWorker) publish(group []*pendingPublish) {
 		}
 		ok = append(ok, pp)
 	}
-	if len(ok) == 0 {
-		return
-	}
-	w.publishGroup(ok, attempt{})
+	return ok
 }
 
 // checkRequestData runs the checks Submit leaves to the publisher goroutine: the bytes
@@ -653,24 +661,45 @@ type attempt struct {
 	reconnected bool
 }
 
-// publishGroup runs group as one transaction and answers it.
-func (w *publishWorker) publishGroup(group []*pendingPublish, try attempt) {
-	p := w.p
-	var events []*PublishEvent
-	var data int64
+// txGroup is one group's transaction: its events in order and the ids they get.
+type txGroup struct {
+	group  []*pendingPublish
+	events []*PublishEvent
+	ids    []int64
+	data   int64 // data bytes
+	start  time.Time
+}
+
+func newTxGroup(group []*pendingPublish) *txGroup {
+	g := &txGroup{group: group}
 	for _, pp := range group {
 		for i := range pp.req.Events {
-			events = append(events, &pp.req.Events[i])
-			data += int64(len(pp.req.Events[i].Data))
+			g.events = append(g.events, &pp.req.Events[i])
+			g.data += int64(len(pp.req.Events[i].Data))
 		}
 	}
-	ids := make([]int64, len(events))
-	start := time.Now()
-	failure, xid, err := w.transaction(events, ids)
+	g.ids = make([]int64, len(g.events))
+	return g
+}
+
+// publishGroup runs group as one transaction and answers it.
+func (w *publishWorker) publishGroup(group []*pendingPublish, try attempt) {
+	g := newTxGroup(group)
+	g.start = time.Now()
+	failure, xid, err := w.transaction(g.events, g.ids)
+	w.settle(g, failure, xid, err, try)
+}
+
+// settle answers a group's transaction by its outcome: the ids, or an error — after
+// learning the outcome of a lost COMMIT, retrying a conflict or a transaction that never
+// reached COMMIT once, or splitting a group PostgreSQL refused into one transaction per
+// request. It may run transactions, so the connection must not be in a pipeline.
+func (w *publishWorker) settle(g *txGroup, failure txFailure, xid int64, err error, try attempt) {
+	p, group := w.p, g.group
 	if failure == txCommitLost {
 		failure, err = w.resolve(xid, err)
 	}
-	stats := PublishGroup{Requests: len(group), Events: len(events), Bytes: data, Commit: time.Since(start), Err: err}
+	stats := PublishGroup{Requests: len(group), Events: len(g.events), Bytes: g.data, Commit: time.Since(g.start), Err: err}
 	observe := func() {
 		if p.cfg.Observe != nil {
 			p.cfg.Observe(stats)
@@ -682,7 +711,7 @@ func (w *publishWorker) publishGroup(group []*pendingPublish, try attempt) {
 		off := 0
 		for _, pp := range group {
 			n := len(pp.req.Events)
-			p.finish(pp, PublishResult{IDs: ids[off : off+n : off+n]})
+			p.finish(pp, PublishResult{IDs: g.ids[off : off+n : off+n]})
 			off += n
 		}
 		return
@@ -749,57 +778,17 @@ func (w *publishWorker) transaction(events []*PublishEvent, ids []int64) (txFail
 	if w.conn == nil {
 		return txNotSent, 0, errors.New("no connection")
 	}
-	w.buf = appendMessageArray(w.buf[:0], w.messageOID, events)
-	defer func() {
-		if cap(w.buf) > maxRetainedBuf {
-			w.buf = nil
-		}
-	}()
+	defer w.trimBuf()
 	ctx, cancel := context.WithTimeout(w.p.ctx, publishTxTimeout)
 	defer cancel()
 	pl := w.conn.StartPipeline(ctx)
-	pl.SendQueryStatement(w.stmt, [][]byte{w.buf}, []int16{1}, []int16{1, 1})
-	pl.SendFlushRequest()
+	w.sendStatement(pl, events)
 	if err := pl.Flush(); err != nil {
 		return w.lost(pl, txNotSent, 0, err)
 	}
-	var xid int64
-	res, err := pl.GetResults()
-	if err == nil {
-		rr, _ := res.(*pgconn.ResultReader)
-		if rr == nil {
-			err = errors.New("no result for pgsse.publish_many")
-		} else {
-			rows := 0
-			for rr.NextRow() {
-				rows++
-				v := rr.Values()
-				if len(v) != 2 || len(v[0]) != 8 {
-					err = errors.New("unexpected row from pgsse.publish_many")
-					continue
-				}
-				xid = int64(binary.BigEndian.Uint64(v[0]))
-				err = parseIDArray(v[1], ids)
-			}
-			if _, cerr := rr.Close(); cerr != nil {
-				err = cerr
-			} else if err == nil && rows != 1 {
-				err = errors.New("no row from pgsse.publish_many")
-			}
-		}
-	}
+	xid, err := w.readStatement(pl, ids)
 	if err != nil {
-		if w.conn.IsClosed() {
-			return w.lost(pl, txNotSent, 0, err)
-		}
-		// The statement failed: end the (aborted) implicit transaction.
-		pl.SendPipelineSync()
-		_ = pl.Flush()
-		_ = pl.Close()
-		if w.conn.IsClosed() {
-			return w.lost(pl, txNotSent, 0, err)
-		}
-		return classifyRejection(err), 0, err
+		return w.abortStatement(pl, err)
 	}
 	if w.p.testHook != nil {
 		w.p.testHook("statement", xid, w.conn)
@@ -822,6 +811,186 @@ func (w *publishWorker) transaction(events []*PublishEvent, ids []int64) (txFail
 		return w.lost(pl, txCommitLost, xid, err)
 	}
 	return txOK, xid, nil
+}
+
+// publishChainMax bounds how long one pipeline chains groups (its context's deadline is
+// publishTxTimeout).
+const publishChainMax = 5 * time.Second
+
+// publishChain publishes group, then the groups queued behind it, without a round trip
+// between them: the next group's statement goes out in the same write as this group's
+// Sync (its COMMIT), so PostgreSQL starts on it as soon as the COMMIT is done while the
+// publisher answers the committed group. Each group is still its own implicit
+// transaction whose statement's answer, carrying its xid, arrives before its Sync is
+// sent: a connection lost after a Sync went out is resolved as in transaction, and the
+// next group's statement, which had no Sync, was not committed. The chain ends when
+// nothing is queued, after publishChainMax, when the setting is due to be re-read, or on
+// a failure; failed groups are settled as publishGroup would, once the pipeline is
+// closed.
+func (w *publishWorker) publishChain(group []*pendingPublish) {
+	if w.conn == nil {
+		w.publishGroup(group, attempt{})
+		return
+	}
+	type outcome struct {
+		g   *txGroup
+		f   txFailure
+		xid int64
+		err error
+	}
+	var failed []outcome // settled once the pipeline is closed: settling may run transactions
+	defer func() {
+		for _, o := range failed {
+			w.settle(o.g, o.f, o.xid, o.err, attempt{})
+		}
+	}()
+	defer w.trimBuf()
+	ctx, cancel := context.WithTimeout(w.p.ctx, publishTxTimeout)
+	defer cancel()
+	chainStart := time.Now()
+	cur := newTxGroup(group)
+	cur.start = chainStart
+	pl := w.conn.StartPipeline(ctx)
+	w.sendStatement(pl, cur.events)
+	if err := pl.Flush(); err != nil {
+		f, xid, err := w.lost(pl, txNotSent, 0, err)
+		failed = append(failed, outcome{cur, f, xid, err})
+		return
+	}
+	for {
+		xid, err := w.readStatement(pl, cur.ids)
+		if err != nil {
+			f, xid, err := w.abortStatement(pl, err)
+			failed = append(failed, outcome{cur, f, xid, err})
+			return
+		}
+		if w.p.testHook != nil {
+			w.p.testHook("statement", xid, w.conn)
+		}
+		var next *txGroup
+		if time.Since(chainStart) < publishChainMax && !w.refreshDue() {
+			if queued := w.p.take(w.shard); queued != nil {
+				if ok := w.checkGroup(queued); len(ok) > 0 {
+					next = newTxGroup(ok)
+				}
+			}
+		}
+		pl.SendPipelineSync()
+		if next != nil {
+			next.start = time.Now()
+			w.sendStatement(pl, next.events)
+		}
+		if err := pl.Flush(); err != nil {
+			f, xid, err := w.lost(pl, txCommitLost, xid, err)
+			failed = append(failed, outcome{cur, f, xid, err})
+			if next != nil {
+				failed = append(failed, outcome{next, txNotSent, 0, err})
+			}
+			return
+		}
+		if w.p.testHook != nil {
+			w.p.testHook("commit", xid, w.conn)
+		}
+		if _, err := pl.GetResults(); err != nil {
+			if w.conn.IsClosed() {
+				f, xid, err := w.lost(pl, txCommitLost, xid, err)
+				failed = append(failed, outcome{cur, f, xid, err})
+				if next != nil {
+					failed = append(failed, outcome{next, txNotSent, 0, err})
+				}
+				return
+			}
+			// COMMIT refused (e.g. the NOTIFY queue is full): not committed. Its
+			// ReadyForQuery follows; the next statement runs in a transaction of its own.
+			failed = append(failed, outcome{cur, classifyRejection(err), 0, err})
+			if _, err := pl.GetResults(); err != nil {
+				f, xid, err := w.lost(pl, txNotSent, 0, err)
+				if next != nil {
+					failed = append(failed, outcome{next, f, xid, err})
+				}
+				return
+			}
+		} else {
+			w.settle(cur, txOK, xid, nil, attempt{}) // answers only: no statement runs
+		}
+		if next == nil {
+			if err := pl.Close(); err != nil {
+				w.closeConn() // everything was answered; the next group reconnects
+			}
+			return
+		}
+		cur = next
+	}
+}
+
+// refreshDue reports whether the setting is due to be re-read (the timer fired).
+func (w *publishWorker) refreshDue() bool {
+	select {
+	case <-w.refresh.C:
+		w.refreshPending = true
+	default:
+	}
+	return w.refreshPending
+}
+
+// trimBuf drops a message buffer that grew beyond maxRetainedBuf.
+func (w *publishWorker) trimBuf() {
+	if cap(w.buf) > maxRetainedBuf {
+		w.buf = nil
+	}
+}
+
+// sendStatement queues the statement for events, and a Flush request, on pl.
+func (w *publishWorker) sendStatement(pl *pgconn.Pipeline, events []*PublishEvent) {
+	w.buf = appendMessageArray(w.buf[:0], w.messageOID, events)
+	pl.SendQueryStatement(w.stmt, [][]byte{w.buf}, []int16{1}, []int16{1, 1})
+	pl.SendFlushRequest()
+}
+
+// readStatement reads the statement's answer: the transaction's xid, and the ids into ids.
+func (w *publishWorker) readStatement(pl *pgconn.Pipeline, ids []int64) (int64, error) {
+	var xid int64
+	res, err := pl.GetResults()
+	if err != nil {
+		return 0, err
+	}
+	rr, _ := res.(*pgconn.ResultReader)
+	if rr == nil {
+		return 0, errors.New("no result for pgsse.publish_many")
+	}
+	rows := 0
+	for rr.NextRow() {
+		rows++
+		v := rr.Values()
+		if len(v) != 2 || len(v[0]) != 8 {
+			err = errors.New("unexpected row from pgsse.publish_many")
+			continue
+		}
+		xid = int64(binary.BigEndian.Uint64(v[0]))
+		err = parseIDArray(v[1], ids)
+	}
+	if _, cerr := rr.Close(); cerr != nil {
+		return 0, cerr
+	}
+	if err == nil && rows != 1 {
+		err = errors.New("no row from pgsse.publish_many")
+	}
+	return xid, err
+}
+
+// abortStatement ends a pipeline whose statement failed: its implicit transaction is
+// aborted (nothing was published) and the failure classified.
+func (w *publishWorker) abortStatement(pl *pgconn.Pipeline, err error) (txFailure, int64, error) {
+	if w.conn.IsClosed() {
+		return w.lost(pl, txNotSent, 0, err)
+	}
+	pl.SendPipelineSync()
+	_ = pl.Flush()
+	_ = pl.Close()
+	if w.conn.IsClosed() {
+		return w.lost(pl, txNotSent, 0, err)
+	}
+	return classifyRejection(err), 0, err
 }
 
 // lost drops the connection after a failure.

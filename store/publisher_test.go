@@ -142,7 +142,7 @@ func TestPublisherRejectsBadRequests(t *testing.T) {
 		{"bad stream", one("a b", "x"), `field "stream": ` + names.ErrStreamChars.Error(), names.ErrStreamChars, false},
 		{"bad stream in a batch", batch(PublishEvent{Stream: "", Data: []byte("x")}), `line 3, field "stream": stream name must be 1-200 bytes`, names.ErrStreamLength, false},
 		{"bad event", batch(PublishEvent{Stream: "s", Event: "a/b"}), `line 3, field "event": ` + names.ErrEventChars.Error(), names.ErrEventChars, false},
-		{"bad tag", batch(PublishEvent{Stream: "s", Audience: []string{"a\x01"}}), `line 3, field "audience": ` + ErrTagControl.Error(), ErrTagControl, false},
+		{"bad tag", batch(PublishEvent{Stream: "s", Audience: []string{"a\x01"}}), `line 3, field "audience": ` + names.ErrTagControl.Error(), names.ErrTagControl, false},
 		{"too large", batch(PublishEvent{Stream: "s", Data: make([]byte, DefaultMaxEventBytes+1)}),
 			`line 3, field "data": event data is 1048577 bytes, over pgsse.max_event_bytes (1048576 bytes)`, ErrEventTooLarge, false},
 		{"ephemeral too large", batch(PublishEvent{Stream: "s", Data: make([]byte, 7970), Ephemeral: true}),
@@ -151,7 +151,7 @@ func TestPublisherRejectsBadRequests(t *testing.T) {
 		{"too many events", &PublishRequest{Events: make([]PublishEvent, MaxBatchEvents+1)}, "a batch holds at most 1000 events", ErrTooManyEvents, false},
 		{"data not UTF-8", batch(PublishEvent{Stream: "s", Data: []byte("a\xffb")}), `line 3, field "data": ` + ErrDataNotText.Error(), ErrDataNotText, true},
 		{"data with NUL", batch(PublishEvent{Stream: "s", Data: []byte("a\x00b")}), `line 3, field "data": ` + ErrDataNotText.Error(), ErrDataNotText, true},
-		{"tag not UTF-8", batch(PublishEvent{Stream: "s", Audience: []string{"\xc3"}}), `line 3, field "audience": ` + ErrTagNotUTF8.Error(), ErrTagNotUTF8, true},
+		{"tag not UTF-8", batch(PublishEvent{Stream: "s", Audience: []string{"\xc3"}}), `line 3, field "audience": ` + names.ErrTagUTF8.Error(), names.ErrTagUTF8, false},
 	}
 	t.Run("too large before the setting is known", func(t *testing.T) {
 		p := newTestPublisher(t, PublisherConfig{DatabaseURL: dsn}, testHooks{})
@@ -367,6 +367,49 @@ func TestPublisherCommitLost(t *testing.T) {
 	require.NoError(t, r.Err, "aborted, then retried once on a new connection")
 	assert.Equal(t, []int64{2}, r.IDs)
 	assert.Equal(t, "1:committed 2:retried", pgtest.QueryValue(t, dsn, "SELECT string_agg(id || ':' || data, ' ' ORDER BY id) FROM pgsse.events"))
+}
+
+// A chain of groups (publishChain): the next group's statement is sent together with the
+// previous group's COMMIT. When the connection is lost right after that write, the
+// committed group is answered as committed, and the chained group — whose transaction
+// never got its COMMIT — is published again on a new connection, once.
+func TestPublisherChainCommitLost(t *testing.T) {
+	dsn := migrated(t)
+	var p *Publisher
+	var step atomic.Int32
+	var chained atomic.Bool
+	second := make(chan PublishResult, 1)
+	hook := func(at string, xid int64, conn *pgconn.PgConn) {
+		switch {
+		case at == "statement" && step.CompareAndSwap(0, 1):
+			// The first group's statement is answered: queue a second request, so that it
+			// goes out with the first group's COMMIT.
+			require.NoError(t, p.Submit(one("ch", "second"), func(r PublishResult) { second <- r }))
+		case at == "commit" && step.CompareAndSwap(1, 2):
+			p.mu.Lock()
+			chained.Store(p.queued == 0) // taken from the queue and sent with the COMMIT
+			p.mu.Unlock()
+			require.Eventually(t, func() bool {
+				return pgtest.QueryValue(t, dsn, "SELECT txid_status("+strconv.FormatInt(xid, 10)+")") == "committed"
+			}, 10*time.Second, 5*time.Millisecond)
+			_ = conn.Conn().Close()
+		}
+	}
+	var groups groupLog
+	p = newTestPublisher(t, PublisherConfig{DatabaseURL: dsn, Observe: groups.observe}, testHooks{testHook: hook})
+	r := publishSync(t, p, one("ch", "first"))
+	require.NoError(t, r.Err, "txid_status said committed")
+	assert.Equal(t, []int64{1}, r.IDs)
+	select {
+	case r = <-second:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the chained request was not answered")
+	}
+	require.NoError(t, r.Err, "not committed, so published again on a new connection")
+	assert.Equal(t, []int64{2}, r.IDs)
+	assert.Equal(t, int32(2), step.Load())
+	assert.True(t, chained.Load(), "the second request was chained behind the first")
+	assert.Equal(t, "1:first 2:second", pgtest.QueryValue(t, dsn, "SELECT string_agg(id || ':' || data, ' ' ORDER BY id) FROM pgsse.events"))
 }
 
 // PostgreSQL stopped mid-run: callers get ErrUnavailable, nothing is half-published

@@ -183,7 +183,6 @@ DECLARE
     v_payloads text[];
     v_big_ord  bigint;
     v_big_size bigint;
-    v_payload  text;
     v_msg      text;
     v_detail   text;
     v_hint     text;
@@ -235,43 +234,48 @@ BEGIN
         RAISE EXCEPTION 'pgsse.publish_many: messages[%] failed the quick check but passes check_args', v_bad.ord;
     END IF;
 
+    -- One pass numbers each stream's durable messages (rank, and n per stream), the
+    -- counter rows are bumped by n, and each message's id is head - n + rank.
     WITH msg AS MATERIALIZED (
-        SELECT u.ord, u.stream, u.data, u.event,
-               CASE WHEN cardinality(u.audience) > 0 THEN u.audience END AS audience,
-               coalesce(u.ephemeral, false) AS ephemeral
-        FROM unnest(messages) WITH ORDINALITY AS u(stream, data, event, audience, ephemeral, ord)
-    ), counts AS (
-        SELECT m.stream, count(*) AS n, min(m.ord) AS first_ord
-        FROM msg m WHERE NOT m.ephemeral GROUP BY m.stream
+        SELECT u.ord, u.stream, u.data, u.event, u.audience, u.ephemeral,
+               row_number() OVER (PARTITION BY u.stream, u.ephemeral ORDER BY u.ord) AS rank,
+               count(*) OVER (PARTITION BY u.stream, u.ephemeral) AS n
+        FROM (SELECT u.ord, u.stream, u.data, u.event,
+                     CASE WHEN cardinality(u.audience) > 0 THEN u.audience END AS audience,
+                     coalesce(u.ephemeral, false) AS ephemeral
+              FROM unnest(messages) WITH ORDINALITY AS u(stream, data, event, audience, ephemeral, ord)) u
     ), heads AS (
         -- One counter row per stream, locked in stream order (so two publish_many calls
         -- never deadlock each other) until the transaction ends, as in pgsse.publish.
         INSERT INTO pgsse.streams AS s (stream, head)
-        SELECT c.stream, c.n FROM counts c ORDER BY c.stream COLLATE "C"
+        SELECT m.stream, m.n FROM msg m WHERE NOT m.ephemeral AND m.rank = 1 ORDER BY m.stream COLLATE "C"
         ON CONFLICT ON CONSTRAINT streams_pkey DO UPDATE SET head = s.head + excluded.head
         RETURNING s.stream, s.head
     ), numbered AS (
-        SELECT m.ord, m.stream, m.data, m.event, m.audience, c.n, c.first_ord,
-               h.head - c.n + row_number() OVER (PARTITION BY m.stream ORDER BY m.ord) AS id
-        FROM msg m JOIN counts c ON c.stream = m.stream JOIN heads h ON h.stream = m.stream
+        SELECT m.ord, m.stream, m.data, m.event, m.audience, m.rank, m.n, h.head - m.n + m.rank AS id
+        FROM msg m JOIN heads h ON h.stream = m.stream
         WHERE NOT m.ephemeral
     ), stored AS (
         INSERT INTO pgsse.events (stream, id, event, data, audience)
-        SELECT n.stream, n.id, n.event, n.data, n.audience FROM numbered n ORDER BY n.stream, n.id
+        SELECT n.stream, n.id, n.event, n.data, n.audience FROM numbered n
     ), answer AS (
-        SELECT m.ord, m.ephemeral, nb.id,
+        -- Each stream's first durable message carries the stream's one payload; each
+        -- ephemeral message its own.
+        SELECT nb.ord, false AS ephemeral, nb.id,
                CASE
-                   WHEN m.ephemeral THEN
-                       pgsse.payload_header('E', v_time, m.stream, nextval('pgsse.broadcast_nonce'), m.event,
-                           CASE WHEN m.audience IS NULL THEN ' 0' ELSE pgsse.payload_tags(m.audience) END) || m.data
-                   WHEN nb.ord <> nb.first_ord THEN NULL
-                   WHEN nb.n = 1 AND octet_length(m.data) + octet_length(pgsse.payload_header('D', v_time, m.stream, nb.id, m.event,
-                           CASE WHEN m.audience IS NULL THEN ' 0' ELSE pgsse.payload_tags(m.audience) END)) <= 7999 THEN
-                       pgsse.payload_header('D', v_time, m.stream, nb.id, m.event,
-                           CASE WHEN m.audience IS NULL THEN ' 0' ELSE pgsse.payload_tags(m.audience) END) || m.data
-                   ELSE pgsse.payload_header('W', v_time, m.stream, nb.id, NULL, ' 0')
+                   WHEN nb.rank <> 1 THEN NULL
+                   WHEN nb.n = 1 AND octet_length(nb.data) + octet_length(pgsse.payload_header('D', v_time, nb.stream, nb.id, nb.event,
+                           CASE WHEN nb.audience IS NULL THEN ' 0' ELSE pgsse.payload_tags(nb.audience) END)) <= 7999 THEN
+                       pgsse.payload_header('D', v_time, nb.stream, nb.id, nb.event,
+                           CASE WHEN nb.audience IS NULL THEN ' 0' ELSE pgsse.payload_tags(nb.audience) END) || nb.data
+                   ELSE pgsse.payload_header('W', v_time, nb.stream, nb.id, NULL, ' 0')
                END AS payload
-        FROM msg m LEFT JOIN numbered nb ON nb.ord = m.ord
+        FROM numbered nb
+        UNION ALL
+        SELECT m.ord, true, NULL,
+               pgsse.payload_header('E', v_time, m.stream, nextval('pgsse.broadcast_nonce'), m.event,
+                   CASE WHEN m.audience IS NULL THEN ' 0' ELSE pgsse.payload_tags(m.audience) END) || m.data
+        FROM msg m WHERE m.ephemeral
     )
     SELECT array_agg(o.id ORDER BY o.ord),
            array_agg(o.payload ORDER BY o.ord) FILTER (WHERE o.payload IS NOT NULL),
@@ -285,11 +289,8 @@ BEGIN
             MESSAGE = format('pgsse.broadcast: the notification payload would be %s bytes, over the 7999-byte NOTIFY limit; use pgsse.publish for large data', v_big_size),
             DETAIL = format('messages[%s]', v_big_ord);
     END IF;
-    IF v_payloads IS NOT NULL THEN
-        FOREACH v_payload IN ARRAY v_payloads LOOP
-            PERFORM pg_notify('pgsse', v_payload);
-        END LOOP;
-    END IF;
+    -- One statement for all notifications, in array order.
+    PERFORM pg_notify('pgsse', p.payload) FROM unnest(v_payloads) WITH ORDINALITY AS p(payload, ord) ORDER BY p.ord;
     RETURN coalesce(v_ids, '{}');
 END
 $fn$;

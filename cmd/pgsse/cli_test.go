@@ -380,7 +380,7 @@ func TestDoctor(t *testing.T) {
 	// No hub configured: nothing about "all 8 workers" (the --workers default).
 	r = pgsse(t, env, "doctor")
 	requireOK(t, r)
-	assert.Contains(t, r.stdout, "connection budget: pgsse holds 5 PostgreSQL connections (1 LISTEN + 4 replay); no hub configured (--hub-socket lets worker processes share its LISTEN session)")
+	assert.Contains(t, r.stdout, "connection budget: pgsse holds 6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing); no hub configured (--hub-socket lets worker processes share its LISTEN session)")
 	assert.NotContains(t, r.stdout, "workers")
 	r = pgsse(t, env, "doctor", "--workers", "12")
 	requireOK(t, r)
@@ -400,7 +400,7 @@ func TestDoctor(t *testing.T) {
 	assert.Contains(t, lines[0], "PostgreSQL ")
 	assert.Contains(t, lines[1], "version "+strconv.Itoa(store.SchemaVersion))
 	assert.Contains(t, lines[2], "0.0% in use")
-	assert.Contains(t, lines[5], "5 PostgreSQL connections (1 LISTEN + 4 replay); no hub configured, so 12 workers (--workers) hold 12 LISTEN sessions of their own (--hub-socket shares one)")
+	assert.Contains(t, lines[5], "6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing); no hub configured, so 12 workers (--workers) hold 12 LISTEN sessions of their own (--hub-socket shares one)")
 	assert.Contains(t, lines[5], "max_connections")
 	// SPEC §3b: doctor prints the descriptor budget, each consumer's share, after fd limit.
 	require.NotEmpty(t, table)
@@ -437,10 +437,10 @@ func TestDoctor(t *testing.T) {
 	r = pgsse(t, env, "doctor", "--hub-socket", sock)
 	requireOK(t, r)
 	assert.Contains(t, r.stdout, "ok    hub socket: "+sock+" has mode 0600; a server answers\n")
-	assert.Contains(t, r.stdout, "5 PostgreSQL connections (1 LISTEN + 4 replay) however many worker processes share the hub; without it each would hold a LISTEN session of its own")
+	assert.Contains(t, r.stdout, "6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing) however many worker processes share the hub; without it each would hold a LISTEN session of its own")
 	r = pgsse(t, env, "doctor", "--hub-socket", sock, "--workers", "8")
 	requireOK(t, r)
-	assert.Contains(t, r.stdout, "5 PostgreSQL connections (1 LISTEN + 4 replay) for all 8 workers (--workers); without the hub they would hold 8 LISTEN sessions")
+	assert.Contains(t, r.stdout, "6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing) for all 8 workers (--workers); without the hub they would hold 8 LISTEN sessions")
 	r = pgsse(t, env, "doctor", "--hub-socket", sock, "--hub-socket-mode", "0660")
 	requireOK(t, r)
 	assert.Contains(t, r.stdout, "warn  hub socket: "+sock+" has mode 0600, not --hub-socket-mode 0660")
@@ -475,6 +475,7 @@ func TestBadInput(t *testing.T) {
 		{"size too small", nil, append([]string{"--hub-worker-buffer", "1KiB"}, key...), "--hub-worker-buffer: must be between 131080 (two maximum frames) and 1GiB"},
 		{"heartbeat too short", nil, append([]string{"--heartbeat", "10ms"}, key...), "--heartbeat: must be at least 100ms"},
 		{"header size", nil, append([]string{"--max-header-bytes", "10"}, key...), "--max-header-bytes: must be between 1024 and 1048576"},
+		{"publish size", []string{"PGSSE_MAX_PUBLISH_BYTES=2GiB"}, key, "PGSSE_MAX_PUBLISH_BYTES: must be between 1 and 1GiB"},
 		{"outbound memory", []string{"PGSSE_MAX_OUTBOUND_MEMORY=64KiB"}, key, "PGSSE_MAX_OUTBOUND_MEMORY: must be between 1MiB and 1024GiB"},
 		{"mode", nil, []string{"--hub-socket-mode", "rw-------"}, `--hub-socket-mode: invalid mode "rw-------" (octal, e.g. 0600)`},
 		{"mode out of range", nil, []string{"--hub-socket-mode", "1777"}, `--hub-socket-mode: mode "1777" out of range (0000-0777)`},

@@ -112,7 +112,7 @@ func cmdPublish(ctx context.Context, args []string, env func(string) (string, bo
 				return configErrorf("%s: %v", c.source("event"), err)
 			}
 		}
-		if err := store.CheckAudience(*audience); err != nil {
+		if err := names.CheckAudience(*audience); err != nil {
 			return configErrorf("%s: %v", c.source("audience"), err)
 		}
 		data := []byte(pos[1])

@@ -228,8 +228,8 @@ func readBudget(ctx context.Context, conn *pgconn.PgConn) *serverBudget {
 // that share its one LISTEN session instead of holding one each. Without a hub (and no
 // --workers given) it claims nothing about workers.
 func (d *doctor) budget(workers int, workersSet, hub bool, server *serverBudget) {
-	ours := 1 + engine.DefaultReplayPoolSize
-	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay)", ours, engine.DefaultReplayPoolSize)
+	ours := 1 + engine.DefaultReplayPoolSize + store.DefaultPublishConns
+	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay + %d publishing)", ours, engine.DefaultReplayPoolSize, store.DefaultPublishConns)
 	switch {
 	case hub && workersSet:
 		msg += fmt.Sprintf(" for all %d workers (--workers); without the hub they would hold %d LISTEN sessions", workers, workers)

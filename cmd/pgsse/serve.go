@@ -61,6 +61,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: what RLIMIT_NOFILE leaves after the other consumers, pgsse doctor shows the budget; now %d)", engine.MaxConnectionsFor(limit)))
 	perSubject := c.Int("max-connections-per-subject", engine.DefaultMaxConnectionsPerSubject, "SSE connections one token subject (sub, else the token) may hold at once (0 = no limit)")
 	maxHeader := c.Size("max-header-bytes", engine.DefaultMaxHeaderBytes, "request head limit")
+	maxPublish := c.Size("max-publish-bytes", engine.DefaultMaxPublishBytes, "request body limit of POST /streams/… and POST /publish")
 	maxOutbound := c.Size("max-outbound-memory", engine.DefaultMaxOutboundMemory, "bytes queued for all SSE connections together; per-connection limits shrink as it fills")
 	heartbeat := c.Duration("heartbeat", engine.DefaultHeartbeat, "comment line after this long without writes")
 	retry := c.Duration("retry", engine.DefaultRetry, "the SSE retry: value sent first")
@@ -139,6 +140,9 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	}
 	if *maxHeader < engine.MinMaxHeaderBytes || *maxHeader > engine.MaxMaxHeaderBytes {
 		return nil, configErrorf("%s: must be between %d and %d", c.source("max-header-bytes"), engine.MinMaxHeaderBytes, engine.MaxMaxHeaderBytes)
+	}
+	if *maxPublish < engine.MinMaxPublishBytes || *maxPublish > engine.MaxMaxPublishBytes {
+		return nil, configErrorf("%s: must be between %d and %s", c.source("max-publish-bytes"), engine.MinMaxPublishBytes, formatSize(engine.MaxMaxPublishBytes))
 	}
 	for _, d := range []struct {
 		name string
@@ -245,6 +249,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		MaxConnectionsPerSubject: *perSubject,
 		AdminMaxConnections:      *adminMax,
 		MaxHeaderBytes:           int(*maxHeader),
+		MaxPublishBytes:          *maxPublish,
 		// The Go heap follows the budget unless the operator chose a memory limit.
 		MaxOutboundMemory: int(*maxOutbound),
 		GoMemoryLimit:     os.Getenv("GOMEMLIMIT") == "",

@@ -103,6 +103,7 @@ func TestParseServeConfig(t *testing.T) {
 		"--listen=127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--hub-socket", "/run/pgsse.sock",
 		"--hub-worker-buffer", "256KiB", "--jwt-secret-file", secretFile, "--jwt-issuer", "app",
 		"--public-streams", "news/*,status", "--max-connections", "1000", "--max-header-bytes", "16KiB", "--max-outbound-memory", "64MiB",
+		"--max-publish-bytes", "4MiB",
 		"--retry", "3s", "--retention", "0", "--pprof", "--log-format", "json", "--log-level", "debug", "--demo",
 	}, env, io.Discard, &stderr)
 	require.NoError(t, err)
@@ -119,6 +120,7 @@ func TestParseServeConfig(t *testing.T) {
 	assert.Equal(t, []string{"https://a.example", "https://b.example"}, c.CORSOrigins)
 	assert.Equal(t, 1000, c.MaxConnections)
 	assert.Equal(t, 16384, c.MaxHeaderBytes)
+	assert.Equal(t, int64(4<<20), c.MaxPublishBytes)
 	assert.Equal(t, 64<<20, c.MaxOutboundMemory)
 	assert.Equal(t, 30*time.Second, c.Heartbeat)
 	assert.Equal(t, 3*time.Second, c.Retry)
@@ -139,6 +141,7 @@ func TestParseServeConfig(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o600), c.HubSocketMode)
 	assert.Equal(t, 1<<20, c.HubWorkerBuffer)
 	assert.Equal(t, 8192, c.MaxHeaderBytes)
+	assert.Equal(t, int64(1<<20), c.MaxPublishBytes)
 	assert.Equal(t, 256<<20, c.MaxOutboundMemory)
 	assert.Equal(t, os.Getenv("GOMEMLIMIT") == "", c.GoMemoryLimit, "the engine sets the Go memory limit unless GOMEMLIMIT is set")
 	assert.Equal(t, 15*time.Second, c.Heartbeat)

@@ -9,6 +9,7 @@
 //	go run ./bench/cmd/load --scenarios 3,4 --profile-dir /tmp/prof
 //	go run ./bench/cmd/load --scenarios 4,7,8 --servers pgsse,pgsse-old --pgsse-old-bin /tmp/pgsse-main \
 //	    --conns 10000 --outbound-budget 64MiB     # memory against the budget, before/after
+//	go run ./bench/cmd/load --scenarios 9         # publishing: HTTP (group commit) vs pgsse.publish
 //
 // PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
 // throwaway cluster started with scripts/pg.sh and stopped at exit. Each scenario and server
@@ -42,11 +43,12 @@ func main() {
 		baseBin    = flag.String("baseline-bin", "", "baseline binary (default: go build ./bench/baseline)")
 		oldBin     = flag.String("pgsse-old-bin", "", "an older pgsse build (server pgsse-old), e.g. main's, for before/after")
 		servers    = flag.String("servers", "pgsse,baseline", "servers to compare, in table order: pgsse, baseline, pgsse-old")
-		scenarios  = flag.String("scenarios", "1,2,3,4,5,6", "scenarios to run (7 stalled and 8 large event: pgsse builds only)")
+		scenarios  = flag.String("scenarios", "1,2,3,4,5,6,9", "scenarios to run (7 stalled and 8 large event: pgsse builds only; 9 publishing measures its own baseline)")
 		budget     = flag.String("outbound-budget", "", "pgsse --max-outbound-memory in 4, 7, 8 (e.g. 64MiB; default: the server's)")
 		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
 		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4 and 6 here")
 		out        = flag.String("out", "", "also write the table to this file")
+		durable    = flag.Bool("pg-durable", false, "turn fsync, synchronous_commit and full_page_writes on in the throwaway cluster (PostgreSQL's defaults; scripts/pg.sh turns them off)")
 	)
 	p := bench.Full()
 	flag.IntVar(&p.Conns, "conns", p.Conns, "subscribers in 1, 3, 4, 6 (at most 15000)")
@@ -111,8 +113,8 @@ func main() {
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || id < 1 || id > 8 {
-			log.Fatalf("load: --scenarios: %q is not one of 1-8", s)
+		if err != nil || id < 1 || id > 9 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-9", s)
 		}
 		ids = append(ids, id)
 	}
@@ -163,11 +165,20 @@ func main() {
 		}
 	}
 	if *dbURL != "" {
+		if *durable {
+			log.Fatal("load: --pg-durable changes the settings of the throwaway cluster only; set them on your own cluster yourself")
+		}
 		cluster = bench.UseCluster(*dbURL)
 	} else {
 		log.Printf("load: starting a throwaway PostgreSQL")
 		if cluster, err = bench.StartCluster(ctx, *pgScript); err != nil {
 			log.Fatal(err)
+		}
+		if *durable {
+			if err := cluster.MakeDurable(ctx); err != nil {
+				log.Fatal(err)
+			}
+			log.Printf("load: fsync, synchronous_commit and full_page_writes are on")
 		}
 	}
 	if *profileDir != "" {
@@ -197,19 +208,27 @@ func main() {
 	var results []*bench.Result
 	failed := false
 	for _, id := range ids {
-		if id == 5 {
-			// The hub exists only in pgsse; its baseline is each worker's own LISTEN session,
-			// measured in the same run.
-			log.Printf("load: scenario 5 (hub vs direct LISTEN)")
-			rs, err := bench.Hub(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, p, p.Hub)
+		// Scenarios 5 (the hub) and 9 (publishing) run on pgsse only: each measures its own
+		// baseline (workers' own LISTEN sessions; pgsse.publish over SQL) in the same run.
+		var paired func() ([]*bench.Result, error)
+		pgsseTarget := bench.Target{Name: "pgsse", Bin: *pgsseBin}
+		switch id {
+		case 5:
+			paired = func() ([]*bench.Result, error) { return bench.Hub(ctx, env, pgsseTarget, p, p.Hub) }
+		case 9:
+			paired = func() ([]*bench.Result, error) { return bench.Publish(ctx, env, pgsseTarget, p.Publish, p) }
+		}
+		if paired != nil {
+			log.Printf("load: scenario %d (pgsse and its baseline in one run)", id)
+			rs, err := paired()
 			if err != nil {
-				log.Printf("load: scenario 5: %v", err)
+				log.Printf("load: scenario %d: %v", id, err)
 				failed = true
 				continue
 			}
 			for _, r := range rs {
 				for _, m := range r.Metrics {
-					log.Printf("  %-10s %-40s %12s %s", r.Target, m.Name, bench.FormatValue(m.Value), m.Unit)
+					log.Printf("  %-10s %-70s %12s %s", r.Target, m.Name, bench.FormatValue(m.Value), m.Unit)
 				}
 			}
 			results = append(results, rs...)
@@ -236,6 +255,9 @@ func main() {
 	var b strings.Builder
 	fmt.Fprintf(&b, "- run: %s, %v, commit %s, scale %s, scenarios %s\n", started.UTC().Format("2006-01-02 15:04 MST"),
 		time.Since(started).Round(time.Second), gitDescribe(*root), *scale, *scenarios)
+	if *durable {
+		fmt.Fprintf(&b, "- PostgreSQL with fsync, synchronous_commit and full_page_writes on (--pg-durable)\n")
+	}
 	fmt.Fprintf(&b, "- machine: %d CPUs (%s), %s memory, kernel %s, %s\n", runtime.NumCPU(), cpuModel(), memTotal(), kernel(), runtime.Version())
 	fmt.Fprintf(&b, "- load average (1 min) at start %s, at end %s (other work on the machine shows here)\n\n", loadStart, loadAvg())
 	bench.WriteTable(&b, names, results)

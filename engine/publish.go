@@ -1,0 +1,507 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+
+	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/names"
+	"github.com/pgsse/pgsse/sse"
+	"github.com/pgsse/pgsse/store"
+)
+
+// Publishing over HTTP (SPEC §3a): POST /streams/{stream} publishes one event (the body is
+// its data) and POST /publish an NDJSON batch, through the group-commit Publisher
+// (store.Publisher). A publisher connection carries one request at a time (sseconn.go:
+// publish-body → publish-commit → idle, HTTP/1.1 keep-alive): its body is read into the
+// connection's buffer (at most --max-publish-bytes, and all bodies together at most
+// publishMemoryBytes) while its token is checked off the loop (verify.go: checkToken); once both are
+// done the request goes to the Publisher, and the answer is written only after COMMIT,
+// from a loop task (the connection may have closed meanwhile). Pipelined requests wait in
+// the socket's input until then.
+
+// Limits of the publishing path (besides --max-publish-bytes).
+const (
+	publishBodyTimeoutMS     = 30_000    // a body must arrive within this of its head (slow-loris bound)
+	publishMemoryBytes       = 128 << 20 // bodies being received, all connections together (at least 2 × --max-publish-bytes)
+	publishKeepBufBytes      = 4 << 10   // a body buffer up to this size is kept for the connection's next request (idle keep-alive connections hold no more)
+	publishPipelineBytes     = 64 << 10  // input a client may send ahead while its request is committed
+	publishUnreadAnswerBytes = 64 << 10  // answers a client leaves unread before its connection is closed
+	publishRetryAfterSeconds = 2         // Retry-After of a 503: the Publisher reconnects within 0.1–5 s
+)
+
+// publishConn is a publisher connection's request state; it lives as long as the
+// connection and is reused by its keep-alive requests.
+type publishConn struct {
+	counted bool   // counted in Server.publishers
+	seq     uint32 // the current request's number: a verdict or COMMIT for an earlier one is ignored
+
+	// The request, copied from its head (the head's bytes are gone once the body is read).
+	batch     bool // POST /publish
+	stream    string
+	event     string
+	audience  []string
+	ephemeral bool
+	keepAlive bool
+	expect100 bool
+	origin    []byte // the allowed Origin to echo; nil = none
+
+	body     sse.BodyDecoder
+	buf      []byte // the body's buffer, kept for the next request while small
+	data     []byte // the whole body, owned (in buf), once read
+	bodyDone bool   // data is set
+	held     int64  // bytes counted against publishMemoryBytes
+
+	claims  *auth.Claims // the token's verdict, once known
+	granted bool
+	status  int    // a refusal decided before the body was read: answered once it is skipped
+	reason  string //
+	req     store.PublishRequest
+	one     [1]store.PublishEvent
+}
+
+// publish starts a POST /streams/{stream} or POST /publish request: the checks that need
+// neither the body nor the token's verdict, then the body (read by readBody) and the
+// token (verified off the loop) in parallel.
+func (s *Server) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
+	if sc.pub == nil {
+		sc.pub = &publishConn{}
+	}
+	pub := sc.pub
+	pub.seq++
+	pub.batch = req.Route == sse.RoutePublish
+	pub.keepAlive, pub.expect100 = req.KeepAlive, req.Expect100
+	pub.origin = append(pub.origin[:0], cors.Origin...)
+	if cors.Origin == nil {
+		pub.origin = pub.origin[:0:0]
+	}
+	pub.claims, pub.granted, pub.status, pub.reason = nil, false, 0, ""
+	pub.data, pub.bodyDone = nil, false
+
+	switch {
+	case s.draining:
+		s.closePublish(sc, 503, "the server is shutting down; retry elsewhere")
+		return
+	case !pub.counted && s.atCapacity():
+		s.metrics.shed[shedOverCapacity].Inc() // pgsse_dropped_total{reason="over_capacity"}
+		s.closePublish(sc, 503, "over capacity, retry later")
+		return
+	}
+	if err := pub.body.Start(req, s.cfg.MaxPublishBytes, pub.buf); err != nil {
+		var pe *sse.ParseError
+		if errors.As(err, &pe) && pe.Status == 413 {
+			s.closePublish(sc, 413, "request body is larger than --max-publish-bytes ("+strconv.FormatInt(s.cfg.MaxPublishBytes, 10)+" bytes)")
+			return
+		}
+		s.closePublish(sc, statusOf(err), err.Error())
+		return
+	}
+	if req.Framing == sse.BodyLength && !s.holdPublishBytes(pub, req.ContentLength) {
+		s.closePublish(sc, 503, "too many publish bodies in flight; retry later")
+		return
+	}
+	s.beginPublish(sc)
+	if pub.body.Done() { // Content-Length: 0
+		s.bodyRead(sc)
+	}
+
+	// What the head alone can refuse (the stream and the query parameters of a single event;
+	// a batch's lines are checked once it is read).
+	if !pub.batch {
+		if err := s.singleEventParams(pub, req); err != nil {
+			s.refusePublish(sc, 400, err.Error())
+			return
+		}
+	}
+	tok := requestToken(req)
+	switch {
+	case tok == nil:
+		s.refusePublish(sc, 401, "a bearer token with a publish grant is required")
+		return
+	case s.pool == nil:
+		s.refusePublish(sc, 401, "token authentication is not configured")
+		return
+	}
+	seq := pub.seq
+	claims, err, verdict := s.checkToken(tok, func(claims *auth.Claims, err error) { s.onPublishVerdict(sc, seq, claims, err) })
+	switch verdict {
+	case tokenChecked:
+		s.onPublishVerdict(sc, seq, claims, err)
+	case tokenBusy:
+		s.refusePublish(sc, 503, "token verification is overloaded; retry shortly")
+	}
+}
+
+// singleEventParams checks and copies what POST /streams/{stream} takes from its head:
+// the stream, and the query parameters event, audience and ephemeral.
+func (s *Server) singleEventParams(pub *publishConn, req *sse.Request) error {
+	if err := names.CheckStream(req.Name); err != nil {
+		return &store.EventError{Field: "stream", Err: err}
+	}
+	if req.HasEvent {
+		if err := names.CheckEvent(req.Event); err != nil {
+			return &store.EventError{Field: "event", Err: err}
+		}
+	}
+	if err := names.CheckAudience(req.Audience); err != nil {
+		return &store.EventError{Field: "audience", Err: err}
+	}
+	if pub.stream != string(req.Name) { // no allocation when a connection keeps its stream
+		pub.stream = string(req.Name)
+	}
+	pub.event = ""
+	if len(req.Event) > 0 {
+		pub.event = string(req.Event)
+	}
+	pub.audience = pub.audience[:0]
+	for _, t := range req.Audience {
+		pub.audience = append(pub.audience, string(t))
+	}
+	pub.ephemeral = req.Ephemeral
+	return nil
+}
+
+// onPublishVerdict takes the token's verdict for request seq (on the loop).
+func (s *Server) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Claims, err error) {
+	pub := sc.pub
+	if sc.closed || pub == nil || pub.seq != seq || sc.state != statePublishBody || pub.status != 0 {
+		return // closed, answered or refused meanwhile
+	}
+	switch {
+	case err != nil:
+		s.refusePublish(sc, 401, err.Error())
+		return
+	case !pub.batch && !claims.AllowsPublish([]byte(pub.stream)):
+		s.refusePublish(sc, 403, "token does not grant publishing to stream "+pub.stream)
+		return
+	}
+	pub.claims, pub.granted = claims, true
+	if pub.bodyDone {
+		s.submitPublish(sc)
+		return
+	}
+	if pub.expect100 {
+		sc.write(s, sse.AppendContinue(s.scratch[:0]))
+	}
+}
+
+// readBody feeds the connection's input to the body decoder; it reports whether the
+// connection moved on (body complete, or refused) so that readRequest goes on.
+func (s *Server) readBody(sc *sseConn) bool {
+	pub := sc.pub
+	if pub.bodyDone {
+		return false // waiting for the token's verdict; what follows is the next request
+	}
+	in, _ := sc.c.Peek(-1)
+	if len(in) == 0 {
+		return false
+	}
+	n, done, err := pub.body.Decode(in)
+	if err != nil {
+		discard(sc, n)
+		var pe *sse.ParseError
+		if errors.As(err, &pe) && pe.Status == 413 {
+			s.closePublish(sc, 413, "request body is larger than --max-publish-bytes ("+strconv.FormatInt(s.cfg.MaxPublishBytes, 10)+" bytes)")
+		} else {
+			s.closePublish(sc, statusOf(err), err.Error())
+		}
+		return true
+	}
+	if !s.holdPublishBytes(pub, int64(cap(pub.body.Buffer()))-pub.held) {
+		discard(sc, n)
+		s.closePublish(sc, 503, "too many publish bodies in flight; retry later")
+		return true
+	}
+	if !done {
+		discard(sc, n)
+		return false
+	}
+	s.bodyRead(sc) // before discarding: the body may be a view into the input
+	discard(sc, n)
+	switch {
+	case pub.status != 0:
+		s.answerPublishError(sc, pub.status, pub.reason)
+	case pub.granted:
+		s.submitPublish(sc)
+	}
+	return true
+}
+
+// discard drops the first n bytes of the connection's input (gnet's Discard(0) would drop
+// all of it).
+func discard(sc *sseConn, n int) {
+	if n > 0 {
+		_, _ = sc.c.Discard(n)
+	}
+}
+
+// bodyRead takes ownership of a complete body: a view into the connection's input is
+// copied into the connection's buffer.
+func (s *Server) bodyRead(sc *sseConn) {
+	pub := sc.pub
+	body, buf := pub.body.Body(), pub.body.Buffer()
+	if len(body) > 0 && (cap(buf) == 0 || &buf[:1][0] != &body[0]) {
+		buf = append(buf[:0], body...)
+		body = buf
+		s.countPublishBytes(pub, int64(cap(buf))-pub.held) // already read: counted even over the budget
+	}
+	pub.buf = buf[:0]
+	pub.data, pub.bodyDone = body, true
+}
+
+// submitPublish hands a request whose body is read and whose token allows it to the
+// Publisher: publish-body → publish-commit, or an answer at once when it is refused.
+func (s *Server) submitPublish(sc *sseConn) {
+	pub := sc.pub
+	if pub.batch {
+		events, err := store.ParseBatch(pub.data)
+		if err != nil {
+			s.answerPublishError(sc, 400, err.Error())
+			return
+		}
+		for i := range events {
+			if !pub.claims.AllowsPublish([]byte(events[i].Stream)) {
+				s.answerPublishError(sc, 403, "line "+strconv.Itoa(i+1)+": token does not grant publishing to stream "+events[i].Stream)
+				return
+			}
+		}
+		pub.req = store.PublishRequest{Events: events, Batch: true}
+	} else {
+		pub.one[0] = store.PublishEvent{Stream: pub.stream, Data: pub.data, Event: pub.event, Audience: pub.audience, Ephemeral: pub.ephemeral}
+		pub.req = store.PublishRequest{Events: pub.one[:]}
+	}
+	p := s.publisherFor()
+	if p == nil {
+		s.answerPublishError(sc, 503, "the server is shutting down; retry elsewhere")
+		return
+	}
+	seq := pub.seq
+	if err := p.Submit(&pub.req, func(res store.PublishResult) {
+		s.tasks.push(func() { s.onCommitted(sc, seq, res) })
+	}); err != nil {
+		status, reason := publishErrorStatus(err)
+		s.answerPublishError(sc, status, reason)
+		return
+	}
+	s.releasePublishBytes(pub) // the Publisher's own budget holds the data now
+	s.submitted(sc)
+}
+
+// onCommitted answers request seq once its transaction has committed (or failed), on the
+// loop; then the connection's next pipelined request, if any, is read.
+func (s *Server) onCommitted(sc *sseConn, seq uint32, res store.PublishResult) {
+	pub := sc.pub
+	if sc.closed || pub == nil || pub.seq != seq || sc.state != statePublishCommit {
+		s.metrics.publishRequestsFor(resultStatus(res)).Inc() // the outcome is counted; the client has gone
+		return
+	}
+	if res.Err != nil {
+		status, reason := publishErrorStatus(res.Err)
+		s.answerPublishError(sc, status, reason)
+	} else {
+		var body []byte
+		if pub.batch {
+			body = sse.AppendPublishedBatch(s.jsonScratch[:0], res.IDs)
+		} else {
+			body = sse.AppendPublished(s.jsonScratch[:0], []byte(pub.stream), res.IDs[0])
+		}
+		s.jsonScratch = body[:0]
+		s.metrics.publishRequestsFor(200).Inc()
+		keep := s.keepPublisher(pub)
+		s.answerPublish(sc, sse.AppendJSON(s.scratch[:0], 200, body, sse.Reply{CORS: pub.cors(), KeepAlive: keep}), keep, false)
+		s.endPublish(pub)
+	}
+	if sc.state == stateIdle {
+		s.readRequest(sc)
+	}
+}
+
+// refusePublish refuses the request with status: at once and with a close when its body
+// cannot be read first (Expect: 100-continue, or the body timed out, or the server is
+// draining); otherwise the rest of the body is skipped and the answer, on a kept-alive
+// connection, goes out when it is consumed.
+func (s *Server) refusePublish(sc *sseConn, status int, reason string) {
+	pub := sc.pub
+	switch {
+	case pub.bodyDone:
+		s.answerPublishError(sc, status, reason)
+	case pub.expect100 || status == 408 || status == 503 || !pub.keepAlive:
+		s.closePublish(sc, status, reason)
+	default:
+		pub.status, pub.reason = status, reason
+		pub.body.Skip()
+		s.releasePublishBytes(pub)
+	}
+}
+
+// answerPublishError answers a request whose body has been read with an error status.
+func (s *Server) answerPublishError(sc *sseConn, status int, reason string) {
+	pub := sc.pub
+	s.metrics.publishRequestsFor(status).Inc()
+	keep := s.keepPublisher(pub)
+	s.answerPublish(sc, s.appendPublishError(status, reason, pub, keep), keep, false)
+	s.endPublish(pub)
+}
+
+// closePublish answers with an error status and closes the connection, whose input is
+// discarded until the client's EOF (linger).
+func (s *Server) closePublish(sc *sseConn, status int, reason string) {
+	pub := sc.pub
+	s.metrics.publishRequestsFor(status).Inc()
+	s.answerPublish(sc, s.appendPublishError(status, reason, pub, false), false, true)
+	s.endPublish(pub)
+}
+
+func (s *Server) appendPublishError(status int, reason string, pub *publishConn, keepAlive bool) []byte {
+	r := sse.Reply{CORS: pub.cors(), KeepAlive: keepAlive}
+	if status == 503 {
+		r.RetryAfterSeconds = publishRetryAfterSeconds
+	}
+	return sse.AppendReply(s.scratch[:0], status, reason, r)
+}
+
+// keepPublisher decides whether the connection stays open after this answer.
+func (s *Server) keepPublisher(pub *publishConn) bool { return pub.keepAlive && !s.draining }
+
+// endPublish releases what a request held once it is answered.
+func (s *Server) endPublish(pub *publishConn) {
+	s.releasePublishBytes(pub)
+	if cap(pub.buf) > publishKeepBufBytes {
+		pub.buf = nil
+	}
+	pub.data, pub.req, pub.one[0], pub.claims = nil, store.PublishRequest{}, store.PublishEvent{}, nil
+}
+
+// releasePublish drops a closed connection's request state (removeConn).
+func (s *Server) releasePublish(sc *sseConn) {
+	if sc.pub != nil {
+		s.releasePublishBytes(sc.pub)
+		sc.pub = nil // a request still with the Publisher keeps its own data alive
+	}
+}
+
+// holdPublishBytes counts n more bytes of pub's body against the budget for bodies in
+// flight (publishBudget); false when that would exceed it (nothing is counted then).
+func (s *Server) holdPublishBytes(pub *publishConn, n int64) bool {
+	if n <= 0 {
+		return true
+	}
+	if s.publishHeld+n > s.publishBudget {
+		return false
+	}
+	s.countPublishBytes(pub, n)
+	return true
+}
+
+// countPublishBytes counts bytes already held, whatever the budget says.
+func (s *Server) countPublishBytes(pub *publishConn, n int64) {
+	if n > 0 {
+		s.publishHeld += n
+		pub.held += n
+	}
+}
+
+func (s *Server) releasePublishBytes(pub *publishConn) {
+	s.publishHeld -= pub.held
+	pub.held = 0
+}
+
+func (pub *publishConn) cors() sse.CORS {
+	if len(pub.origin) == 0 {
+		return sse.CORS{}
+	}
+	return sse.CORS{Origin: pub.origin, Credentials: true}
+}
+
+// atCapacity reports whether the SSE port holds --max-connections subscribers and
+// publishers.
+func (s *Server) atCapacity() bool { return s.active+s.publishers >= s.cfg.MaxConnections }
+
+// statusOf is the status of a request-parsing error (400 when it names none).
+func statusOf(err error) int {
+	var pe *sse.ParseError
+	if errors.As(err, &pe) {
+		return pe.Status
+	}
+	return 400
+}
+
+// publishErrorStatus maps the Publisher's errors to SPEC §3a's statuses.
+func publishErrorStatus(err error) (int, string) {
+	var ee *store.EventError
+	switch {
+	case errors.As(err, &ee) && errors.Is(err, store.ErrEventTooLarge):
+		return 413, err.Error()
+	case errors.As(err, &ee):
+		return 400, err.Error()
+	case errors.Is(err, store.ErrUnavailable), errors.Is(err, store.ErrPublishQueueFull), errors.Is(err, store.ErrPublisherClosed):
+		return 503, err.Error()
+	}
+	return 500, err.Error() // e.g. pgsse.max_event_bytes is not a number: the operator must fix it
+}
+
+func resultStatus(res store.PublishResult) int {
+	if res.Err == nil {
+		return 200
+	}
+	status, _ := publishErrorStatus(res.Err)
+	return status
+}
+
+// isPOST reports whether a request head that failed to parse is a POST (its answer then
+// counts as a publish request and closes with a linger: a body may follow).
+func isPOST(head []byte) bool { return bytes.HasPrefix(head, []byte("POST ")) }
+
+// --- the Publisher -----------------------------------------------------------------------
+
+// publisherFor is the server's Publisher, started by the first publish request (a server
+// nobody publishes to holds no publishing connection); nil once the server is stopping.
+func (s *Server) publisherFor() *store.Publisher {
+	if s.publisher != nil {
+		return s.publisher
+	}
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	if s.pubStopped {
+		return nil
+	}
+	s.publisher = store.NewPublisher(store.PublisherConfig{
+		DatabaseURL: s.cfg.DatabaseURL,
+		Logger:      s.log,
+		Observe:     s.metrics.observePublish,
+	})
+	s.pubShared = s.publisher
+	return s.publisher
+}
+
+// stopPublisher publishes what is queued (until ctx is done) and closes the Publisher (Run,
+// after the drain).
+func (s *Server) stopPublisher(ctx context.Context) {
+	s.pubMu.Lock()
+	s.pubStopped = true
+	p := s.pubShared
+	s.pubMu.Unlock()
+	if p != nil {
+		p.Close(ctx)
+	}
+}
+
+// publishState is Server's part for publishing.
+type publishState struct {
+	// Shared by the loop (publisherFor) and Run (stopPublisher).
+	pubMu      sync.Mutex
+	pubStopped bool
+	pubShared  *store.Publisher // guarded by pubMu
+
+	// Loop-owned.
+	publisher     *store.Publisher // the loop's copy of pubShared
+	publishers    int              // connections counted as publishers
+	publishHeld   int64            // bytes of publish bodies in flight
+	publishBudget int64            // the most they may hold: publishMemoryBytes, at least 2 × --max-publish-bytes
+	// publishBodyTimeoutMS is the constant of that name (a field so that tests can shorten it).
+	publishBodyTimeoutMS int64
+	jsonScratch          []byte
+}
