@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -9,7 +8,8 @@ import (
 
 // The gnet.EventHandler: every callback finds out which kind of connection it is about — an
 // SSE connection (sseconn.go, request.go), a hub worker (hub.go) or the loop's private anchor
-// (loop.go) — from the connection's context, and hands it to that part.
+// (loop.go) — from the connection's context: when OnOpen runs, that is the origin the
+// acceptor that handed it over gave it (accept.go); after that, its part's own state.
 
 // anchorMark is the context of the anchor connection.
 type anchorMark struct{}
@@ -17,28 +17,26 @@ type anchorMark struct{}
 // OnBoot implements gnet.EventHandler.
 func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	s.eng = eng
-	close(s.booted)
 	return gnet.None
 }
 
 // OnOpen implements gnet.EventHandler.
 func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
-	if ctx, ok := c.Context().(context.Context); ok && ctx.Value(anchorKey{}) != nil {
+	switch c.Context() {
+	case originAnchor:
 		c.SetContext(anchorMark{})
 		return nil, gnet.None
-	}
-	s.enter()
-	defer s.leave()
-	if s.hub.owns(c) {
+	case originHub:
+		s.enter()
+		defer s.leave()
 		return s.hub.accept(c)
+	case originSSE:
+		s.enter()
+		defer s.leave()
+		s.openConn(c)
+		return nil, gnet.None
 	}
-	if len(s.conns) >= s.cfg.MaxConnections+shedSlack {
-		// Far over the limit: do not even read the request; keep descriptors for others.
-		s.metrics.droppedOverCapacity.Inc()
-		return nil, gnet.Close
-	}
-	s.openConn(c)
-	return nil, gnet.None
+	return nil, gnet.Close // not ours (gnet's placeholder listener cannot accept anyone)
 }
 
 // OnClose implements gnet.EventHandler.

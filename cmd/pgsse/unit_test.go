@@ -175,7 +175,7 @@ func TestAdminHandler(t *testing.T) {
 	}
 
 	p := &fakeProbe{}
-	h := adminHandler(p, reg, false)
+	h := adminHandler(p, reg, false, &redactor{})
 	code, body := get(h, "/healthz")
 	assert.Equal(t, 503, code)
 	assert.Equal(t, "event loop not responding\n", body)
@@ -201,7 +201,7 @@ func TestAdminHandler(t *testing.T) {
 	code, _ = get(h, "/debug/pprof/")
 	assert.Equal(t, 404, code, "pprof only with --pprof")
 
-	h = adminHandler(&bareProbe{}, reg, true)
+	h = adminHandler(&bareProbe{}, reg, true, &redactor{})
 	code, body = get(h, "/readyz")
 	assert.Equal(t, 503, code)
 	assert.True(t, strings.HasPrefix(body, "not ready: "))
