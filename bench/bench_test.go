@@ -58,26 +58,39 @@ func runScenario(b *testing.B, id int) {
 	p := params()
 	for _, t := range targets {
 		b.Run(t.Name, func(b *testing.B) {
-			sums := map[string]float64{}
-			var order []string
-			for range b.N {
+			reportMeans(b, false, func() []*Result {
 				r, err := Scenario(context.Background(), env, t, p, id)
 				require.NoError(b, err)
-				for _, m := range r.Metrics {
-					u := metricUnit(m)
-					if _, ok := sums[u]; !ok {
-						order = append(order, u)
-					}
-					sums[u] += m.Value
-				}
-				for _, n := range r.Notes {
-					b.Logf("%s: %s", t.Name, n)
-				}
-			}
-			for _, u := range order {
-				b.ReportMetric(sums[u]/float64(b.N), u)
-			}
+				return []*Result{r}
+			})
 		})
+	}
+}
+
+// reportMeans runs a scenario b.N times and reports each metric's mean (named after its
+// target too with byTarget, for runs that measure several) and logs the notes.
+func reportMeans(b *testing.B, byTarget bool, run func() []*Result) {
+	sums := map[string]float64{}
+	var order []string
+	for range b.N {
+		for _, r := range run() {
+			for _, m := range r.Metrics {
+				u := metricUnit(m)
+				if byTarget {
+					u = r.Target + "-" + u
+				}
+				if _, ok := sums[u]; !ok {
+					order = append(order, u)
+				}
+				sums[u] += m.Value
+			}
+			for _, n := range r.Notes {
+				b.Logf("%s: %s", r.Target, n)
+			}
+		}
+	}
+	for _, u := range order {
+		b.ReportMetric(sums[u]/float64(b.N), u)
 	}
 }
 
@@ -127,27 +140,27 @@ func runPaired(b *testing.B, scenario func(*Env, Target, Params) ([]*Result, err
 	targets := servers(b)
 	env := &Env{Cluster: UseCluster(pgtest.URL(b)), Dir: b.TempDir(), Logf: b.Logf}
 	p := params()
-	sums := map[string]float64{}
-	var order []string
-	for range b.N {
+	reportMeans(b, true, func() []*Result {
 		rs, err := scenario(env, targets[0], p)
 		require.NoError(b, err)
-		for _, r := range rs {
-			for _, m := range r.Metrics {
-				u := r.Target + "-" + metricUnit(m)
-				if _, ok := sums[u]; !ok {
-					order = append(order, u)
-				}
-				sums[u] += m.Value
-			}
-			for _, n := range r.Notes {
-				b.Logf("%s: %s", r.Target, n)
-			}
-		}
+		return rs
+	})
+}
+
+// BenchmarkScenarioStorm runs the reconnect storm (issue 11) against this build's pgsse;
+// bench/cmd/storm compares two builds in one run.
+func BenchmarkScenarioStorm(b *testing.B) {
+	targets := servers(b)
+	env := &Env{Cluster: UseCluster(pgtest.URL(b)), Dir: b.TempDir(), Logf: b.Logf}
+	sp := SmallStorm()
+	if os.Getenv("PGSSE_BENCH_FULL") == "1" {
+		sp = FullStorm()
 	}
-	for _, u := range order {
-		b.ReportMetric(sums[u]/float64(b.N), u)
-	}
+	reportMeans(b, false, func() []*Result {
+		r, err := Storm(context.Background(), env, targets[0], sp)
+		require.NoError(b, err)
+		return []*Result{r}
+	})
 }
 
 // holdEnv makes the test binary a holder process of scenario 10: "ADDR N SOURCES".

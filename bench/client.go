@@ -56,6 +56,9 @@ type Client struct {
 	refs   []atomic.Int64 // per seq: reference time (commit) in UnixNano, set by the publisher
 	loops  []*pollLoop
 	next   atomic.Uint32 // round robin over loops and sources
+	// phaseFrom[i] is the first sequence number of phase i (SetPhase); phase 0 starts at 1.
+	// Per-delivery latency is also recorded per phase (ClientStats.Phases).
+	phaseFrom [MaxPhases]atomic.Int64
 
 	mu    sync.Mutex
 	slow  []*sseConn // connected, never read
@@ -83,6 +86,7 @@ type pollLoop struct {
 	first  []int64 // per seq: earliest receive time (UnixNano), 0 = none
 	last   []int64 // per seq: latest receive time
 	hist   Histogram
+	phases [MaxPhases]Histogram
 	bytes  int64
 	reads  int64
 	events atomic.Int64
@@ -345,6 +349,7 @@ func (l *pollLoop) event(sc *sseConn, v []byte, now int64) {
 		}
 	}
 	l.hist.Add(now - sent)
+	l.phases[l.c.phaseOf(seq)].Add(now - sent)
 	if seq > 0 && seq < int64(len(l.first)) {
 		if l.first[seq] == 0 || now < l.first[seq] {
 			l.first[seq] = now
@@ -352,6 +357,23 @@ func (l *pollLoop) event(sc *sseConn, v []byte, now int64) {
 		l.last[seq] = max(l.last[seq], now)
 		l.c.counts[seq].Add(1)
 	}
+}
+
+// MaxPhases is how many phases a run can split its per-delivery latency into.
+const MaxPhases = 4
+
+// SetPhase starts phase i (1 ≤ i < MaxPhases) at sequence number firstSeq: deliveries of
+// events from firstSeq on (until the next phase) are recorded in ClientStats.Phases[i].
+func (c *Client) SetPhase(i int, firstSeq int64) { c.phaseFrom[i].Store(firstSeq) }
+
+func (c *Client) phaseOf(seq int64) int {
+	p := 0
+	for i := 1; i < MaxPhases; i++ {
+		if from := c.phaseFrom[i].Load(); from > 0 && seq >= from {
+			p = i
+		}
+	}
+	return p
 }
 
 // SetRef records event seq's reference time (UnixNano): per-delivery latency is measured from
@@ -408,9 +430,10 @@ type ClientStats struct {
 	ConnsWithGaps  int   // reading connections that skipped a sequence number
 	Closed         int64 // connections the server closed
 	Bad            int64
-	Latency        Histogram // per delivery, from the reference time (SetRef)
-	First, Last    []int64   // per seq, merged over loops
-	MinLastSeq     int64     // lowest last sequence number over reading connections
+	Latency        Histogram            // per delivery, from the reference time (SetRef)
+	Phases         [MaxPhases]Histogram // Latency split by the event's phase (SetPhase)
+	First, Last    []int64              // per seq, merged over loops
+	MinLastSeq     int64                // lowest last sequence number over reading connections
 	ReadingConns   int
 	ConnsBehindMax int // reading connections whose last seq is below the highest seen
 }
@@ -466,6 +489,9 @@ func (c *Client) Stats() *ClientStats {
 		st.Closed += l.closed
 		st.Bad += l.bad
 		st.Latency.Merge(&l.hist)
+		for i := range l.phases {
+			st.Phases[i].Merge(&l.phases[i])
+		}
 		for i, v := range l.first {
 			if v != 0 && (st.First[i] == 0 || v < st.First[i]) {
 				st.First[i] = v

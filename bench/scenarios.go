@@ -184,7 +184,7 @@ func (r *run) client(stream string, conns int, p Params, maxSeq int) (*Client, e
 		c.Close()
 		return nil, fmt.Errorf("%s: connect %d subscribers: %w", r.t.Name, conns, err)
 	}
-	r.e.logf("%s: %d subscribers connected in %v", r.t.Name, conns, time.Since(start).Round(time.Millisecond))
+	r.e.logf("%s: %d subscribers connected in %v", r.t.label(), conns, time.Since(start).Round(time.Millisecond))
 	return c, nil
 }
 

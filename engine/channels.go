@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 
+	"github.com/pgsse/pgsse/pglisten"
 	"github.com/pgsse/pgsse/sse"
 )
 
@@ -120,10 +121,17 @@ func (s *Server) channelLive(ch *channel) {
 	s.hub.channelLive(ch)
 }
 
+// channelFailed: the LISTEN failed. Waiting SSE clients are shed — over capacity when the
+// session holds all the channels it may, else the database is unavailable — and waiting hub
+// SUBs answered.
 func (s *Server) channelFailed(ch *channel, err error) {
+	why := shedDatabaseUnavailable
+	if errors.Is(err, pglisten.ErrTooManyChannels) {
+		why = shedOverCapacity
+	}
 	for _, sc := range append([]*sseConn(nil), ch.sse...) {
 		if sc.state == statePending {
-			s.shed(sc)
+			s.shed(sc, why)
 		}
 	}
 	s.hub.channelFailed(ch, err)

@@ -57,19 +57,16 @@ func TestChannelChurnKeepsSessionReferencesConsistent(t *testing.T) {
 	assert.Equal(t, 0, <-gone, "no channel left in the table")
 }
 
-// TestChannelRejectedByPostgreSQL: a channel name PostgreSQL refuses (not UTF-8) is told
-// to retry later (200 + retry, never a status EventSource treats as final) and costs no
-// one else anything.
-func TestChannelRejectedByPostgreSQL(t *testing.T) {
+// TestChannelNotUTF8: a channel name PostgreSQL would refuse (not UTF-8) is a bad request,
+// 400 naming the rule (SPEC §3b; issue 11 saw 200 + ":over capacity"), and costs no one else
+// anything.
+func TestChannelNotUTF8(t *testing.T) {
 	ts := startServer(t, "", nil)
 	tok := token(t, auth.Claims{Channels: []string{"*"}}, time.Hour)
-	for i := 0; i < 3; i++ {
-		bad := dial(t, ts.Addr().String(), "/channels/bad%FFname", "Authorization: Bearer "+tok)
-		require.Equal(t, 200, bad.Status)
-		ev := bad.mustNext(5 * time.Second)
-		assert.NotEmpty(t, ev.Retry, "told to retry later")
-		_, err := bad.next(5 * time.Second)
-		assert.Error(t, err, "then closed")
+	for _, path := range []string{"/channels/bad%FFname", "/channels/%FF%FE"} {
+		r := get(t, ts.Addr().String(), path, "Authorization: Bearer "+tok)
+		assert.Equal(t, 400, r.Status, path)
+		assert.Equal(t, "channel name must be valid UTF-8\n", r.Body, path)
 	}
 	good := dial(t, ts.Addr().String(), "/channels/good", "Authorization: Bearer "+tok)
 	require.Equal(t, 200, good.Status)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"log/slog"
 	"net"
@@ -32,6 +33,9 @@ type Config struct {
 	CORSOrigins   []string // exact origins allowed to read streams cross-origin
 
 	MaxConnections int // SSE-port connections (subscribers and publishers); default MaxConnectionsFor(FDLimit())
+	// MaxConnectionsPerSubject caps the SSE connections of one token subject (SPEC §3b);
+	// default DefaultMaxConnectionsPerSubject, NoLimit for none.
+	MaxConnectionsPerSubject int
 	// MaxOutboundMemory bounds the bytes queued for all SSE connections together
 	// (--max-outbound-memory, default DefaultMaxOutboundMemory; budget.go).
 	MaxOutboundMemory int
@@ -49,14 +53,23 @@ type Config struct {
 
 	ReplayPoolSize int // replay connections (application_name pgsse-replay), default DefaultReplayPoolSize
 
-	// Several processes on one port (--procs, SPEC §6 "Every core of a host"; cmd/pgsse
-	// procs.go starts them). ReusePort binds Listen with SO_REUSEPORT, in every process of
-	// the group. SiblingHub makes this server a sibling: instead of a LISTEN session of its
-	// own it reads the first process's hub over this already-connected socket (one end of
-	// a socketpair the first process made, so no outside worker can present it), failing
-	// over to an own session if the first process goes away (listenhub.go). The first
-	// process enrols the other end with AddSibling.
-	ReusePort  bool
+	// AdminMaxConnections caps the admin endpoint's connections (AdminListener), default
+	// DefaultAdminMaxConnections.
+	AdminMaxConnections int
+	// ShareListen: other processes of this server (--procs) bind --listen too (SO_REUSEPORT);
+	// without it an address another socket already holds is refused.
+	ShareListen bool
+
+	hubWorkers   int // the hub's worker cap, from the descriptor budget (withDefaults)
+	acceptWindow int // connections in flight to the loop per listener, from the budget
+
+	// SiblingHub makes this server a sibling process of --procs (SPEC §6 "Every core of a
+	// host"; cmd/pgsse/procs.go starts them): instead of a LISTEN session of its own it reads
+	// the first process's hub over this already-connected socket — one end of a socketpair
+	// the first process made, so no outside worker can present it — and fails over to a
+	// session of its own if the first process goes away (listenhub.go). The first process
+	// enrols the other end with AddSibling. A sibling sets ShareListen: the first process
+	// holds --listen already.
 	SiblingHub net.Conn
 
 	Logger   *slog.Logger          // default slog.Default()
@@ -75,8 +88,15 @@ const (
 	DefaultReplayPoolSize                = 4
 	DefaultMaxOutboundMemory             = 256 << 20                  // bytes queued for all SSE connections together
 	DefaultMaxPublishBytes               = sse.DefaultMaxPublishBytes // SPEC §3a: 1 MiB
-	DefaultProcs                         = 1                          // --procs: processes serving the port; "auto" = ProcsAuto()
+	// DefaultMaxConnectionsPerSubject is --max-connections-per-subject's default (0 on the
+	// command line is NoLimit).
+	DefaultMaxConnectionsPerSubject = 256
+	DefaultAdminMaxConnections      = 64
+	DefaultProcs                    = 1 // --procs: processes serving the port; "auto" = ProcsAuto()
 )
+
+// NoLimit in a Config limit field means "no limit" (the zero value means "the default").
+const NoLimit = -1
 
 // Bounds on Config values. New refuses values outside them; the CLI checks the same bounds
 // first so that its message names the flag or variable that was set.
@@ -98,24 +118,102 @@ const (
 // ProcsAuto is --procs auto: one process per CPU this process may run on, at most MaxProcs.
 func ProcsAuto() int { return min(max(runtime.NumCPU(), 1), MaxProcs) }
 
-// The descriptor budget (SPEC §3b "Descriptors"). Of RLIMIT_NOFILE, FDReserve descriptors
-// are kept for everything that is not an admitted SSE connection; the rest is the default
-// --max-connections.
+// The descriptor budget (SPEC §3b "Descriptors"). Every consumer of file descriptors gets its
+// share of RLIMIT_NOFILE at start-up and SSE connections get what is left: Config.FDBudget
+// computes it (the one place), New derives the default --max-connections and the hub's worker
+// cap from it, `pgsse serve` checks --max-connections against it and `pgsse doctor` prints it.
+// Should accept still meet EMFILE (another process's descriptors, ENFILE), the acceptors shed
+// (accept.go).
 const (
-	// fdOtherReserve covers the LISTEN session, the replay pool, hub workers, the listeners,
-	// the admin server and files.
-	fdOtherReserve = 512
+	// fdRuntime: standard streams, Go's and gnet's pollers and their wake-up descriptors,
+	// /proc and log files, DNS lookups.
+	fdRuntime = 32
+	// fdListeners: --listen, the hub socket, the admin listener, gnet's placeholder, the loop's
+	// anchor connection and its peer, one reserve descriptor per acceptor.
+	fdListeners = 10
+	// fdPostgresFixed: PostgreSQL sessions besides the replay pool — the LISTEN session, the
+	// schema check, retention, the publisher (two transactions in flight and an outcome check).
+	fdPostgresFixed = 6
 	// shedSlack is how many connections beyond MaxConnections may be open at once while they
 	// are told to retry elsewhere; beyond that a new connection is closed unread.
 	shedSlack = 256
-	// FDReserve is what MaxConnectionsFor keeps back from the descriptor limit.
-	FDReserve = fdOtherReserve + shedSlack
+	// hubShedSlack: workers beyond the hub's cap that may be open while they are told so.
+	hubShedSlack = 16
 	// fdLimitCap is where a huge limit (RLIM_INFINITY) stops counting.
 	fdLimitCap = 1 << 24
-	// unknownFDLimitConnections is the default when the limit cannot be read; the accept
-	// path sheds on EMFILE anyway.
+	// unknownFDLimitConnections is the default when the limit cannot be read; the acceptors
+	// shed on EMFILE anyway.
 	unknownFDLimitConnections = 10_000
 )
+
+// Hub worker cap: an eighth of the descriptor limit, between these bounds.
+const (
+	hubMinWorkers = 16
+	hubMaxWorkers = 1024
+)
+
+// FDShare is one consumer's share of the descriptor budget.
+type FDShare struct {
+	Consumer string
+	FDs      int
+}
+
+// FDBudget is how RLIMIT_NOFILE is shared out.
+type FDBudget struct {
+	Limit          uint64    // RLIMIT_NOFILE (capped at 2^24); 0 = unknown
+	Shares         []FDShare // every consumer but the admitted SSE connections
+	HubWorkers     int       // the hub's worker cap (0 without a hub)
+	AcceptWindow   int       // connections being handed to the loop at once, per listener
+	MaxConnections int       // what is left for SSE connections; ≤ 0 = no room
+}
+
+// Reserved is what the budget keeps back from SSE connections.
+func (b FDBudget) Reserved() int {
+	n := 0
+	for _, sh := range b.Shares {
+		n += sh.FDs
+	}
+	return n
+}
+
+// FDBudget shares a descriptor limit out among this configuration's consumers (zero fields
+// count as their defaults; MaxConnections is ignored: it is the result).
+func (cfg Config) FDBudget(fdLimit uint64) FDBudget {
+	replay := cmp.Or(cfg.ReplayPoolSize, DefaultReplayPoolSize)
+	admin := cmp.Or(cfg.AdminMaxConnections, DefaultAdminMaxConnections)
+	b := FDBudget{Limit: min(fdLimit, fdLimitCap)}
+	if cfg.HubSocket != "" {
+		b.HubWorkers = hubMaxWorkers
+		if fdLimit > 0 {
+			b.HubWorkers = min(max(int(b.Limit/8), hubMinWorkers), hubMaxWorkers)
+		}
+	}
+	b.AcceptWindow = acceptWindowMax
+	if fdLimit > 0 {
+		b.AcceptWindow = min(max(int(b.Limit/32), acceptWindowMin), acceptWindowMax)
+	}
+	listeners := 1
+	if cfg.HubSocket != "" {
+		listeners++
+	}
+	b.Shares = []FDShare{
+		{"runtime and files", fdRuntime},
+		{"listeners, loop anchor, reserve descriptors", fdListeners},
+		{"PostgreSQL sessions (LISTEN, " + strconv.Itoa(replay) + " replay, schema check, retention, publishing)", fdPostgresFixed + replay},
+		{"admin connections (--admin-max-connections)", admin},
+		{"connections being handed to the loop (" + strconv.Itoa(b.AcceptWindow) + " per listener)", listeners * b.AcceptWindow},
+		{"SSE connections told to retry (over --max-connections)", shedSlack},
+	}
+	if b.HubWorkers > 0 {
+		b.Shares = append(b.Shares, FDShare{"hub workers (" + strconv.Itoa(b.HubWorkers) + ", and " + strconv.Itoa(hubShedSlack) + " being refused)", b.HubWorkers + hubShedSlack})
+	}
+	if fdLimit == 0 {
+		b.MaxConnections = unknownFDLimitConnections
+		return b
+	}
+	b.MaxConnections = int(b.Limit) - b.Reserved()
+	return b
+}
 
 // FDLimit is the soft RLIMIT_NOFILE (the Go runtime has already raised it to the hard limit
 // at start-up), or 0 if it cannot be read.
@@ -127,20 +225,11 @@ func FDLimit() uint64 {
 	return rl.Cur
 }
 
-// MaxConnectionsFor is the default --max-connections for a descriptor limit: the limit
-// (capped at 2^24) minus FDReserve; 0 when the limit leaves no room; 10,000 when the limit is
-// unknown (0). `pgsse serve`, `pgsse doctor` and New all derive it here.
+// MaxConnectionsFor is the default --max-connections of `pgsse serve` with default flags (no
+// hub, the default admin cap) for a descriptor limit: Config{}.FDBudget(fdLimit), at least 0.
+// 10,000 when the limit is unknown (0).
 func MaxConnectionsFor(fdLimit uint64) int {
-	switch {
-	case fdLimit == 0:
-		return unknownFDLimitConnections
-	case fdLimit > fdLimitCap:
-		fdLimit = fdLimitCap
-	}
-	if fdLimit <= FDReserve {
-		return 0
-	}
-	return int(fdLimit - FDReserve)
+	return max(Config{}.FDBudget(fdLimit).MaxConnections, 0)
 }
 
 // withDefaults fills zero fields and checks the bounds; the error names the flag.
@@ -152,15 +241,19 @@ func (cfg Config) withDefaults() (Config, error) {
 	orDefault(&cfg.Heartbeat, DefaultHeartbeat)
 	orDefault(&cfg.Retry, DefaultRetry)
 	orDefault(&cfg.ReplayPoolSize, DefaultReplayPoolSize)
+	orDefault(&cfg.MaxConnectionsPerSubject, DefaultMaxConnectionsPerSubject)
+	orDefault(&cfg.AdminMaxConnections, DefaultAdminMaxConnections)
+	budget := cfg.FDBudget(FDLimit())
 	orDefault(&cfg.MaxOutboundMemory, DefaultMaxOutboundMemory)
 	orDefault(&cfg.MaxPublishBytes, DefaultMaxPublishBytes)
 	if cfg.MaxConnections == 0 {
-		limit := FDLimit()
-		if cfg.MaxConnections = MaxConnectionsFor(limit); cfg.MaxConnections < 1 {
-			return cfg, errors.New("--max-connections: the file-descriptor limit " + strconv.FormatUint(limit, 10) +
-				" leaves no room after the " + strconv.Itoa(FDReserve) + " reserved")
+		if cfg.MaxConnections = budget.MaxConnections; cfg.MaxConnections < 1 {
+			return cfg, errors.New("--max-connections: the file-descriptor limit " + strconv.FormatUint(budget.Limit, 10) +
+				" leaves no room after the " + strconv.Itoa(budget.Reserved()) + " reserved")
 		}
 	}
+	cfg.hubWorkers = cmp.Or(budget.HubWorkers, hubMaxWorkers) // without a hub socket nobody connects anyway
+	cfg.acceptWindow = budget.AcceptWindow
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -170,6 +263,8 @@ func (cfg Config) withDefaults() (Config, error) {
 	switch {
 	case cfg.MaxConnections < 1:
 		return cfg, errors.New("--max-connections: must be at least 1")
+	case cfg.MaxConnectionsPerSubject < NoLimit:
+		return cfg, errors.New("--max-connections-per-subject: must not be negative")
 	case cfg.MaxHeaderBytes < MinMaxHeaderBytes || cfg.MaxHeaderBytes > MaxMaxHeaderBytes:
 		return cfg, errors.New("--max-header-bytes: must be between " + strconv.Itoa(MinMaxHeaderBytes) + " and " + strconv.Itoa(MaxMaxHeaderBytes))
 	case cfg.Heartbeat < MinHeartbeat || cfg.Heartbeat > MaxInterval:
@@ -182,10 +277,6 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("--max-outbound-memory: must be between 1MiB and 1TiB")
 	case cfg.Retention < 0:
 		return cfg, errors.New("--retention: must not be negative")
-	case cfg.ReusePort && cfg.HubSocket != "":
-		// gnet sets SO_REUSEPORT on no listener when one of them is a Unix socket.
-		// TODO(procs): lift once the engine accepts connections itself (issue 11 part A).
-		return cfg, errors.New("--hub-socket: not supported together with --procs > 1 yet (the processes share the first one's LISTEN session without it)")
 	case cfg.HubWorkerBuffer < MinHubWorkerBuffer || cfg.HubWorkerBuffer > MaxHubWorkerBuffer:
 		return cfg, errors.New("--hub-worker-buffer: must hold at least two maximal frames (" + strconv.Itoa(MinHubWorkerBuffer) +
 			" bytes) and at most " + strconv.Itoa(MaxHubWorkerBuffer))

@@ -8,13 +8,35 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestMaxConnectionsFor(t *testing.T) {
-	assert.Equal(t, 20000-FDReserve, MaxConnectionsFor(20000))
-	assert.Equal(t, 768, FDReserve, "README documents RLIMIT_NOFILE − 768")
-	assert.Equal(t, 0, MaxConnectionsFor(FDReserve), "no room left")
-	assert.Equal(t, 1, MaxConnectionsFor(FDReserve+1))
-	assert.Equal(t, 1<<24-FDReserve, MaxConnectionsFor(1<<62), "RLIM_INFINITY is capped")
+// The descriptor budget (SPEC §3b): every consumer has its share of RLIMIT_NOFILE and SSE
+// connections get exactly what is left, so the shares never add up to more than the limit.
+func TestFDBudget(t *testing.T) {
+	noHub := Config{}.FDBudget(20000)
+	reserved := noHub.Reserved()
+	assert.Equal(t, 20000-reserved, noHub.MaxConnections)
+	assert.Equal(t, 0, noHub.HubWorkers)
+	assert.Equal(t, noHub.MaxConnections, MaxConnectionsFor(20000), "MaxConnectionsFor is the budget with default flags")
+	tiny := Config{}.FDBudget(100).Reserved() // the smallest shares (the window at its minimum)
+	assert.Equal(t, 0, MaxConnectionsFor(uint64(tiny)), "no room left")
+	assert.Equal(t, 1, MaxConnectionsFor(uint64(tiny)+1))
+	assert.Equal(t, 1<<24-reserved, MaxConnectionsFor(1<<62), "RLIM_INFINITY is capped")
 	assert.Equal(t, 10_000, MaxConnectionsFor(0), "unknown limit")
+	assert.Equal(t, 628, reserved, "docs/operations.md documents RLIMIT_NOFILE − 628 without a hub")
+
+	// The admin cap, the replay pool and the hub's workers are counted.
+	more := Config{AdminMaxConnections: 1000, ReplayPoolSize: 20}.FDBudget(20000)
+	assert.Equal(t, reserved+(1000-DefaultAdminMaxConnections)+(20-DefaultReplayPoolSize), more.Reserved())
+	hub := Config{HubSocket: "/run/pgsse/hub.sock"}.FDBudget(20000)
+	assert.Equal(t, hubMaxWorkers, hub.HubWorkers)
+	assert.Equal(t, acceptWindowMax, hub.AcceptWindow)
+	assert.Equal(t, reserved+acceptWindowMax+hubMaxWorkers+hubShedSlack, hub.Reserved())
+	small := Config{HubSocket: "/run/pgsse/hub.sock"}.FDBudget(1200)
+	assert.Equal(t, 150, small.HubWorkers, "an eighth of a small limit")
+	assert.Equal(t, 1200, small.Reserved()+small.MaxConnections)
+	assert.Positive(t, small.MaxConnections)
+	assert.Equal(t, 37, small.AcceptWindow, "a thirty-second of a small limit")
+	assert.Equal(t, hubMinWorkers, Config{HubSocket: "h"}.FDBudget(100).HubWorkers)
+	assert.Equal(t, acceptWindowMin, Config{}.FDBudget(100).AcceptWindow)
 }
 
 // New fills the same defaults the CLI shows, and refuses what is out of bounds with a

@@ -5,8 +5,10 @@
 //
 // The parts, one file (or two) each:
 //
-//	config.go            Config, every default and bound, the descriptor budget (MaxConnectionsFor)
+//	config.go            Config, every default and bound, the descriptor budget (Config.FDBudget)
 //	server.go            Server: New, Run, drain, the probes (/healthz, /readyz)
+//	accept.go            accepting connections: one acceptor per listener hands them to the loop
+//	                     (a bounded number in flight), EMFILE/ENFILE contained; the admin listener's cap
 //	loop.go              the task queue, enter/leave around every loop entry, the ticker
 //	handler.go           the gnet callbacks, dispatching by connection kind
 //	request.go           HTTP request heads on the SSE port: routing, authorisation, CORS
@@ -14,6 +16,8 @@
 //	                     states, transitions, time rules, writes
 //	publish.go           POST /streams/{stream} and POST /publish: bodies, grants, the Publisher
 //	verify.go            checkToken: token checks off the loop (auth.Pool), answers as loop tasks
+//	admission.go         who becomes a subscriber and when: the admission FIFO (a bounded amount per
+//	                     round between deliveries), capacity, draining, per-subject caps
 //	streams.go           durable and ephemeral streams: fan-out, catch-up, lagging, gaps
 //	channels.go          raw channels: one LISTEN per channel, shared by SSE clients and workers
 //	hub.go, hubsocket.go the hub (its own type) and its socket file

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -53,6 +54,30 @@ func TestListenAddressInUse(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--listen "+busy.Addr().String())
 	assert.Contains(t, err.Error(), "address already in use")
+}
+
+// A stopped server is garbage: nothing process-wide (gnet keeps engines in a global map by
+// address) holds on to it, its replay queue or its verifier pool — a process that runs many
+// servers (the tests) would otherwise keep every one of them.
+func TestStoppedServerIsFreed(t *testing.T) {
+	ts := startServer(t, "", nil)
+	freed := make(chan struct{})
+	runtime.AddCleanup(ts.Server, func(ch chan struct{}) { close(ch) }, freed)
+	ts.Stop(t)
+	ts.Server = nil
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		runtime.GC()
+		select {
+		case <-freed:
+			return
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a stopped server is still referenced")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // TestLoopAnchorIsNoClient: the loopback connection the engine enrols to hold its event loop

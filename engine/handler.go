@@ -8,44 +8,35 @@ import (
 
 // The gnet.EventHandler: every callback finds out which kind of connection it is about — an
 // SSE connection (sseconn.go, request.go), a hub worker (hub.go) or the loop's private anchor
-// (loop.go) — from the connection's context, and hands it to that part.
+// (loop.go) — from the connection's context: when OnOpen runs, that is the origin the
+// acceptor that handed it over gave it (accept.go); after that, its part's own state.
 
-// anchorMark and siblingMark are the contexts (gnet.NewContext) of the connections the
-// engine enrols itself with Engine.Register: the loop's anchor (loop.go) and a sibling
-// process's hub connection (AddSibling, hub.go).
-type (
-	anchorMark  struct{}
-	siblingMark struct{}
-)
+// anchorMark is the context of the anchor connection.
+type anchorMark struct{}
 
 // OnBoot implements gnet.EventHandler.
 func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	s.eng = eng
-	close(s.booted)
 	return gnet.None
 }
 
 // OnOpen implements gnet.EventHandler.
 func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
-	var sibling bool
-	switch c.Context().(type) {
-	case anchorMark:
+	switch c.Context() {
+	case originAnchor:
+		c.SetContext(anchorMark{})
 		return nil, gnet.None
-	case siblingMark:
-		sibling = true
+	case originHub, originSibling:
+		s.enter()
+		defer s.leave()
+		return s.hub.accept(c, c.Context() == originSibling)
+	case originSSE:
+		s.enter()
+		defer s.leave()
+		s.openConn(c)
+		return nil, gnet.None
 	}
-	s.enter()
-	defer s.leave()
-	if sibling || s.hub.owns(c) {
-		return s.hub.accept(c, sibling)
-	}
-	if len(s.conns) >= s.cfg.MaxConnections+shedSlack {
-		// Far over the limit: do not even read the request; keep descriptors for others.
-		s.metrics.droppedOverCapacity.Inc()
-		return nil, gnet.Close
-	}
-	s.openConn(c)
-	return nil, gnet.None
+	return nil, gnet.Close // not ours (gnet's placeholder listener cannot accept anyone)
 }
 
 // OnClose implements gnet.EventHandler.

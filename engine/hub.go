@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -28,14 +29,19 @@ import (
 // A new frame type: framing (the type, its encoder and decoder) and hub.frame below.
 
 const (
-	hubMaxWorkers         = 1024     // connected workers
-	hubMaxChannels        = 4096     // channels per worker (SUB beyond it: ACK LIMIT)
-	hubWriteChunkBytes    = 64 << 10 // bytes handed to gnet per write
-	hubOutboundLimitBytes = 64 << 10 // hand more only while gnet buffers fewer bytes than this
-	hubWritesPerPump      = 16       // ≤ 1 MiB per worker per pump, so one worker cannot hog the loop
-	hubHelloTimeoutMS     = 10_000   // a worker must say HELLO within this
-	hubFinalGraceMS       = 10_000   // an evicted or failed worker has this long to read its last STATUS
-	hubControlTextMaxLen  = 1024     // bytes of text in an ACK or STATUS frame we send
+	// The hub's share of the LISTEN session's channels (listenMaxChannels): the workers
+	// together hold at most half of them, one worker at most a fifth, so SSE clients (whose
+	// /channels/ subscriptions are capped per subject) always keep half, and no single worker
+	// takes the whole share. A SUB beyond either gets ACK LIMIT.
+	hubMaxChannels          = listenMaxChannels / 2 // distinct channels all workers together
+	hubMaxChannelsPerWorker = listenMaxChannels / 5 // channels one worker
+	hubWriteChunkBytes      = 64 << 10              // bytes handed to gnet per write
+	hubOutboundLimitBytes   = 64 << 10              // hand more only while gnet buffers fewer bytes than this
+	hubWritesPerPump        = 16                    // ≤ 1 MiB per worker per pump, so one worker cannot hog the loop
+	hubHelloTimeoutMS       = 10_000                // a worker must say HELLO within this
+	hubFinalGraceMS         = 10_000                // an evicted or failed worker has this long to read its last STATUS
+	hubControlTextMaxLen    = 1024                  // bytes of text in an ACK or STATUS frame we send
+	hubRefusedLogEveryMS    = 10_000                // "refusing workers" at most this often
 	// hubSiblingBufferBytes is the least outbound ring a sibling process gets (it takes every
 	// stream notification of the host, in bursts while its own loop is busy fanning out).
 	hubSiblingBufferBytes = 4 << 20
@@ -49,17 +55,24 @@ type hub struct {
 	srv       *Server
 	socket    hubSocket // the Unix socket's file (hubsocket.go)
 	workers   []*worker
-	open      int       // workers whose socket is not closed yet (drain waits for 0)
-	siblings  int       // of them, sibling processes (--procs): not counted as hub workers
-	pending   []*worker // workers with ring bytes not yet handed to gnet
-	spare     []*worker
-	dead      []*worker // closed during an iteration; removed on the way out
-	lingering []*worker // sent a final STATUS; closed once it is flushed (closeLingering)
-	iter      int       // depth of iterations over workers or subscriptions (enter/leave)
-	buf       []byte    // control frame scratch (ACK, STATUS, PONG)
-	msg       []byte    // text scratch for control frames
-	nbuf      []byte    // NOTIFY scratch: one encoding for every subscriber
-	iov       [][]byte  // writev scratch
+	open      int          // workers whose socket is not closed yet (drain waits for 0)
+	siblings  int          // of them, sibling processes (--procs): not hub workers in the caps and metrics
+	openCount atomic.Int64 // open − siblings, for the hub socket's acceptor (its hard cap)
+	// refusedLogMS: when "refusing workers" was last logged (at most every hubRefusedLogEveryMS)
+	refusedLogMS int64
+	// channels: distinct channels with at least one worker subscription; maxChannels and
+	// maxWorkerChannels are their caps (hubMaxChannels, hubMaxChannelsPerWorker; tests lower them)
+	channels                       int
+	maxChannels, maxWorkerChannels int
+	pending                        []*worker // workers with ring bytes not yet handed to gnet
+	spare                          []*worker
+	dead                           []*worker // closed during an iteration; removed on the way out
+	lingering                      []*worker // sent a final STATUS; closed once it is flushed (closeLingering)
+	iter                           int       // depth of iterations over workers or subscriptions (enter/leave)
+	buf                            []byte    // control frame scratch (ACK, STATUS, PONG)
+	msg                            []byte    // text scratch for control frames
+	nbuf                           []byte    // NOTIFY scratch: one encoding for every subscriber
+	iov                            [][]byte  // writev scratch
 }
 
 // worker is one connected worker process (loop-owned).
@@ -98,6 +111,7 @@ type hubSub struct {
 // hubChannel is a channel's hub side: its worker subscriptions, in a compact slice for fan-out.
 type hubChannel struct {
 	subs    []*hubSub
+	workers int    // of subs, those of outside workers (not siblings): the hub's channel share counts these
 	waiting int    // subscriptions with SUBs waiting for the LISTEN
 	name    []byte // the channel name as bytes, for encoding frames
 }
@@ -110,15 +124,6 @@ func (h *hub) count() int { return h.open }
 
 // needsPoll reports whether a worker waits for its socket to drain (see Server.ticker).
 func (h *hub) needsPoll() bool { return len(h.pending) > 0 }
-
-// owns reports whether c came in on the hub socket.
-func (h *hub) owns(c gnet.Conn) bool {
-	if h.srv.cfg.HubSocket == "" {
-		return false
-	}
-	a := c.LocalAddr()
-	return a != nil && a.Network() == "unix"
-}
 
 // enter and leave bracket every iteration over workers or subscriptions: a worker closed
 // meanwhile (gnet closes a socket synchronously when a write fails) is removed only on the
@@ -152,7 +157,7 @@ func (s *Server) AddSibling(c net.Conn) error {
 		_ = c.Close()
 		return errors.New("engine: AddSibling before the server started")
 	}
-	res, err := s.eng.Register(gnet.NewContext(gnet.NewNetConnContext(context.Background(), c), siblingMark{}))
+	res, err := s.eng.Register(gnet.NewNetConnContext(gnet.NewContext(context.Background(), originSibling), c))
 	if err != nil {
 		_ = c.Close()
 		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", err)
@@ -171,9 +176,12 @@ func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 	if s.draining {
 		return framing.AppendStatus(nil, framing.StatusShutdown, nil, []byte("pgsse is shutting down")), gnet.Close
 	}
-	if !sibling && len(h.workers)-h.siblings >= hubMaxWorkers {
-		s.log.Warn("hub: refusing a worker: too many workers", "limit", hubMaxWorkers)
-		return framing.AppendStatus(nil, framing.StatusShutdown, nil, []byte("too many workers (limit "+strconv.Itoa(hubMaxWorkers)+")")), gnet.Close
+	if limit := s.cfg.hubWorkers; !sibling && len(h.workers)-h.siblings >= limit {
+		if s.nowMS-h.refusedLogMS >= hubRefusedLogEveryMS {
+			h.refusedLogMS = s.nowMS
+			s.log.Warn("hub: refusing workers: too many connected (the cap follows the descriptor budget; pgsse doctor shows it)", "limit", limit)
+		}
+		return framing.AppendStatus(nil, framing.StatusShutdown, nil, []byte("too many workers (limit "+strconv.Itoa(limit)+")")), gnet.Close
 	}
 	size := s.cfg.HubWorkerBuffer
 	if sibling {
@@ -194,6 +202,7 @@ func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 	if sibling {
 		h.siblings++
 	}
+	h.openCount.Store(int64(h.open - h.siblings))
 	s.metrics.hubWorkers.Set(float64(h.open - h.siblings))
 	c.SetContext(w)
 	return nil, gnet.None
@@ -209,6 +218,7 @@ func (h *hub) closed(w *worker) {
 	if w.sibling {
 		h.siblings--
 	}
+	h.openCount.Store(int64(h.open - h.siblings))
 	h.srv.metrics.hubWorkers.Set(float64(h.open - h.siblings))
 	if h.iter > 0 {
 		h.dead = append(h.dead, w)
@@ -241,6 +251,11 @@ func (h *hub) detach(sub *hubSub) {
 		sub.reqs = nil
 	}
 	ch.hub.subs = swapRemove(ch.hub.subs, sub, hubSubIndex)
+	if !sub.w.sibling {
+		if ch.hub.workers--; ch.hub.workers == 0 {
+			h.channels--
+		}
+	}
 	h.srv.releaseChannel(ch)
 }
 
@@ -340,12 +355,26 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 		h.ack(w, req, framing.AckBadChannel, errReservedChannel.Error())
 		return
 	}
-	if len(w.subs) >= hubMaxChannels {
-		h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(hubMaxChannels)+" channels per worker")
+	// The caps are the hub's share of the LISTEN session for outside workers. A sibling's
+	// channels are its SSE clients' (capped per subject there), bounded like the first
+	// process's own by the session's limit.
+	if len(w.subs) >= h.maxWorkerChannels && !w.sibling {
+		h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(h.maxWorkerChannels)+" channels per worker")
+		return
+	}
+	if existing := s.channels[string(channel)]; (existing == nil || existing.hub.workers == 0) && h.channels >= h.maxChannels && !w.sibling {
+		h.ack(w, req, framing.AckLimit, "the hub's workers hold "+strconv.Itoa(h.maxChannels)+
+			" channels together, their share of the LISTEN session (the rest is kept for SSE clients)")
 		return
 	}
 	// Register before LISTEN (DESIGN invariant 4); ACK once it completed on this session.
 	ch := s.holdChannel(string(channel))
+	if !w.sibling {
+		if ch.hub.workers == 0 {
+			h.channels++
+		}
+		ch.hub.workers++
+	}
 	if ch.hub.name == nil {
 		ch.hub.name = []byte(ch.name)
 	}

@@ -366,3 +366,37 @@ func TestHubWedgedWorker(t *testing.T) {
 	assert.Equal(t, "after", string(l.Payload))
 	assert.Equal(t, 2.0, metricValue(t, ts.metrics.evictions))
 }
+
+// The hub's share of the LISTEN session (issue 11: 3 workers × 4,096 SUBs took all 10,000
+// channels): one worker holds at most maxWorkerChannels, all workers together at most
+// maxChannels distinct channels; SUBs beyond get ACK LIMIT, and SSE clients still get theirs.
+func TestHubChannelShares(t *testing.T) {
+	assert.Equal(t, 5000, hubMaxChannels, "half of the LISTEN session's 10,000 (docs/hub-protocol.md)")
+	assert.Equal(t, 2000, hubMaxChannelsPerWorker)
+	ts := startHub(t, nil)
+	ts.onLoop(t, func() { ts.hub.maxChannels, ts.hub.maxWorkerChannels = 3, 2 })
+	a := dialHub(t, ts.cfg.HubSocket)
+	a.hello("a")
+	b := dialHub(t, ts.cfg.HubSocket)
+	b.hello("b")
+	assert.Equal(t, framing.AckOK, a.sub(1, framing.ModeLossless, "ch1").Ack)
+	assert.Equal(t, framing.AckOK, a.sub(2, framing.ModeLossless, "ch2").Ack)
+	f := a.sub(3, framing.ModeLossless, "ch3")
+	assert.Equal(t, framing.AckLimit, f.Ack, "per worker")
+	assert.Equal(t, "at most 2 channels per worker", string(f.Text))
+	assert.Equal(t, framing.AckOK, b.sub(4, framing.ModeLossless, "ch3").Ack)
+	f = b.sub(5, framing.ModeLossless, "ch4")
+	assert.Equal(t, framing.AckLimit, f.Ack, "all workers together")
+	assert.Contains(t, string(f.Text), "the hub's workers hold 3 channels together")
+	assert.Equal(t, framing.AckOK, b.sub(6, framing.ModeLossless, "ch1").Ack, "a channel the hub already holds costs no share")
+
+	// SSE clients keep their share.
+	tok := token(t, authClaimsChannels("*"), time.Hour)
+	sc := dial(t, ts.Addr().String(), "/channels/ch9", bearerH(tok))
+	require.Equal(t, 200, sc.Status, sc.Body)
+
+	// A channel given back is available again.
+	a.send(framing.AppendUnsub(nil, 7, []byte("ch2")))
+	assert.Equal(t, framing.AckOK, a.next(5*time.Second).Ack)
+	assert.Equal(t, framing.AckOK, a.sub(8, framing.ModeLossless, "ch4").Ack)
+}

@@ -18,33 +18,32 @@ type hubSocket struct {
 	umasked bool
 }
 
-// prepare runs before gnet binds: it refuses a path another live process serves, replaces a
+// prepare runs before the bind: it refuses a path another live process serves, replaces a
 // stale socket file, and tightens the umask so that the bind creates the socket with no
-// looser mode than mode (gnet removes the path before binding, so the liveness check must
-// come first). bound restores the umask and sets the exact mode; cleanup removes the file.
-// It returns gnet's address for the socket.
-func (hs *hubSocket) prepare(path string, mode os.FileMode, log *slog.Logger) (addr string, cleanup func(), err error) {
+// looser mode than mode. bound restores the umask and sets the exact mode (call it whether
+// the bind worked or not); cleanup removes the file.
+func (hs *hubSocket) prepare(path string, mode os.FileMode, log *slog.Logger) (cleanup func(), err error) {
 	flag := "--hub-socket " + path + ": "
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode().Type() != os.ModeSocket {
-			return "", nil, errors.New(flag + "exists and is not a socket; refusing to replace it")
+			return nil, errors.New(flag + "exists and is not a socket; refusing to replace it")
 		}
 		c, err := net.Dial("unix", path)
 		switch {
 		case err == nil:
 			_ = c.Close()
-			return "", nil, errors.New(flag + "another process is serving it")
+			return nil, errors.New(flag + "another process is serving it")
 		case errors.Is(err, syscall.ECONNREFUSED):
 			log.Info("hub: replacing a stale socket file", "path", path)
 			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return "", nil, errors.New(flag + "cannot remove the stale socket: " + err.Error())
+				return nil, errors.New(flag + "cannot remove the stale socket: " + err.Error())
 			}
 		case errors.Is(err, syscall.ENOENT):
 		default:
-			return "", nil, errors.New(flag + "cannot check whether it is in use: " + err.Error())
+			return nil, errors.New(flag + "cannot check whether it is in use: " + err.Error())
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", nil, errors.New(flag + err.Error())
+		return nil, errors.New(flag + err.Error())
 	}
 	hs.path, hs.mode = path, mode.Perm()
 	hs.umask = syscall.Umask(int(0o777 &^ hs.mode))
@@ -55,7 +54,7 @@ func (hs *hubSocket) prepare(path string, mode os.FileMode, log *slog.Logger) (a
 			_ = os.Remove(path)
 		}
 	}
-	return "unix://" + path, cleanup, nil
+	return cleanup, nil
 }
 
 func (hs *hubSocket) restoreUmask() {
@@ -65,13 +64,16 @@ func (hs *hubSocket) restoreUmask() {
 	}
 }
 
-// bound runs once the listeners are bound: the umask goes back and the socket gets its
-// exact mode.
+// bound runs once the socket is bound (or the bind failed): the umask goes back and the
+// socket gets its exact mode.
 func (hs *hubSocket) bound(log *slog.Logger) {
 	if hs.path == "" {
 		return
 	}
 	hs.restoreUmask()
+	if _, err := os.Lstat(hs.path); errors.Is(err, os.ErrNotExist) {
+		return // the bind failed
+	}
 	if err := os.Chmod(hs.path, hs.mode); err != nil {
 		log.Error("hub: cannot set the socket's mode", "path", hs.path, "err", err)
 	}

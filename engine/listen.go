@@ -8,6 +8,11 @@ import (
 // storeChannel is the one PostgreSQL channel all stream traffic travels on.
 const storeChannel = store.Channel
 
+// listenMaxChannels is how many channels the LISTEN session holds at most (PostgreSQL scans a
+// backend's channel list linearly per notification); a LISTEN beyond it fails, and the hub
+// takes at most its share (hub.go).
+const listenMaxChannels = 10_000
+
 // listenSource is where the loop's notifications come from: the process's own LISTEN session
 // (pglisten.Session), or in a sibling process of --procs the first process's hub (hubSource,
 // listenhub.go). The loop uses nothing else of it: Listen/Unlisten for each channel it holds
@@ -28,7 +33,7 @@ func (s *Server) newListenSource() listenSource {
 	if s.cfg.SiblingHub != nil {
 		return s.newHubSource()
 	}
-	return pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log}, sessionEvents{s})
+	return pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log, MaxChannels: listenMaxChannels}, sessionEvents{s})
 }
 
 // sessionEvents hands the LISTEN source's callbacks to the loop, in order.
@@ -107,6 +112,7 @@ func (s *Server) onDown(err error) {
 	s.enter()
 	defer s.leave()
 	s.listenUp = false
+	s.listenDownSinceMS = s.nowMS
 	s.listenOK.Store(false)
 	s.log.Warn("LISTEN session lost; clients keep their connections and will be caught up", "err", err)
 	for _, ch := range s.channels {

@@ -29,7 +29,8 @@ import (
 //   - Down while notifications may be missed: the hub's LISTENER_DOWN, or the hub gone
 //     (the switch), so that a /channels/ client does not get its response head in between.
 //   - Notifications in the order the hub sent them, batched per loop entry so that a
-//     subscriber gets one write for what arrived together (DESIGN invariant 2).
+//     subscriber gets one write for what arrived together (DESIGN invariant 2), and no more
+//     of them queued for the loop than from an own session (listenBatchesQueued).
 //
 // Durable streams need nothing more: after every Resynced the loop reads each stream from
 // the table (resyncStreams), and ids deduplicate whatever arrives twice.
@@ -263,9 +264,20 @@ func (h *hubSource) events(l pglisten.Listener) {
 func (h *hubSource) deliver(batch []pglisten.Event) {
 	start := 0
 	flush := func(end int) {
-		if end > start {
-			notes := append([]pglisten.Event(nil), batch[start:end]...)
-			h.s.tasks.push(func() { h.s.onEvents(notes) })
+		if end <= start {
+			return
+		}
+		// The same bound as the own session's batches (listenBatchesQueued): beyond it this
+		// goroutine waits, the hub client stops reading, and the first process's hub applies
+		// its policy to this sibling's ring (SPEC §5) — nothing piles up here.
+		select {
+		case h.s.batchSlots <- struct{}{}:
+		case <-h.s.stopping:
+			return
+		}
+		notes := append([]pglisten.Event(nil), batch[start:end]...)
+		if !h.s.tasks.push(func() { h.s.onEvents(notes); <-h.s.batchSlots }) {
+			<-h.s.batchSlots
 		}
 	}
 	for i, ev := range batch {

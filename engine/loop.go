@@ -113,10 +113,12 @@ func (s *Server) tick() {
 }
 
 // taskQueue hands work from other goroutines (the LISTEN session, replay reads, the
-// ticker, shutdown) to the loop goroutine, strictly in push order.
+// verifier pool, the ticker, shutdown) to the loop goroutine, strictly in push order.
 //
 // gnet's Execute queue may reorder low-priority tasks under load (DESIGN invariant 1), so
 // Execute is used only as a wake-up: the loop drains this FIFO, which alone fixes order.
+// Between rounds of tasks the drain services the admission FIFO (between), so new
+// connections are set up a bounded number at a time with deliveries in between.
 type taskQueue struct {
 	mu        sync.Mutex
 	tasks     []func()
@@ -125,10 +127,23 @@ type taskQueue struct {
 	closed    bool
 	loop      gnet.EventLoop // set once the anchor connection is registered
 	drainFn   gnet.RunnableFunc
-	// enter and leave bracket each drain (Server.enter/leave): whatever the tasks queued
-	// is written out once the batch has run.
+	// enter and leave bracket each round of tasks (Server.enter/leave): whatever the tasks
+	// queued is written out once the round has run.
 	enter, leave func()
+	// between runs after each round of tasks, given how long that round took (on the loop,
+	// bracketing itself), and reports whether it has more to do (Server.admitRound).
+	between func(taskTime time.Duration) bool
 }
+
+// The drain does not hold the loop for long: once it has run for drainSlice with work still
+// waiting — or when only between's work is left — it gives the loop back to gnet, which reads
+// the sockets that became ready (new request heads, closes) and opens the connections the
+// acceptors handed over, and resumes drainYield later. Without it a loop saturated with
+// deliveries would never return to epoll_wait, and nobody new would get in.
+const (
+	drainSlice = 2 * time.Millisecond
+	drainYield = 50 * time.Microsecond
+)
 
 func newTaskQueue() *taskQueue {
 	q := &taskQueue{}
@@ -145,6 +160,24 @@ func (q *taskQueue) push(f func()) bool {
 		return false
 	}
 	q.tasks = append(q.tasks, f)
+	q.mu.Unlock()
+	q.wake()
+	return true
+}
+
+// kick makes sure a drain runs soon, for work the drain finds itself (between).
+func (q *taskQueue) kick() {
+	q.mu.Lock()
+	closed := q.closed
+	q.mu.Unlock()
+	if !closed {
+		q.wake()
+	}
+}
+
+// wake schedules a drain unless one is scheduled or running.
+func (q *taskQueue) wake() {
+	q.mu.Lock()
 	wake := !q.scheduled && q.loop != nil
 	if wake {
 		q.scheduled = true
@@ -157,10 +190,8 @@ func (q *taskQueue) push(f func()) bool {
 			q.mu.Lock()
 			q.scheduled = false
 			q.mu.Unlock()
-			return false
 		}
 	}
-	return true
 }
 
 // start attaches the loop and runs whatever was queued before it existed.
@@ -177,29 +208,59 @@ func (q *taskQueue) start(loop gnet.EventLoop) {
 	}
 }
 
-// drain runs on the loop goroutine.
+// drain runs on the loop goroutine: rounds of every queued task, each round followed by
+// between, until neither has anything left, or it yields (drainSlice).
 func (q *taskQueue) drain() {
-	if q.enter != nil {
-		q.enter()
-		defer q.leave()
-	}
+	started := time.Now()
+	more := q.between != nil // a kick may have scheduled this drain for between alone
 	for {
 		q.mu.Lock()
 		batch := q.tasks
 		q.tasks = q.spare[:0]
-		if len(batch) == 0 {
+		if len(batch) == 0 && !more {
 			q.scheduled = false
 			q.spare = batch
 			q.mu.Unlock()
 			return
 		}
 		q.mu.Unlock()
-		for i, f := range batch {
-			f()
-			batch[i] = nil
+		var taskTime time.Duration
+		if len(batch) > 0 {
+			start := time.Now()
+			if q.enter != nil {
+				q.enter()
+			}
+			for i, f := range batch {
+				f()
+				batch[i] = nil
+			}
+			if q.leave != nil {
+				q.leave()
+			}
+			taskTime = time.Since(start)
 		}
 		q.mu.Lock()
 		q.spare = batch[:0]
+		q.mu.Unlock()
+		more = q.between != nil && q.between(taskTime)
+		q.mu.Lock()
+		waiting := len(q.tasks) > 0
+		q.mu.Unlock()
+		if more && !waiting || (more || waiting) && time.Since(started) >= drainSlice {
+			time.AfterFunc(drainYield, q.resume) // q.scheduled stays set: pushes meanwhile wait for it
+			return
+		}
+	}
+}
+
+// resume schedules the drain again after it yielded.
+func (q *taskQueue) resume() {
+	q.mu.Lock()
+	loop, closed := q.loop, q.closed
+	q.mu.Unlock()
+	if closed || loop == nil || loop.Execute(context.Background(), q.drainFn) != nil {
+		q.mu.Lock()
+		q.scheduled = false
 		q.mu.Unlock()
 	}
 }
@@ -238,7 +299,7 @@ func registerAnchor(eng gnet.Engine) (gnet.Conn, net.Conn, error) {
 		dialed.Close()
 		return nil, nil, net.ErrClosed
 	}
-	res, err := eng.Register(gnet.NewContext(gnet.NewNetConnContext(context.Background(), dialed), anchorMark{}))
+	res, err := eng.Register(gnet.NewNetConnContext(gnet.NewContext(context.Background(), originAnchor), dialed))
 	if err != nil {
 		dialed.Close()
 		peer.Close()

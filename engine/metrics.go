@@ -32,9 +32,15 @@ type metrics struct {
 
 	// pgsse_dropped_total{reason}
 	droppedSlowClient    prometheus.Counter // an ephemeral or channel subscriber over its buffer limit, closed
-	droppedOverCapacity  prometheus.Counter // a connection shed at --max-connections (or draining)
 	droppedBadPayload    prometheus.Counter // a payload on the stream channel that is not pgsse's
 	droppedWakeCoalesced prometheus.Counter // wake-mode hub notifications folded into a RESYNC
+
+	// pgsse_dropped_total{reason}: connections shed before their response head, by why
+	// (over_capacity, draining, database_unavailable, subject_limit)
+	shed [shedReasons]prometheus.Counter
+
+	// pgsse_accept_errors_total{reason}: accept (or handing to the loop) failed (accept.go)
+	acceptErrors [acceptReasons]prometheus.Counter
 
 	// The verifier pool's counters (auth.Stats), read when scraped; nil until Run starts it.
 	verifyStats atomic.Pointer[auth.Stats]
@@ -82,7 +88,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		outboundWatermark: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_outbound_watermark_bytes",
 			Help: "The queued bytes over which a live durable subscriber stops taking live writes; shrinks from 256 KiB as pgsse_outbound_bytes passes half the budget."}),
 		droppedSlowClient:    dropped.WithLabelValues("slow_client"),
-		droppedOverCapacity:  dropped.WithLabelValues("over_capacity"),
 		droppedBadPayload:    dropped.WithLabelValues("bad_payload"),
 		droppedWakeCoalesced: dropped.WithLabelValues("hub_wake_coalesced"),
 		rejected:             make(map[int]prometheus.Counter, len(rejectedStatuses)),
@@ -90,6 +95,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, status := range rejectedStatuses {
 		m.rejected[status] = rejected.WithLabelValues(strconv.Itoa(status))
+	}
+	for why, label := range [shedReasons]string{
+		shedOverCapacity: "over_capacity", shedDraining: "draining",
+		shedDatabaseUnavailable: "database_unavailable", shedSubjectLimit: "subject_limit",
+	} {
+		m.shed[why] = dropped.WithLabelValues(label)
+	}
+	acceptErrors := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_accept_errors_total",
+		Help: "Connections that could not be accepted or handed to the loop (and were shed), by reason."}, []string{"reason"})
+	for reason, label := range acceptReasonLabels {
+		m.acceptErrors[reason] = acceptErrors.WithLabelValues(label)
 	}
 	published := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_publish_requests_total", Help: "Answers to POST /streams/… and POST /publish, by status."}, []string{"status"})
 	m.publishConns = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_publish_connections", Help: "Connections on the SSE port counted as publishers (keep-alive)."})
@@ -131,7 +147,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			stat(func(st *auth.Stats) uint64 { return st.QueueFull.Load() })),
 	}
 	for _, c := range append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
-		m.deliveries, dropped, rejected, m.evictions, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark,
+		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark,
 		m.publishConns, published, m.publishBatch, m.publishCommit}, tokens...) {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -19,7 +19,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/scripts/pgtest"
-	"github.com/pgsse/pgsse/sse"
 )
 
 // queueServer is a Server that is not running, with the write path's epoll set, and n live
@@ -36,7 +35,8 @@ func queueServer(t *testing.T, n int) (*Server, []*recordConn, []*sseConn) {
 		c := newRecordConn(t)
 		require.NoError(t, unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4096))
 		sc := s.openConn(c)
-		s.admit(sc, nil, sse.CORS{})
+		s.listenUp = true
+		admitNow(s, sc, 0)
 		s.respond(sc, stateLive)
 		cs = append(cs, c)
 		scs = append(scs, sc)

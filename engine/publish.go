@@ -86,7 +86,7 @@ func (s *Server) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 		s.closePublish(sc, 503, "the server is shutting down; retry elsewhere")
 		return
 	case !pub.counted && s.atCapacity():
-		s.metrics.droppedOverCapacity.Inc()
+		s.metrics.shed[shedOverCapacity].Inc() // pgsse_dropped_total{reason="over_capacity"}
 		s.closePublish(sc, 503, "over capacity, retry later")
 		return
 	}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"strconv"
 	"time"
@@ -188,15 +189,25 @@ func (s *Server) preflight(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	s.finish(sc, sse.AppendPreflightMethods(s.scratch[:0], cors, allow, methods))
 }
 
+// subRequest is what a subscription request asked for, kept from its head (a view into
+// gnet's buffer) while its token is verified and while it waits in the admission FIFO.
+type subRequest struct {
+	name      string
+	isChan    bool
+	public    bool // a --public-streams stream: a token only adds tags (auth.OnPublicStream)
+	hasCursor bool
+	cursor    int64
+	tokenKey  [sha256.Size]byte // the token's hash: its subject when it has no sub claim
+}
+
 // subscribe handles GET /streams/{stream} and GET /channels/{channel}: it checks the name and
-// cursor, authorises, sheds over capacity, and otherwise admits the connection and registers
-// it on its stream or channel (sseconn.go takes it from there).
+// cursor, sheds when the server is draining or full, and checks the token — at once when the
+// verifier pool's cache knows it, else on the pool (verify), whose answer resumes it in
+// authorized. An authorised connection waits in the admission FIFO (admission.go).
 func (s *Server) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
-	isChan := req.Route == sse.RouteChannel
-	var cursor int64
-	hasCursor := false
-	if isChan {
-		if err := names.CheckChannel(req.Name); err != nil {
+	sub := &subRequest{isChan: req.Route == sse.RouteChannel}
+	if sub.isChan {
+		if err := names.CheckChannelUTF8(req.Name); err != nil {
 			s.reject(sc, 400, err.Error(), cors)
 			return
 		}
@@ -210,82 +221,97 @@ func (s *Server) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
 			return
 		}
 		// Last-Event-ID wins over since; blank counts as absent; an invalid header does
-		// not fall back to since.
-		v, have := bytes.TrimSpace(req.LastEventID), req.HasLastEventID
-		if !have || len(v) == 0 {
-			v, have = bytes.TrimSpace(req.Since), req.HasSince
-		}
-		if have && len(v) > 0 {
+		// not fall back to since (sse.Request.Cursor). The error names the field.
+		if v, field, ok := req.Cursor(); ok {
 			c, err := names.ParseCursor(v)
 			if err != nil {
-				s.reject(sc, 400, err.Error(), cors)
+				s.reject(sc, 400, field+": "+err.Error(), cors)
 				return
 			}
-			cursor, hasCursor = c, true
+			sub.cursor, sub.hasCursor = c, true
 		}
+		sub.public = auth.MatchAny(s.cfg.PublicStreams, req.Name)
 	}
-
-	claims, status, reason := s.authorize(req, isChan)
-	if status == 401 {
-		s.metrics.rejectedFor(401).Inc()
-		// SPEC §3 names the challenge exactly as "Bearer"; the body says what was wrong.
-		s.finish(sc, sse.AppendUnauthorized(s.scratch[:0], reason, false, cors))
+	sc.keepOrigin(cors)
+	tok := requestToken(req)
+	if (tok == nil || s.verifier == nil) && !sub.public {
+		reason := "a bearer token is required"
+		if tok != nil {
+			reason = "token authentication is not configured"
+		}
+		s.unauthorized(sc, reason)
 		return
 	}
-	if status != 0 {
-		s.reject(sc, status, reason, cors)
+	// Sent away before any token work: a full or draining server spends nothing on it.
+	if why, full := s.overCapacity(); full {
+		s.shed(sc, why)
 		return
 	}
-	if s.draining || s.atCapacity() {
-		s.metrics.droppedOverCapacity.Inc()
-		sc.keepOrigin(cors)
-		s.shed(sc)
+	sub.name = string(req.Name)
+	if tok == nil || s.verifier == nil {
+		s.authorized(sc, sub, nil, nil) // public stream, anonymous
 		return
 	}
-	s.admit(sc, claims, cors)
-	if isChan {
-		s.subscribeChannel(sc, string(req.Name))
-	} else {
-		s.subscribeStream(sc, string(req.Name), cursor, hasCursor)
+	sub.tokenKey = sha256.Sum256(tok)
+	claims, err, verdict := s.checkToken(tok, func(claims *auth.Claims, err error) {
+		if sc.closed || sc.state != stateVerifying {
+			return // gone, or sent away (drain, timeout) while the pool worked
+		}
+		s.authorized(sc, sc.req, claims, err)
+	})
+	switch verdict {
+	case tokenChecked:
+		s.authorized(sc, sub, claims, err)
+	case tokenPending:
+		s.verify(sc, sub)
+	case tokenBusy:
+		s.shed(sc, shedOverCapacity)
 	}
 }
 
-// authorize finds the token (Authorization: Bearer, else ?token=, else the pgsse_token
-// cookie) and checks the grant. It returns a status (401/403) and a one-line reason on
-// refusal.
-func (s *Server) authorize(req *sse.Request, isChan bool) (*auth.Claims, int, string) {
-	public := !isChan && auth.MatchAny(s.cfg.PublicStreams, req.Name)
-	tok := requestToken(req)
-	if tok == nil {
-		if public {
-			return nil, 0, ""
+// authorized continues a subscription once its token's check is known (claims, or err; both
+// nil for an anonymous request on a public stream): 401 or 403 as SPEC §3 says, the public
+// stream rule (auth.OnPublicStream), the per-subject cap, and then the admission FIFO.
+func (s *Server) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims, err error) {
+	var tags []string
+	var expiresMS int64
+	counted := claims != nil && err == nil
+	switch {
+	case sub.public:
+		// A token on a public stream only adds tags; one that does not verify is ignored.
+		var deadline time.Time
+		tags, deadline = auth.OnPublicStream(claims, err)
+		if !deadline.IsZero() {
+			expiresMS = deadline.UnixMilli()
 		}
-		return nil, 401, "a bearer token is required"
-	}
-	if s.verifier == nil {
-		if public {
-			return nil, 0, ""
+		counted = len(tags) > 0
+	case err != nil:
+		s.unauthorized(sc, err.Error())
+		return
+	case sub.isChan && !claims.AllowsChannel([]byte(sub.name)):
+		s.reject(sc, 403, "token does not grant channel "+sub.name, s.connCORS(sc))
+		return
+	case !sub.isChan && !claims.AllowsStream([]byte(sub.name)):
+		s.reject(sc, 403, "token does not grant stream "+sub.name, s.connCORS(sc))
+		return
+	default:
+		tags = claims.Tags
+		if !claims.Expires.IsZero() {
+			expiresMS = claims.Expires.UnixMilli()
 		}
-		return nil, 401, "token authentication is not configured"
 	}
-	claims, err := s.verifier.Verify(tok, time.Now())
-	if err != nil {
-		if public {
-			return nil, 0, "" // a stale token does not lock anyone out of a public stream
-		}
-		return nil, 401, err.Error()
+	if counted && !s.countSubject(sc, subjectKey(claims, &sub.tokenKey)) {
+		s.shed(sc, shedSubjectLimit)
+		return
 	}
-	if public {
-		return claims, 0, ""
-	}
-	if isChan {
-		if !claims.AllowsChannel(req.Name) {
-			return nil, 403, "token does not grant channel " + string(req.Name)
-		}
-	} else if !claims.AllowsStream(req.Name) {
-		return nil, 403, "token does not grant stream " + string(req.Name)
-	}
-	return claims, 0, ""
+	s.queueAdmission(sc, sub, tags, expiresMS)
+}
+
+// unauthorized answers 401 with the challenge SPEC §3 names exactly ("Bearer"); the body
+// says what was wrong.
+func (s *Server) unauthorized(sc *sseConn, reason string) {
+	s.metrics.rejectedFor(401).Inc()
+	s.finish(sc, sse.AppendUnauthorized(s.scratch[:0], reason, false, s.connCORS(sc)))
 }
 
 // requestToken is the request's token (SPEC §3): Authorization: Bearer, else ?token=, else

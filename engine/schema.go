@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -11,39 +12,94 @@ import (
 	"github.com/pgsse/pgsse/store"
 )
 
-// schemaCheckInterval is how often the schema version is checked while it is not ready (and
-// the timeout of one check).
-const schemaCheckInterval = 10 * time.Second
+// The database check: at start (Run, synchronously, so that a database that refuses us for
+// good ends the start with one line) and then every schemaCheckInterval until the schema is at
+// the expected version (Ready's schema half, /readyz).
+const (
+	schemaCheckInterval = 10 * time.Second // between checks while not ready, and one check's timeout
+	startCheckTimeout   = 5 * time.Second  // the check at start: an unreachable server does not hold the start longer
+	// schemaLogEvery: a schema that is not ready is logged at most this often.
+	schemaLogEvery = 30 * time.Second
+)
 
-// checkSchema keeps Ready's schema half up to date (/readyz): it checks the schema version
-// at start and, until it matches, every schemaCheckInterval. It runs on its own goroutine
-// and touches only atomics.
-func (s *Server) checkSchema(ctx context.Context) {
-	check := func() {
-		cctx, cancel := context.WithTimeout(ctx, schemaCheckInterval)
-		defer cancel()
-		conn, err := pgconn.Connect(cctx, s.cfg.DatabaseURL)
-		if err != nil {
-			s.schemaMsg.Store("cannot check schema: " + firstLine(err.Error()))
-			return
-		}
-		defer conn.Close(context.Background())
-		v, err := store.Version(cctx, conn)
-		switch {
-		case err != nil:
-			s.schemaMsg.Store("cannot check schema: " + firstLine(err.Error()))
-		case v != store.SchemaVersion:
-			msg := fmt.Sprintf("schema at version %d, expected %d: run `pgsse migrate`", v, store.SchemaVersion)
-			if s.schemaOK.Swap(false) || s.schemaMsg.Load() != msg {
-				s.log.Error("not ready: " + msg)
-			}
-			s.schemaMsg.Store(msg)
-		default:
-			s.schemaOK.Store(true)
-			s.schemaMsg.Store("")
-		}
+// errSchemaMissing is the one line for a database pgsse has not been installed in.
+var errSchemaMissing = errors.New("schema pgsse missing: run `pgsse migrate`")
+
+// refusedForGood reports whether PostgreSQL refused the connection for a reason retrying cannot
+// fix (SPEC §6): SQLSTATE class 28 (invalid authorization: wrong password, role may not log in,
+// no pg_hba entry) or 3D (the database does not exist).
+func refusedForGood(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
+		return false
 	}
-	check()
+	class := pgErr.Code[:2]
+	return class == "28" || class == "3D"
+}
+
+// schemaMissing reports whether err says pgsse's schema (or its functions) is not there:
+// SQLSTATE 3F000 (no such schema), 42883 (no such function), 42P01 (no such table).
+func schemaMissing(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "3F000", "42883", "42P01":
+		return strings.Contains(pgErr.Message, "pgsse")
+	}
+	return false
+}
+
+// checkDatabase connects once and reads the schema version. It returns an error only when
+// PostgreSQL refused the connection for good (refusedForGood); an unreachable server is
+// reported through the schema message and the log (at start) and retried.
+func (s *Server) checkDatabase(ctx context.Context, timeout time.Duration, atStart bool) error {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := pgconn.Connect(cctx, s.cfg.DatabaseURL)
+	if err != nil {
+		if refusedForGood(err) {
+			return fmt.Errorf("--database-url: PostgreSQL refused the connection: %s", oneLineError(err))
+		}
+		s.schemaMsg.Store("cannot reach PostgreSQL: " + oneLineError(err))
+		if atStart {
+			s.log.Warn("PostgreSQL unreachable at start; retrying with backoff, /readyz answers 503 until it is back",
+				"err", oneLineError(err))
+		}
+		return nil
+	}
+	defer conn.Close(context.Background())
+	v, err := store.Version(cctx, conn)
+	var msg string
+	switch {
+	case err != nil:
+		msg = "cannot check schema: " + oneLineError(err)
+	case v == 0:
+		msg = errSchemaMissing.Error()
+	case v < store.SchemaVersion:
+		msg = fmt.Sprintf("schema at version %d, expected %d: run `pgsse migrate`", v, store.SchemaVersion)
+	case v > store.SchemaVersion:
+		msg = fmt.Sprintf("schema at version %d is newer than this pgsse (%d): upgrade pgsse", v, store.SchemaVersion)
+	default:
+		s.schemaOK.Store(true)
+		s.schemaMsg.Store("")
+		return nil
+	}
+	s.schemaOK.Store(false)
+	s.schemaMsg.Store(msg)
+	now := time.Now()
+	if last := s.schemaLogged.Load(); last == nil || now.Sub(*last) >= schemaLogEvery {
+		s.schemaLogged.Store(&now)
+		s.log.Error("not ready: " + msg)
+	}
+	return nil
+}
+
+// checkSchema keeps Ready's schema half up to date (/readyz) after the check at start: every
+// schemaCheckInterval until the schema matches. It runs on its own goroutine and touches only
+// atomics.
+func (s *Server) checkSchema(ctx context.Context) {
 	t := time.NewTicker(schemaCheckInterval)
 	defer t.Stop()
 	for {
@@ -52,11 +108,14 @@ func (s *Server) checkSchema(ctx context.Context) {
 			return
 		case <-t.C:
 			if !s.schemaOK.Load() {
-				check()
+				_ = s.checkDatabase(ctx, schemaCheckInterval, false)
 			}
 		}
 	}
 }
+
+// oneLineError is err's text on one line (PostgreSQL's DETAIL and HINT follow on others).
+func oneLineError(err error) string { return firstLine(err.Error()) }
 
 func firstLine(s string) string {
 	if i := strings.IndexByte(s, '\n'); i >= 0 {

@@ -2,17 +2,18 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/pglisten"
 	"github.com/pgsse/pgsse/sse"
 	"github.com/pgsse/pgsse/store"
 )
@@ -45,7 +46,6 @@ type Server struct {
 
 	publishState // the Publisher and publisher connections (publish.go)
 
-	booted     chan struct{}
 	loopsReady chan struct{}
 	loopsOnce  sync.Once
 	started    chan struct{}
@@ -54,12 +54,15 @@ type Server struct {
 	anchor     gnet.Conn
 	anchorPeer net.Conn
 
+	sseOpen   atomic.Int64  // SSE connections open on the loop (the acceptor's hard cap)
 	healthyAt atomic.Int64  // unix nanoseconds of the last tick the loop ran
 	needPoll  atomic.Bool   // someone waits for a socket to drain: tick fast (ticker)
 	pollNow   chan struct{} // wakes the ticker when needPoll turns on
 	listenOK  atomic.Bool
 	schemaOK  atomic.Bool
 	schemaMsg atomic.Value // string: why the schema is not ready
+	// schemaLogged: when "not ready" was last logged (schema.go)
+	schemaLogged atomic.Pointer[time.Time]
 
 	outboundTotal atomic.Int64  // outbound.total as of the last tick, for keepMemory
 	relieved      chan struct{} // the loop tells keepMemory that the outbound pressure passed
@@ -89,7 +92,11 @@ type Server struct {
 	listenUp      bool
 	everUp        bool
 	draining      bool
-	hub           hub
+	// listenDownSinceMS: when the LISTEN session went down (or Run started it)
+	listenDownSinceMS int64
+	admitQ            connFIFO         // authorised connections waiting to be admitted (admission.go)
+	subjects          map[string]int32 // connections per subject (--max-connections-per-subject)
+	hub               hub
 }
 
 // New checks cfg and prepares a Server; nothing is started until Run.
@@ -100,9 +107,8 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg:        cfg,
-		log:        cfg.Logger,
+		log:        slog.New(newRepeatLimiter(cfg.Logger.Handler(), logRepeatEvery)),
 		tasks:      newTaskQueue(),
-		booted:     make(chan struct{}),
 		loopsReady: make(chan struct{}),
 		pollNow:    make(chan struct{}, 1),
 		relieved:   make(chan struct{}, 1),
@@ -112,12 +118,15 @@ func New(cfg Config) (*Server, error) {
 		streams:    make(map[string]*stream),
 		scratch:    make([]byte, 0, scratchBytes),
 		channels:   make(map[string]*channel),
+		subjects:   make(map[string]int32),
 	}
 	s.publishBudget = max(publishMemoryBytes, 2*cfg.MaxPublishBytes)
 	s.publishBodyTimeoutMS = publishBodyTimeoutMS
 	s.hub.srv = s
+	s.hub.maxChannels, s.hub.maxWorkerChannels = hubMaxChannels, hubMaxChannelsPerWorker
 	s.out.epfd = -1
 	s.tasks.enter, s.tasks.leave = s.enter, s.leave
+	s.tasks.between = s.admitRound
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
 		v, err := auth.NewVerifier(cfg.Auth)
 		if err != nil {
@@ -137,20 +146,41 @@ func New(cfg Config) (*Server, error) {
 // Run serves until ctx is cancelled, then shuts down gracefully (SPEC §3 "Shutdown") and
 // returns nil; it returns an error if the server cannot start or fails.
 func (s *Server) Run(ctx context.Context) error {
-	addrs := []string{"tcp://" + s.cfg.Listen}
+	// Bind first, each socket under its own flag's name: nothing else has started if one fails.
+	sseLn, err := listenSSE(s.cfg.Listen, s.cfg.ShareListen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", s.cfg.Listen, bindError(err))
+	}
+	defer sseLn.Close()
+	var hubLn net.Listener
 	if s.cfg.HubSocket != "" {
-		hubAddr, cleanup, err := s.hub.socket.prepare(s.cfg.HubSocket, s.cfg.HubSocketMode, s.log)
+		cleanup, err := s.hub.socket.prepare(s.cfg.HubSocket, s.cfg.HubSocketMode, s.log)
 		if err != nil {
 			return err
 		}
 		defer cleanup()
-		addrs = append(addrs, hubAddr)
+		hubLn, err = net.Listen("unix", s.cfg.HubSocket)
+		s.hub.socket.bound(s.log)
+		if err != nil {
+			return fmt.Errorf("--hub-socket %s: %w", s.cfg.HubSocket, bindError(err))
+		}
+		defer hubLn.Close()
+	}
+	// The database, before anything runs on it: a refusal retrying cannot fix (no such
+	// database, authentication) ends the start here, with one line.
+	if err := s.checkDatabase(ctx, startCheckTimeout, true); err != nil {
+		return err
+	}
+	placeholder, err := newPlaceholder()
+	if err != nil {
+		return fmt.Errorf("engine: the loop's placeholder socket: %w", err)
 	}
 
 	// The LISTEN source exists (not started) before the loop can accept anyone: a hub worker
 	// or /channels/ client that subscribes at once must reach Listen, not a nil source.
-	// Everything the loop reads must be in place before gnet accepts the first connection.
+	// Everything the loop reads must be in place before the first connection is handed over.
 	s.nowMS = time.Now().UnixMilli()
+	s.listenDownSinceMS = s.nowMS
 	if err := s.out.init(); err != nil {
 		return fmt.Errorf("engine: epoll set for SSE writes: %w", err)
 	}
@@ -160,7 +190,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
 	s.listen = s.newListenSource()
 	s.listen.Listen(storeChannel, func(err error) {
-		if err != nil {
+		if err != nil && !errors.Is(err, pglisten.ErrClosed) { // closed: the server is stopping
 			s.log.Error("LISTEN on the stream channel failed", "channel", storeChannel, "err", err)
 		}
 	})
@@ -173,30 +203,22 @@ func (s *Server) Run(ctx context.Context) error {
 
 	gnetErr := make(chan error, 1)
 	go func() {
-		gnetErr <- gnet.Rotate(s, addrs,
+		gnetErr <- gnet.Rotate(s, []string{placeholder.addr()},
 			gnet.WithMulticore(false),
 			gnet.WithNumEventLoop(1),
-			gnet.WithLoadBalancing(gnet.LeastConnections),
-			gnet.WithReuseAddr(true),
-			gnet.WithReusePort(s.cfg.ReusePort), // --procs: the sibling processes bind the same address
-			// No gnet.WithTCPKeepAlive: gnet v2.9.7 applies it to the listener even when
-			// the bind failed, replacing "address already in use" with EBADF. Heartbeat
-			// writes find dead SSE peers anyway.
-			gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+			gnet.WithLoadBalancing(gnet.LeastConnections), // Engine.Register needs one other than RoundRobin
 			gnet.WithLogger(gnetLogger{s.log}),
 			gnet.WithTicker(true),
 		)
 	}()
 	select {
 	case err := <-gnetErr:
-		return abort(fmt.Errorf("--listen %s: %w", s.cfg.Listen, err))
-	case <-s.booted:
-	}
-	s.hub.socket.bound(s.log)
-	select {
-	case err := <-gnetErr:
-		return abort(fmt.Errorf("--listen %s: %w", s.cfg.Listen, err))
+		return abort(fmt.Errorf("engine: event loop: %w", err))
 	case <-s.loopsReady:
+	}
+	if err := placeholder.seal(s.eng); err != nil {
+		_ = s.eng.Stop(context.Background())
+		return abort(fmt.Errorf("engine: the loop's placeholder socket: %w", err))
 	}
 	anchor, peer, err := registerAnchor(s.eng)
 	if err != nil {
@@ -204,9 +226,19 @@ func (s *Server) Run(ctx context.Context) error {
 		return abort(fmt.Errorf("engine: register loop anchor: %w", err))
 	}
 	s.anchor, s.anchorPeer = anchor, peer
-	s.addr = s.boundAddr()
+	s.addr = sseLn.Addr()
 	s.healthyAt.Store(time.Now().UnixNano())
 	s.tasks.start(anchor.EventLoop())
+
+	acceptors := []*acceptor{s.newAcceptor("--listen "+s.addr.String(), sseLn, originSSE, &s.sseOpen,
+		func() int64 { return int64(s.cfg.MaxConnections + shedSlack) })}
+	if hubLn != nil {
+		acceptors = append(acceptors, s.newAcceptor("--hub-socket "+s.cfg.HubSocket, hubLn, originHub, &s.hub.openCount,
+			func() int64 { return int64(s.cfg.hubWorkers + hubShedSlack) }))
+	}
+	for _, a := range acceptors {
+		a.start()
+	}
 
 	s.listen.Start()
 
@@ -232,7 +264,10 @@ func (s *Server) Run(ctx context.Context) error {
 		runErr = fmt.Errorf("engine: event loop stopped: %w", runErr)
 	}
 	if runErr == nil {
-		s.drain()
+		s.drain() // new connections meanwhile are told the server is draining
+	}
+	for _, a := range acceptors {
+		a.close()
 	}
 	pubCtx, pubCancel := context.WithTimeout(context.Background(), drainTimeout)
 	s.stopPublisher(pubCtx) // what is still queued is committed (and answered, if its client waited)
@@ -250,9 +285,34 @@ func (s *Server) Run(ctx context.Context) error {
 	if runErr == nil {
 		<-gnetErr
 	}
+	// gnet keeps every engine in a process-wide map by address until the (deprecated) global
+	// Stop deletes it; each server has its own placeholder address, so without this every
+	// stopped server of a process (tests) would stay in memory.
+	_ = gnet.Stop(context.Background(), placeholder.addr()) //nolint:staticcheck // the only way to delete the entry
 	_ = s.anchorPeer.Close()
 	s.log.Debug("engine stopped")
 	return runErr
+}
+
+// bindError is the cause of a failed listen, without the net package's "listen tcp …"
+// prefix (the caller names the flag and address): "bind: address already in use".
+func bindError(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err
+	}
+	return err
+}
+
+// admitRound is one round of admissions after a round of tasks that took taskTime
+// (taskQueue.between); it reports whether more connections wait.
+func (s *Server) admitRound(taskTime time.Duration) bool {
+	if s.admitQ.len() == 0 {
+		return false
+	}
+	s.enter()
+	defer s.leave()
+	return s.admitQueued(admitBudget(taskTime))
 }
 
 // drain tells every client to come back later (jittered) and every worker to fail over,
@@ -266,7 +326,7 @@ func (s *Server) drain() {
 		s.log.Info("shutting down: telling clients to retry", "connections", s.active, "hub_workers", s.hub.count())
 		s.draining = true
 		for _, sc := range s.conns {
-			s.retryLater(sc)
+			s.retryLater(sc, shedDraining)
 		}
 		s.hub.shutdown()
 		close(done)
@@ -316,23 +376,4 @@ func (s *Server) NotReadyReason() string {
 		return s.schemaMsg.Load().(string)
 	}
 	return ""
-}
-
-func (s *Server) boundAddr() net.Addr {
-	fd, err := s.eng.DupListener("tcp", s.cfg.Listen)
-	if err != nil {
-		return &net.TCPAddr{}
-	}
-	defer syscall.Close(fd)
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		return &net.TCPAddr{}
-	}
-	switch a := sa.(type) {
-	case *syscall.SockaddrInet4:
-		return &net.TCPAddr{IP: net.IP(a.Addr[:]), Port: a.Port}
-	case *syscall.SockaddrInet6:
-		return &net.TCPAddr{IP: net.IP(a.Addr[:]), Port: a.Port}
-	}
-	return &net.TCPAddr{}
 }

@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"strconv"
 	"testing"
 	"time"
@@ -114,4 +117,89 @@ func TestSSETokenExpiryCloses(t *testing.T) {
 	// A fresh request with the expired token is refused.
 	r := get(t, addr, "/streams/exp", bearerH(tok))
 	assert.Equal(t, 401, r.Status)
+}
+
+// SPEC §3b Token contents: a token whose tags or grants break the name rules is refused with
+// 401 naming the claim; a tag holding NUL (which made every replay read fail in PostgreSQL,
+// issue 11) never reaches a replay query.
+func TestSSETokenContentsRules(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", func(c *Config) { c.PublicStreams = []string{"open/*"} })
+	addr := ts.Addr().String()
+	// Minted by hand: auth.Mint refuses to sign such claims.
+	bad := func(pgsseClaim string) string {
+		return signHS256(t, `{"exp":`+strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10)+`,"pgsse":`+pgsseClaim+`}`)
+	}
+	cases := []struct{ claim, body string }{
+		{`{"streams":["*"],"tags":["ok","a\u0000b"]}`, "token claim pgsse.tags[1]: audience tag must not contain control characters\n"},
+		{`{"streams":["a b"]}`, "token claim pgsse.streams[0]: stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -\n"},
+		{`{"channels":["x\u0000"]}`, "token claim pgsse.channels[0]: channel name must not contain a NUL byte\n"},
+	}
+	for _, tc := range cases {
+		r := get(t, addr, "/streams/s?since=0", bearerH(bad(tc.claim)))
+		assert.Equal(t, 401, r.Status, tc.claim)
+		assert.Equal(t, tc.body, r.Body, tc.claim)
+	}
+
+	// On a public stream the same token is ignored: the connection is anonymous, and its
+	// history reads work (events for everyone arrive; audience-only ones do not).
+	pub := connect(t, ts.DSN)
+	publish(t, pub, "open/x", "for everyone", "", nil)
+	publish(t, pub, "open/x", "for ok only", "", []string{"ok"})
+	publish(t, pub, "open/x", "for everyone again", "", nil)
+	c := dial(t, addr, "/streams/open/x?since=0", bearerH(bad(cases[0].claim)))
+	require.Equal(t, 200, c.Status, c.Body)
+	assert.Equal(t, "for everyone", c.mustNextData(5*time.Second).Data)
+	assert.Equal(t, "for everyone again", c.mustNextData(5*time.Second).Data)
+}
+
+// The public-stream token rule (auth.OnPublicStream): a token there only adds tags. An
+// expired or forged one is ignored (anonymous, never closed at an exp); a valid one with
+// tags sees its audience and ends at its exp; a valid one without tags adds nothing, so its
+// exp does not end the connection either.
+func TestSSEPublicStreamTokenRule(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", func(c *Config) { c.PublicStreams = []string{"pub"} })
+	addr := ts.Addr().String()
+	pub := connect(t, ts.DSN)
+	mint := func(tags []string, ttl time.Duration, at time.Time) string {
+		tok, err := auth.Mint(auth.MintKey{Secret: []byte(testSecret)}, auth.Claims{Tags: tags}, ttl, "", "", at)
+		require.NoError(t, err)
+		return tok
+	}
+	now := time.Now()
+	expired := mint([]string{"vip"}, time.Second, now.Add(-time.Hour))
+	tagged := mint([]string{"vip"}, 2*time.Second, now)
+	untagged := mint(nil, 2*time.Second, now)
+
+	cExpired := dial(t, addr, "/streams/pub", bearerH(expired))
+	cTagged := dial(t, addr, "/streams/pub", bearerH(tagged))
+	cUntagged := dial(t, addr, "/streams/pub", bearerH(untagged))
+	for _, c := range []*sseClient{cExpired, cTagged, cUntagged} {
+		require.Equal(t, 200, c.Status, c.Body)
+		c.mustNext(5 * time.Second)
+	}
+	publish(t, pub, "pub", "vip news", "", []string{"vip"})
+	publish(t, pub, "pub", "news", "", nil)
+	assert.Equal(t, "vip news", cTagged.mustNextData(5*time.Second).Data, "a valid token's tags count")
+	assert.Equal(t, "news", cTagged.mustNextData(5*time.Second).Data)
+	assert.Equal(t, "news", cExpired.mustNextData(5*time.Second).Data, "an expired token is ignored: anonymous")
+	assert.Equal(t, "news", cUntagged.mustNextData(5*time.Second).Data)
+
+	cTagged.expectRetryEOF(10 * time.Second) // closed at exp: what it may see changes
+	// The others outlive the tokens' exp (2 s): an event published after it reaches them.
+	waitFor(t, 10*time.Second, "the tokens' exp to pass", func() bool { return time.Now().After(now.Add(3 * time.Second)) })
+	publish(t, pub, "pub", "later", "", nil)
+	assert.Equal(t, "later", cExpired.mustNextData(5*time.Second).Data)
+	assert.Equal(t, "later", cUntagged.mustNextData(5*time.Second).Data)
+}
+
+// signHS256 signs a raw JWT payload with the test secret (for claims auth.Mint refuses).
+func signHS256(t testing.TB, payload string) string {
+	t.Helper()
+	enc := base64.RawURLEncoding
+	unsigned := enc.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`)) + "." + enc.EncodeToString([]byte(payload))
+	mac := hmac.New(sha256.New, []byte(testSecret))
+	mac.Write([]byte(unsigned))
+	return unsigned + "." + enc.EncodeToString(mac.Sum(nil))
 }

@@ -407,3 +407,42 @@ func TestSSEFaultChannelRelisten(t *testing.T) {
 		}
 	}
 }
+
+// SPEC §3b: with PostgreSQL down a new subscriber is told so at once — ":database
+// unavailable", not ":over capacity" after ≈15 s (issue 11) — while connected clients keep
+// their connections and are caught up once it is back.
+func TestShedDatabaseUnavailable(t *testing.T) {
+	t.Parallel()
+	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{})
+	dsn := migrated(t, cluster.NewDatabase(t))
+	ts := startServer(t, dsn, nil)
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	live := dial(t, addr, "/streams/db", tok)
+	require.Equal(t, 200, live.Status)
+
+	cluster.Stop()
+	waitFor(t, 20*time.Second, "the server to know PostgreSQL is down", func() bool {
+		down := false
+		ts.onLoop(t, func() { down = ts.databaseUnavailable() })
+		return down
+	})
+	for _, path := range []string{"/streams/db", "/streams/db?since=0", "/channels/db"} {
+		start := time.Now()
+		dial(t, addr, path, tok).expectShed("database unavailable")
+		assert.Less(t, time.Since(start), 5*time.Second, "%s: told at once", path)
+	}
+	assert.Equal(t, float64(3), metricValue(t, ts.metrics.shed[shedDatabaseUnavailable]))
+
+	cluster.Start()
+	waitFor(t, 30*time.Second, "the LISTEN session back", func() bool { return ts.listenOK.Load() })
+	c := dial(t, addr, "/streams/db", tok)
+	require.Equal(t, 200, c.Status)
+	pub := connectPlain(dsn)
+	require.NotNil(t, pub)
+	defer pub.Close(context.Background())
+	_, err := store.Publish(context.Background(), pub, "db", "back", "", nil)
+	require.NoError(t, err)
+	assert.Equal(t, "back", live.mustNextData(10*time.Second).Data, "the connected client stayed")
+	assert.Equal(t, "back", c.mustNextData(10*time.Second).Data)
+}

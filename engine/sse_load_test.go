@@ -255,7 +255,8 @@ func TestSSESlowChannelClientIsClosed(t *testing.T) {
 // 5,000 concurrent connections on one stream each receive a burst of events in order.
 func TestSSE5000Connections(t *testing.T) {
 	const conns, burst = 5000, 20
-	ts := startServer(t, "", nil)
+	// One token for all: lift --max-connections-per-subject (TestSubjectLimit covers it).
+	ts := startServer(t, "", func(c *Config) { c.MaxConnectionsPerSubject = NoLimit })
 	addr := ts.Addr().String()
 	tok := allStreams(t)
 	req := []byte(request("GET", "/streams/many", bearerH(tok)))

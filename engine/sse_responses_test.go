@@ -206,6 +206,32 @@ func TestSSEResponse400(t *testing.T) {
 	assert.Equal(t, 200, c.Status)
 }
 
+// SPEC §3 Cursor: decimal digits only — "?since=+1" (a space once '+' is decoded) is not a
+// cursor — and the error names the field that was wrong (issues 11 and 15).
+func TestSSECursorErrorNamesField(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", nil)
+	addr := ts.Addr().String()
+	authH := bearerH(allStreams(t))
+	cases := []struct {
+		target  string
+		headers []string
+		body    string
+	}{
+		{"/streams/s?since=+1", nil, "since: cursor must be decimal digits\n"},
+		{"/streams/s?since=%2B1", nil, "since: cursor must be decimal digits\n"},
+		{"/streams/s?since=1%20", nil, "since: cursor must be decimal digits\n"},
+		{"/streams/s?since=9223372036854775808", nil, "since: cursor must be at most 9223372036854775807\n"},
+		{"/streams/s", []string{"Last-Event-ID: x1"}, "Last-Event-ID: cursor must be decimal digits\n"},
+		{"/streams/s?since=1", []string{"Last-Event-ID: 1.0"}, "Last-Event-ID: cursor must be decimal digits\n"},
+	}
+	for _, tc := range cases {
+		r := get(t, addr, tc.target, append([]string{authH}, tc.headers...)...)
+		assert.Equal(t, 400, r.Status, "%s %v", tc.target, tc.headers)
+		assert.Equal(t, tc.body, r.Body, "%s %v", tc.target, tc.headers)
+	}
+}
+
 // A valid Last-Event-ID wins over since, even over a since that would be invalid on its
 // own; a blank header counts as absent, so since then applies.
 func TestSSECursorPrecedenceStatus(t *testing.T) {

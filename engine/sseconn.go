@@ -7,27 +7,24 @@ import (
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/sse"
 )
 
 // The connection state machine of the SSE port (SPEC §3, §3a). A subscriber moves through
 //
-//	head ─► pending ─► catch-up ◄─► live
-//	                      ▲    ╲     │
-//	                      │     ▼    ▼
-//	                      └──── lagging          and from any state ─► closing
-//
-// and a publisher (POST /streams/{stream}, POST /publish), one request at a time, through
-//
-//	head ─► publish-body ─► publish-commit ─► idle ─► head …   (keep-alive)
-//	              │                │
-//	              └────────────────┴─► closing, or linger ─► closing
+//	head ─► verifying ─► queued ─► pending ─► catch-up ◄─► live
+//	  └────────────────►┘                        ▲    ╲     │
+//	                                             │     ▼    ▼
+//	                                             └──── lagging    and from any state ─► closing
 //
 //   - head: reading the request head (headTimeoutMS from the accept, or from the first byte
 //     of a keep-alive connection's next request);
-//   - pending: authorised and registered on its stream or channel, waiting for the LISTEN
-//     or the head read before the response head goes out (pendingTimeoutMS);
+//   - verifying: the head is parsed and its token is being checked on the verifier pool
+//     (verify.go); the answer comes back as a loop task (verifyTimeoutMS);
+//   - queued: authorised, waiting in the admission FIFO (admission.go), serviced a round at
+//     a time between rounds of deliveries;
+//   - pending: admitted and registered on its stream or channel, waiting for the LISTEN or
+//     the head read before the response head goes out (pendingTimeoutMS);
 //   - catch-up: the response head is sent; history is read from the table, live durable
 //     events are not written (ephemeral ones are);
 //   - live: taking live writes;
@@ -46,11 +43,12 @@ import (
 //     read the answer.
 //
 // The helpers in this file are the only code that assigns sseConn.state. Each says which
-// transition it makes and does what that transition owes: admit counts the connection and
-// records its token, respond writes the response head, pause enrols a lagging connection for
-// the tick, finish writes the last bytes and closes. sweepConns (from the tick) applies the
-// time rules of each state. Every byte to an SSE client goes out through write, writeEvents or
-// writev (outbound.go has what happens underneath).
+// transition it makes and does what that transition owes: verify parks a connection for
+// the pool, queueAdmission puts it in the admission FIFO, admit counts it, respond writes the
+// response head, pause enrols a lagging connection for the tick, shed says why it was sent
+// away, finish writes the last bytes and closes. sweepConns (from the tick) applies the
+// time rules of each state. Every byte to an SSE client goes out through write, writeEvents
+// or writev (outbound.go has what happens underneath).
 //
 // Times are the loop clock, Server.nowMS (unix milliseconds, refreshed every tick).
 
@@ -59,7 +57,9 @@ type connState uint8
 
 const (
 	stateHead          connState = iota // reading the request head
-	statePending                        // authorised and registered; no response head yet
+	stateVerifying                      // a subscriber whose token is on the verifier pool
+	stateQueued                         // a subscriber authorised, waiting in the admission FIFO
+	statePending                        // admitted and registered; no response head yet
 	stateCatchUp                        // response sent; reading history from the table
 	stateLive                           // taking live writes
 	stateLagging                        // over the high watermark; waiting to drain
@@ -73,12 +73,36 @@ const (
 // Time rules of the states.
 const (
 	headTimeoutMS    = 10_000 // a complete request head within this (SPEC §3)
+	verifyTimeoutMS  = 10_000 // a token check that takes longer (the pool is swamped) is shed
 	pendingTimeoutMS = 30_000 // a subscription whose LISTEN or head read takes longer is shed
 	keepAliveIdleMS  = 30_000 // a keep-alive connection without a new request for this long is closed
 	lingerTimeoutMS  = 2_000  // a lingering close waits at most this long for the client's EOF
 	closeLingerMS    = 5_000  // a closing connection's last bytes get this long to leave
 	sweepIntervalMS  = 240    // sweepConns runs at most this often: just under tickSlow, so every slow tick sweeps
+	// dbUnavailableAfterMS: once the LISTEN session has been down this long, a connection
+	// that has no response head yet is shed with ":database unavailable" rather than left
+	// waiting (a PostgreSQL restart that is over within it costs nobody their connection).
+	dbUnavailableAfterMS = 2_000
 )
+
+// shedReason says why a connection without a response head was sent away; its comment is
+// the one line the client sees (SPEC §3b: never one reason for another).
+type shedReason uint8
+
+const (
+	shedOverCapacity        shedReason = iota // --max-connections, the verifier or replay queue full, too slow to set up
+	shedDraining                              // the server is shutting down
+	shedDatabaseUnavailable                   // PostgreSQL cannot be reached (or is not migrated)
+	shedSubjectLimit                          // --max-connections-per-subject
+	shedReasons
+)
+
+var shedComments = [shedReasons][]byte{
+	shedOverCapacity:        []byte("over capacity"),
+	shedDraining:            []byte("draining"),
+	shedDatabaseUnavailable: []byte("database unavailable"),
+	shedSubjectLimit:        []byte("too many connections for this subject"),
+}
 
 // The retry: value a client gets when it is sent away (SPEC §3: 2000–10000 ms, jittered, so
 // that clients told to go away do not come back in one herd).
@@ -109,12 +133,14 @@ type sseConn struct {
 	lastWriteMS int64 // when it was last written to (heartbeats)
 	expiresMS   int64 // the token's exp, unix ms; 0 = none
 
-	q      *outQueue // what the socket has not taken yet; nil when nothing (outbound.go)
-	stream *stream
-	ch     *channel
-	pub    *publishConn // a publisher's request state (publish.go); kept across keep-alive requests
-	tags   []string     // token tags (audience)
-	cors   []byte       // allowed Origin to echo in the response head, until it is sent
+	q       *outQueue // what the socket has not taken yet; nil when nothing (outbound.go)
+	stream  *stream
+	ch      *channel
+	pub     *publishConn // a publisher's request state (publish.go); kept across keep-alive requests
+	tags    []string     // token tags (audience)
+	cors    []byte       // allowed Origin to echo in the response head, until it is sent
+	req     *subRequest  // what it asked for, from the head until it is admitted (verifying, queued)
+	subject string       // its key in Server.subjects while counted there ("" = not counted)
 }
 
 // to is the one assignment of a state; only the transition helpers below call it.
@@ -136,23 +162,34 @@ func (s *Server) openConn(c gnet.Conn) *sseConn {
 	sc := &sseConn{c: c, all: int32(len(s.conns))}
 	sc.to(stateHead, s.nowMS)
 	s.conns = append(s.conns, sc)
+	s.sseOpen.Store(int64(len(s.conns)))
 	c.SetContext(sc)
 	return sc
 }
 
-// admit makes an authorised request a subscriber: head → pending. It counts the connection
-// against MaxConnections and keeps what the rest of its life needs from the request: the
-// token's tags (audience) and exp, and the Origin to echo. The caller then registers it on
-// its stream or channel, which moves it on with respond when the subscription is live.
-func (s *Server) admit(sc *sseConn, claims *auth.Claims, cors sse.CORS) {
-	sc.keepOrigin(cors)
-	sc.expiresMS = 0
-	if claims != nil {
-		sc.tags = claims.Tags
-		if !claims.Expires.IsZero() {
-			sc.expiresMS = claims.Expires.UnixMilli()
-		}
-	}
+// verify parks a connection whose token is being checked on the verifier pool: head →
+// verifying. req is what it asked for; the pool's answer resumes it (request.go: authorized).
+func (s *Server) verify(sc *sseConn, req *subRequest) {
+	sc.req = req
+	sc.to(stateVerifying, s.nowMS)
+}
+
+// queueAdmission puts an authorised connection in the admission FIFO: head or verifying → queued.
+// grant is what its token allows it to see (tags, exp); the FIFO admits it in its turn.
+func (s *Server) queueAdmission(sc *sseConn, req *subRequest, tags []string, expiresMS int64) {
+	sc.req = req
+	sc.tags = tags
+	sc.expiresMS = expiresMS
+	sc.to(stateQueued, s.nowMS)
+	s.admitQ.push(sc)
+	s.tasks.kick()
+}
+
+// admit makes a queued connection a subscriber: queued → pending. It counts the connection
+// against MaxConnections; the caller then registers it on its stream or channel, which moves
+// it on with respond when the subscription is live.
+func (s *Server) admit(sc *sseConn) {
+	sc.req = nil
 	sc.counted = true
 	s.active++
 	s.metrics.sseConns.Set(float64(s.active))
@@ -268,13 +305,14 @@ func (s *Server) uncountPublisher(sc *sseConn) {
 	}
 }
 
-// shed answers 200 with a jittered retry and closes: EventSource treats any non-200 as
-// final, so load shedding must not use 503. For a connection whose response head has not
-// been sent (head, pending).
-func (s *Server) shed(sc *sseConn) {
+// shed answers 200 with a jittered retry and a comment saying why, and closes: EventSource
+// treats any non-200 as final, so load shedding must not use 503. For a connection whose
+// response head has not been sent (head, verifying, queued, pending).
+func (s *Server) shed(sc *sseConn, why shedReason) {
+	s.metrics.shed[why].Inc()
 	b := sse.AppendStreamHead(s.scratch[:0], s.connCORS(sc))
 	b = sse.AppendRetry(b, jitteredRetryMS())
-	b = sse.AppendComment(b, []byte("over capacity, retry later"))
+	b = sse.AppendComment(b, shedComments[why])
 	b = append(b, '\n')
 	s.finish(sc, b)
 }
@@ -290,10 +328,10 @@ func (s *Server) closeWithRetry(sc *sseConn) {
 }
 
 // retryLater sends a connection away, whatever its state: one still sending its head (or
-// idle between requests) is closed, one without a response head is shed, a streaming one
-// gets a retry field; a publisher reading its body is answered 503, one waiting for its
-// COMMIT is answered (and closed) when it comes.
-func (s *Server) retryLater(sc *sseConn) {
+// idle between requests) is closed, one without a response head is shed for why, a
+// streaming one gets a retry field; a publisher reading its body is answered 503, one
+// waiting for its COMMIT is answered (and closed) when it comes.
+func (s *Server) retryLater(sc *sseConn, why shedReason) {
 	switch {
 	case sc.closed || sc.state == stateClosing:
 	case sc.state == stateHead, sc.state == stateIdle, sc.state == stateLinger:
@@ -302,8 +340,8 @@ func (s *Server) retryLater(sc *sseConn) {
 		s.refusePublish(sc, 503, "the server is shutting down; retry elsewhere")
 	case sc.state == statePublishCommit:
 		// Answered after COMMIT (with a close: the server is draining).
-	case sc.state == statePending:
-		s.shed(sc)
+	case sc.state < stateCatchUp: // verifying, queued, pending
+		s.shed(sc, why)
 	default:
 		s.closeWithRetry(sc)
 	}
@@ -333,6 +371,7 @@ func (s *Server) removeConn(sc *sseConn) {
 		s.active--
 		s.metrics.sseConns.Set(float64(s.active))
 	}
+	s.uncountSubject(sc)
 	s.uncountPublisher(sc)
 	s.releasePublish(sc)
 	switch {
@@ -348,10 +387,12 @@ func (s *Server) removeConn(sc *sseConn) {
 		s.releaseChannel(ch)
 	}
 	s.conns = swapRemove(s.conns, sc, connIndex)
+	s.sseOpen.Store(int64(len(s.conns)))
 	s.unwatch(sc)
 	s.dropQueue(sc)
 	sc.c = nil
 	sc.tags = nil
+	sc.req = nil
 }
 
 // connIndex is sc's position in Server.conns.
@@ -363,14 +404,17 @@ func subIndex(sc *sseConn) *int32 { return &sc.subIdx }
 // --- time rules ---------------------------------------------------------------------------
 
 // sweepConns applies each state's time rule, at most every sweepIntervalMS: a head not
-// complete within headTimeoutMS is closed, a subscription pending longer than
-// pendingTimeoutMS is shed, a streaming connection whose token expired is closed with a
+// complete within headTimeoutMS is closed, a token check not answered within verifyTimeoutMS
+// and a subscription pending longer than pendingTimeoutMS are shed (over capacity), a
+// pending one is shed once the LISTEN session has been down for dbUnavailableAfterMS
+// (database unavailable), a streaming connection whose token expired is closed with a
 // retry, one without a write for --heartbeat gets a comment line, and a closing one whose
 // last bytes have not left within closeLingerMS is closed without them; a publish body not
 // complete within publishBodyTimeoutMS is answered 408, a keep-alive connection idle for
 // keepAliveIdleMS and a lingering one after lingerTimeoutMS are closed.
 func (s *Server) sweepConns() {
 	heartbeatMS := s.cfg.Heartbeat.Milliseconds()
+	dbDown := s.databaseUnavailable()
 	for _, sc := range s.conns {
 		if sc.closed {
 			continue
@@ -380,9 +424,16 @@ func (s *Server) sweepConns() {
 			if s.nowMS-sc.enteredMS >= headTimeoutMS {
 				s.finish(sc, nil)
 			}
+		case stateVerifying:
+			if s.nowMS-sc.enteredMS > verifyTimeoutMS {
+				s.shed(sc, shedOverCapacity)
+			}
 		case statePending:
-			if s.nowMS-sc.enteredMS > pendingTimeoutMS {
-				s.shed(sc)
+			switch {
+			case dbDown:
+				s.shed(sc, shedDatabaseUnavailable)
+			case s.nowMS-sc.enteredMS > pendingTimeoutMS:
+				s.shed(sc, shedOverCapacity)
 			}
 		case stateIdle:
 			if s.nowMS-sc.enteredMS >= keepAliveIdleMS {

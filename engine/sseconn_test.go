@@ -16,9 +16,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
-
-	"github.com/pgsse/pgsse/auth"
-	"github.com/pgsse/pgsse/sse"
 )
 
 // recordConn is a gnet.Conn over one end of a socket pair, recording what reaches the other
@@ -69,6 +66,16 @@ func openAt(t *testing.T, nowMS int64) (*Server, *recordConn, *sseConn) {
 	return s, c, s.openConn(c)
 }
 
+// admitNow takes an opened connection through the admission FIFO at once, with a token
+// that expires at expiresMS (0 = never).
+func admitNow(s *Server, sc *sseConn, expiresMS int64) {
+	s.queueAdmission(sc, &subRequest{name: "s"}, nil, expiresMS)
+	if s.admitQ.pop() != sc {
+		panic("admission FIFO lost the connection")
+	}
+	s.admit(sc)
+}
+
 // Each state's time rule, on the loop clock (nowMS): the head deadline, the pending
 // timeout, the heartbeat and the token's exp.
 func TestSweepConnsTimeRules(t *testing.T) {
@@ -89,7 +96,8 @@ func TestSweepConnsTimeRules(t *testing.T) {
 	t.Run("pending", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
 		s.nowMS = t0 + 5_000 // the head took a while: the pending time counts from admission
-		s.admit(sc, nil, sse.CORS{})
+		s.listenUp = true
+		admitNow(s, sc, 0)
 		s.nowMS += pendingTimeoutMS
 		s.sweepConns()
 		assert.Equal(t, statePending, sc.state)
@@ -99,11 +107,38 @@ func TestSweepConnsTimeRules(t *testing.T) {
 		assert.True(t, c.closed)
 		assert.True(t, strings.HasPrefix(c.text(), "HTTP/1.1 200 "), "shed with 200: %q", c.text())
 		assert.Contains(t, c.text(), "\nretry: ")
+		assert.Contains(t, c.text(), "\n:over capacity\n")
+	})
+
+	t.Run("verifying", func(t *testing.T) {
+		s, c, sc := openAt(t, t0)
+		s.verify(sc, &subRequest{name: "s"})
+		s.nowMS = t0 + verifyTimeoutMS
+		s.sweepConns()
+		assert.Equal(t, stateVerifying, sc.state)
+		s.nowMS++
+		s.sweepConns()
+		assert.Equal(t, stateClosing, sc.state)
+		assert.Contains(t, c.text(), "\n:over capacity\n")
+	})
+
+	t.Run("pending while the database is unavailable", func(t *testing.T) {
+		s, c, sc := openAt(t, t0)
+		s.listenUp = true
+		admitNow(s, sc, 0)
+		s.listenUp, s.listenDownSinceMS = false, t0 // the LISTEN session went down
+		s.nowMS = t0 + dbUnavailableAfterMS - 1
+		s.sweepConns()
+		assert.Equal(t, statePending, sc.state, "a short outage costs nobody their connection")
+		s.nowMS++
+		s.sweepConns()
+		assert.Equal(t, stateClosing, sc.state)
+		assert.Contains(t, c.text(), "\n:database unavailable\n")
 	})
 
 	t.Run("heartbeat and token expiry", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
-		s.admit(sc, &auth.Claims{Expires: time.UnixMilli(t0 + 5_000)}, sse.CORS{})
+		admitNow(s, sc, t0+5_000)
 		s.respond(sc, stateLive)
 		assert.Equal(t, int64(t0+5_000), sc.expiresMS)
 		head := len(c.text())

@@ -348,7 +348,7 @@ func (s *Server) readHead(sc *sseConn) {
 		func(res store.ReadResult) { s.tasks.push(func() { s.onHead(sc, res) }) })
 	if !ok {
 		sc.replaying = false
-		s.shed(sc)
+		s.shed(sc, shedOverCapacity) // the replay queue is full
 	}
 }
 
@@ -552,17 +552,26 @@ func (s *Server) resyncStreams() {
 	}
 }
 
-// maxReadRetries bounds how long (× sweepIntervalMS, about 15 s) a connection waits for the
-// table to become readable again before it is told to reconnect later.
-const maxReadRetries = 60
+// maxReadRetries bounds how long (× sweepIntervalMS, about 15 s) a streaming connection
+// waits for the table to become readable again before it is told to reconnect later; one
+// that has no response head yet (pending) waits maxPendingReadRetries (about 1 s) and is
+// then told the database is unavailable, instead of waiting silently.
+const (
+	maxReadRetries        = 60
+	maxPendingReadRetries = 4
+)
 
 // retryRead schedules a failed history read again on a later tick: a PostgreSQL restart
 // should not cost connected clients their connection.
 func (s *Server) retryRead(sc *sseConn, err error) {
 	sc.retries++
-	if sc.retries > maxReadRetries {
+	limit := uint8(maxReadRetries)
+	if sc.state == statePending {
+		limit = maxPendingReadRetries
+	}
+	if sc.retries > limit {
 		s.log.Warn("history read keeps failing; client told to retry later", "stream", sc.stream.name, "err", err)
-		s.retryLater(sc)
+		s.retryLater(sc, shedDatabaseUnavailable)
 		return
 	}
 	if sc.retries == 1 {

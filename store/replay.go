@@ -215,6 +215,12 @@ func (r *Replayer) read(conn **pgconn.PgConn, req ReadRequest) ReadResult {
 		if *conn == nil {
 			c, err := r.connect()
 			if err != nil {
+				var pe *prepareError
+				if errors.As(err, &pe) {
+					// Connected, but the history query is not there: not migrated, most likely.
+					r.logger.Warn("replay: cannot prepare the history query (is the schema migrated? pgsse migrate)", "err", pe.err)
+					return ReadResult{Err: fmt.Errorf("store: replay: %w", pe.err)}
+				}
 				r.logger.Warn("replay: cannot connect to PostgreSQL", "err", err)
 				return ReadResult{Err: fmt.Errorf("store: replay connect: %w", err)}
 			}
@@ -256,10 +262,16 @@ func (r *Replayer) connect() (*pgconn.PgConn, error) {
 	if _, err := c.Prepare(ctx, replayStatement, replaySQL,
 		[]uint32{oidText, oidInt8, oidTextArray, oidBool, oidInt4, oidInt8}); err != nil {
 		_ = c.Close(ctx)
-		return nil, err
+		return nil, &prepareError{err}
 	}
 	return c, nil
 }
+
+// prepareError: the session was opened but the history query could not be prepared.
+type prepareError struct{ err error }
+
+func (e *prepareError) Error() string { return "prepare pgsse.replay: " + e.err.Error() }
+func (e *prepareError) Unwrap() error { return e.err }
 
 var replayResultFormats = []int16{1, 1, 1, 1, 1, 1, 1, 1} // all binary
 

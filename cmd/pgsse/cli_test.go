@@ -384,7 +384,14 @@ func TestDoctor(t *testing.T) {
 	assert.NotContains(t, r.stdout, "workers")
 	r = pgsse(t, env, "doctor", "--workers", "12")
 	requireOK(t, r)
-	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	var lines, table []string // one line per check; the descriptor budget's table is indented
+	for _, l := range strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n") {
+		if strings.HasPrefix(l, " ") {
+			table = append(table, l)
+		} else {
+			lines = append(lines, l)
+		}
+	}
 	checks := []string{"connectivity", "schema", "notify queue", "fd limit", "hub socket", "connection budget"}
 	require.Len(t, lines, len(checks), r.stdout)
 	for i, check := range checks {
@@ -395,6 +402,12 @@ func TestDoctor(t *testing.T) {
 	assert.Contains(t, lines[2], "0.0% in use")
 	assert.Contains(t, lines[5], "6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing); no hub configured, so 12 workers (--workers) hold 12 LISTEN sessions of their own (--hub-socket shares one)")
 	assert.Contains(t, lines[5], "max_connections")
+	// SPEC §3b: doctor prints the descriptor budget, each consumer's share, after fd limit.
+	require.NotEmpty(t, table)
+	assert.Regexp(t, `^ +descriptor budget of RLIMIT_NOFILE \d+:$`, table[0])
+	assert.Regexp(t, `(?m)^ +64  admin connections \(--admin-max-connections\)$`, strings.Join(table, "\n"))
+	assert.Regexp(t, `(?m)^ +\d+  SSE connections \(--max-connections default\)$`, strings.Join(table, "\n"))
+	assert.Contains(t, r.stdout, lines[3]+"\n"+table[0]+"\n", "the table follows the fd limit check")
 
 	// --procs: a replay pool per process, still one LISTEN session.
 	r = pgsse(t, env, "doctor", "--procs", "3")

@@ -44,6 +44,7 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	hubSocket := c.String("hub-socket", "", "hub socket `PATH` to inspect")
 	hubMode := c.Mode("hub-socket-mode", engine.DefaultHubSocketMode, "expected permissions of the hub socket, octal")
 	workers := c.Int("workers", 0, "worker processes on this host that LISTEN, for the connection budget")
+	adminMax := c.Int("admin-max-connections", engine.DefaultAdminMaxConnections, "the value pgsse serve will use, for the descriptor budget")
 	procs := c.Procs("the --procs pgsse serve will use, for the connection budget")
 	pos, err := c.parse(args)
 	if err != nil {
@@ -57,6 +58,9 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	}
 	if c.isSet("max-connections") && *maxConns < 1 {
 		return configErrorf("%s: must be at least 1", c.source("max-connections"))
+	}
+	if *adminMax < 1 {
+		return configErrorf("%s: must be at least 1", c.source("admin-max-connections"))
 	}
 	_, cfg, err := c.database(*dbURL)
 	if err != nil {
@@ -81,7 +85,7 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	}
 
 	// 2. Local checks.
-	d.fdLimit(*maxConns, c.isSet("max-connections"), c.source("max-connections"))
+	d.fdLimit(engine.Config{HubSocket: *hubSocket, AdminMaxConnections: *adminMax}, *maxConns, c.isSet("max-connections"), c.source("max-connections"))
 	d.hubSocket(*hubSocket, *hubMode)
 	d.budget(*procs, *workers, c.isSet("workers"), *hubSocket != "", server)
 
@@ -129,19 +133,22 @@ func (d *doctor) queue(ctx context.Context, conn *pgconn.PgConn) {
 	}
 }
 
-func (d *doctor) fdLimit(maxConns int, set bool, src string) {
+// fdLimit checks the descriptor limit against --max-connections and prints the budget: each
+// consumer's share of RLIMIT_NOFILE (engine.Config.FDBudget, the one computation serve uses).
+func (d *doctor) fdLimit(cfg engine.Config, maxConns int, set bool, src string) {
 	limit := engine.FDLimit()
 	if limit == 0 {
 		d.report("warn", "fd limit", "cannot read RLIMIT_NOFILE")
 		return
 	}
-	allowed := engine.MaxConnectionsFor(limit)
+	b := cfg.FDBudget(limit)
+	allowed := b.MaxConnections
 	switch {
 	case set && maxConns > allowed:
 		d.report("FAIL", "fd limit", "%s %d exceeds RLIMIT_NOFILE %d − %d reserved = %d: raise the limit (ulimit -n, LimitNOFILE=)",
-			src, maxConns, limit, engine.FDReserve, allowed)
+			src, maxConns, limit, b.Reserved(), allowed)
 	case allowed < 1:
-		d.report("FAIL", "fd limit", "RLIMIT_NOFILE %d leaves no room for connections after the %d reserved", limit, engine.FDReserve)
+		d.report("FAIL", "fd limit", "RLIMIT_NOFILE %d leaves no room for connections after the %d reserved", limit, b.Reserved())
 	case limit < 4096:
 		d.report("warn", "fd limit", "RLIMIT_NOFILE %d allows only %d SSE connections: raise it (ulimit -n, LimitNOFILE=)", limit, allowed)
 	case set:
@@ -149,6 +156,15 @@ func (d *doctor) fdLimit(maxConns int, set bool, src string) {
 	default:
 		d.report("ok", "fd limit", "RLIMIT_NOFILE %d; --max-connections defaults to %d", limit, allowed)
 	}
+	sse := "SSE connections (--max-connections default)"
+	if set {
+		sse = "SSE connections allowed (--max-connections " + strconv.Itoa(maxConns) + ")"
+	}
+	fmt.Fprintf(d.w, "      descriptor budget of RLIMIT_NOFILE %d:\n", b.Limit)
+	for _, sh := range b.Shares {
+		fmt.Fprintf(d.w, "      %8d  %s\n", sh.FDs, sh.Consumer)
+	}
+	fmt.Fprintf(d.w, "      %8d  %s\n", max(allowed, 0), sse)
 }
 
 func (d *doctor) hubSocket(path string, want os.FileMode) {

@@ -88,9 +88,10 @@ func readSiblingMarker(env func(string) (string, bool)) (*siblingMarker, error) 
 	return &m, nil
 }
 
-// asSibling turns serve's configuration into a sibling's: the first process's address with
-// SO_REUSEPORT, the hub socket it inherited as the LISTEN source, and none of what only the
-// first process does (admin endpoint, hub socket, retention).
+// asSibling turns serve's configuration into a sibling's: the first process's address, shared
+// (the engine binds --listen with SO_REUSEPORT always, and refuses an address another socket
+// holds unless told to share it), the hub socket it inherited as the LISTEN source, and none of
+// what only the first process does (admin endpoint, hub socket, retention).
 func (s *serveSetup) asSibling(m *siblingMarker) error {
 	f := os.NewFile(siblingHubFD, "pgsse-sibling-hub")
 	if f == nil {
@@ -114,7 +115,7 @@ func (s *serveSetup) asSibling(m *siblingMarker) error {
 	s.logger = s.logger.With("proc", m.Slot)
 	s.cfg.Logger = s.logger
 	s.cfg.Listen = m.Listen
-	s.cfg.ReusePort = true
+	s.cfg.ShareListen = true // the first process holds --listen; a sibling joins it (SO_REUSEPORT)
 	s.cfg.HubSocket = ""
 	s.cfg.Retention = 0
 	s.cfg.SiblingHub = c

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -35,6 +36,7 @@ type serveSetup struct {
 	adminListen string
 	pprof       bool
 	logger      *slog.Logger
+	redactor    *redactor // the secrets to keep out of logs and /debug/pprof/cmdline
 	fdLimit     uint64
 	algorithms  []string
 	procs       int            // --procs: processes serving --listen (procs.go)
@@ -46,6 +48,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	dbURL := c.dbFlag()
 	listen := c.String("listen", engine.DefaultListen, "SSE listen `ADDR`")
 	adminListen := c.String("admin-listen", "127.0.0.1:9090", "admin `ADDR` for /metrics, /healthz, /readyz (empty = off)")
+	adminMax := c.Int("admin-max-connections", engine.DefaultAdminMaxConnections, "admin connections open at once; beyond them the admin port stops accepting")
 	hubSocket := c.String("hub-socket", "", "Unix socket `PATH` for worker processes (empty = no hub)")
 	hubMode := c.Mode("hub-socket-mode", engine.DefaultHubSocketMode, "permissions of the hub socket, octal")
 	hubBuffer := c.Size("hub-worker-buffer", engine.DefaultHubWorkerBuffer, "outbound buffer per hub worker")
@@ -58,7 +61,8 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	publicStreams := c.List("public-streams", "stream patterns readable without a token, comma-separated")
 	corsOrigins := c.List("cors-origins", "exact origins allowed cross-origin, comma-separated")
 	limit := engine.FDLimit()
-	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: RLIMIT_NOFILE − %d = %d)", engine.FDReserve, engine.MaxConnectionsFor(limit)))
+	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: what RLIMIT_NOFILE leaves after the other consumers, pgsse doctor shows the budget; now %d)", engine.MaxConnectionsFor(limit)))
+	perSubject := c.Int("max-connections-per-subject", engine.DefaultMaxConnectionsPerSubject, "SSE connections one token subject (sub, else the token) may hold at once (0 = no limit)")
 	maxHeader := c.Size("max-header-bytes", engine.DefaultMaxHeaderBytes, "request head limit")
 	maxPublish := c.Size("max-publish-bytes", engine.DefaultMaxPublishBytes, "request body limit of POST /streams/… and POST /publish")
 	maxOutbound := c.Size("max-outbound-memory", engine.DefaultMaxOutboundMemory, "bytes queued for all SSE connections together; per-connection limits shrink as it fills")
@@ -80,7 +84,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		return nil, err
 	}
 
-	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit, procs: *procs}
+	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit, procs: *procs, redactor: &redactor{}}
 	if *procs > 1 && !procsSupported {
 		return nil, configErrorf("%s: more than one process needs Linux (elsewhere SO_REUSEPORT does not spread connections over processes)", c.source("procs"))
 	}
@@ -99,18 +103,27 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		return nil, configErrorf("%s: must be debug, info, warn or error", c.source("log-level"))
 	}
 	opts := &slog.HandlerOptions{Level: level}
+	var handler slog.Handler
 	switch *logFormat {
 	case "text":
-		s.logger = slog.New(slog.NewTextHandler(stderr, opts))
+		handler = slog.NewTextHandler(stderr, opts)
 	case "json":
-		s.logger = slog.New(slog.NewJSONHandler(stderr, opts))
+		handler = slog.NewJSONHandler(stderr, opts)
 	default:
 		return nil, configErrorf("%s: must be text or json", c.source("log-format"))
 	}
+	// Every line is redacted; the secrets are registered below, before anything is logged.
+	s.logger = slog.New(redactingHandler{inner: handler, r: s.redactor})
 
-	dsn, _, err := c.database(*dbURL)
+	dsn, pgcfg, err := c.database(*dbURL)
 	if err != nil {
 		return nil, err
+	}
+	s.redactor.add(pgcfg.Password)
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok {
+			s.redactor.add(pw)
+		}
 	}
 
 	if err := checkHostPort(*listen); err != nil {
@@ -155,22 +168,34 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		}
 	}
 
-	// The connection limit: what the fd limit allows after the reserve.
-	allowed := engine.MaxConnectionsFor(limit)
+	if *adminMax < 1 {
+		return nil, configErrorf("%s: must be at least 1", c.source("admin-max-connections"))
+	}
+
+	// The connection limit: what the fd limit allows after every other consumer's share.
+	budget := engine.Config{HubSocket: *hubSocket, AdminMaxConnections: *adminMax}.FDBudget(limit)
+	allowed := budget.MaxConnections
 	conns := *maxConns
 	if c.isSet("max-connections") {
 		switch {
 		case conns < 1:
 			return nil, configErrorf("%s: must be at least 1", c.source("max-connections"))
 		case limit > 0 && conns > allowed:
-			return nil, configErrorf("%s: %d exceeds what the file-descriptor limit allows (RLIMIT_NOFILE %d − %d reserved = %d); raise the limit (ulimit -n, LimitNOFILE=)",
-				c.source("max-connections"), conns, limit, engine.FDReserve, allowed)
+			return nil, configErrorf("%s: %d exceeds what the file-descriptor limit allows (RLIMIT_NOFILE %d − %d reserved = %d; pgsse doctor shows the budget); raise the limit (ulimit -n, LimitNOFILE=)",
+				c.source("max-connections"), conns, limit, budget.Reserved(), allowed)
 		}
 	} else {
 		if allowed < 1 {
-			return nil, configErrorf("file-descriptor limit %d is too low: need more than %d (ulimit -n, LimitNOFILE=)", limit, engine.FDReserve)
+			return nil, configErrorf("file-descriptor limit %d is too low: need more than %d (ulimit -n, LimitNOFILE=; pgsse doctor shows the budget)", limit, budget.Reserved())
 		}
 		conns = allowed
+	}
+
+	if *perSubject < 0 {
+		return nil, configErrorf("%s: must not be negative (0 = no limit)", c.source("max-connections-per-subject"))
+	}
+	if *perSubject == 0 {
+		*perSubject = engine.NoLimit
 	}
 
 	// Authorization.
@@ -178,6 +203,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	if err != nil {
 		return nil, err
 	}
+	s.redactor.add(string(secret))
 	var pub []byte
 	if *jwtPubFile != "" {
 		if pub, err = c.readKeyFile("jwt-public-key-file", *jwtPubFile); err != nil {
@@ -218,17 +244,19 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	s.cfg = engine.Config{
-		DatabaseURL:     dsn,
-		Listen:          *listen,
-		HubSocket:       *hubSocket,
-		HubSocketMode:   *hubMode,
-		HubWorkerBuffer: int(*hubBuffer),
-		Auth:            ac,
-		PublicStreams:   *publicStreams,
-		CORSOrigins:     *corsOrigins,
-		MaxConnections:  conns,
-		MaxHeaderBytes:  int(*maxHeader),
-		MaxPublishBytes: *maxPublish,
+		DatabaseURL:              dsn,
+		Listen:                   *listen,
+		HubSocket:                *hubSocket,
+		HubSocketMode:            *hubMode,
+		HubWorkerBuffer:          int(*hubBuffer),
+		Auth:                     ac,
+		PublicStreams:            *publicStreams,
+		CORSOrigins:              *corsOrigins,
+		MaxConnections:           conns,
+		MaxConnectionsPerSubject: *perSubject,
+		AdminMaxConnections:      *adminMax,
+		MaxHeaderBytes:           int(*maxHeader),
+		MaxPublishBytes:          *maxPublish,
 		// The Go heap follows the budget unless the operator chose a memory limit.
 		MaxOutboundMemory: int(*maxOutbound),
 		GoMemoryLimit:     os.Getenv("GOMEMLIMIT") == "",
@@ -236,7 +264,6 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		Retry:             *retry,
 		Retention:         *retention,
 		Demo:              *demo,
-		ReusePort:         *procs > 1,
 		Logger:            s.logger,
 		Registry:          s.registry,
 	}
@@ -271,8 +298,9 @@ type probe interface {
 // notReadyReason is optional: an engine that can say why it is not ready.
 type notReadyReason interface{ NotReadyReason() string }
 
-// adminHandler serves SPEC §4: /metrics, /healthz, /readyz and, with pprof, /debug/pprof/.
-func adminHandler(p probe, g prometheus.Gatherer, withPprof bool) http.Handler {
+// adminHandler serves SPEC §4: /metrics, /healthz, /readyz and, with pprof, /debug/pprof/
+// (whose cmdline is redacted with red).
+func adminHandler(p probe, g prometheus.Gatherer, withPprof bool, red *redactor) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -303,7 +331,7 @@ func adminHandler(p probe, g prometheus.Gatherer, withPprof bool) http.Handler {
 	})
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/cmdline", cmdlineHandler(red))
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
@@ -359,13 +387,13 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		}
 		adminAddr = ln.Addr().String()
 		admin = &http.Server{
-			Handler:           adminHandler(srv, gatherer, s.pprof),
+			Handler:           adminHandler(srv, gatherer, s.pprof, s.redactor),
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       time.Minute,
 			MaxHeaderBytes:    16 << 10,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
-		go func() { adminDone <- admin.Serve(ln) }()
+		go func() { adminDone <- admin.Serve(srv.AdminListener(ln)) }()
 	}
 	var orphaned <-chan struct{}
 	if s.sibling != nil {
@@ -381,8 +409,10 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 	go func() { runDone <- srv.Run(runCtx) }()
 
 	var runErr error
+	started := false
 	select {
 	case <-srv.Started():
+		started = true
 		addr := s.cfg.Listen
 		if a := srv.Addr(); a != nil {
 			addr = a.String()
@@ -429,7 +459,11 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		cancel()
 	}
 	if runErr != nil {
-		log.Error("pgsse stopped", "err", runErr)
+		msg := "pgsse stopped"
+		if !started {
+			msg = "pgsse cannot start"
+		}
+		log.Error(msg, "err", runErr)
 		return errReported
 	}
 	return nil

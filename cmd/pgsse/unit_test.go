@@ -130,7 +130,7 @@ func TestParseServeConfig(t *testing.T) {
 	assert.Equal(t, time.Duration(0), c.Retention)
 	assert.True(t, c.Demo)
 	assert.Equal(t, 3, s.procs)
-	assert.True(t, c.ReusePort, "--procs > 1 shares the port")
+	assert.False(t, c.ShareListen, "the first process of --procs binds the port as if alone: a port another server holds is refused")
 	assert.True(t, s.pprof)
 	assert.Same(t, s.registry, c.Registry.(*prometheus.Registry))
 	assert.NotNil(t, c.Logger)
@@ -155,7 +155,7 @@ func TestParseServeConfig(t *testing.T) {
 	assert.Equal(t, engine.MaxConnectionsFor(engine.FDLimit()), c.MaxConnections)
 	assert.Equal(t, "", c.DatabaseURL, "libpq environment")
 	assert.Equal(t, 1, s.procs)
-	assert.False(t, c.ReusePort, "one process binds the port alone: a second server on it fails")
+	assert.False(t, c.ShareListen, "one process binds the port alone: a second server on it fails")
 	s, err = parseServe([]string{"--jwt-secret", "short", "--procs", "auto"}, envMap(nil), io.Discard, &stderr)
 	require.NoError(t, err)
 	assert.Equal(t, engine.ProcsAuto(), s.procs)
@@ -185,7 +185,7 @@ func TestAdminHandler(t *testing.T) {
 	}
 
 	p := &fakeProbe{}
-	h := adminHandler(p, reg, false)
+	h := adminHandler(p, reg, false, &redactor{})
 	code, body := get(h, "/healthz")
 	assert.Equal(t, 503, code)
 	assert.Equal(t, "event loop not responding\n", body)
@@ -211,7 +211,7 @@ func TestAdminHandler(t *testing.T) {
 	code, _ = get(h, "/debug/pprof/")
 	assert.Equal(t, 404, code, "pprof only with --pprof")
 
-	h = adminHandler(&bareProbe{}, reg, true)
+	h = adminHandler(&bareProbe{}, reg, true, &redactor{})
 	code, body = get(h, "/readyz")
 	assert.Equal(t, 503, code)
 	assert.True(t, strings.HasPrefix(body, "not ready: "))

@@ -391,14 +391,7 @@ func kernel() string {
 	return strings.TrimSpace(string(b))
 }
 
-func loadAvg() string {
-	b, _ := os.ReadFile("/proc/loadavg")
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return "?"
-	}
-	return f[0]
-}
+func loadAvg() string { return bench.LoadAvg() }
 
 func copyField(dst, src any) {
 	switch d := dst.(type) {
@@ -411,10 +404,4 @@ func copyField(dst, src any) {
 	}
 }
 
-func raiseFDLimit() {
-	var l syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err == nil && l.Cur < l.Max {
-		l.Cur = l.Max
-		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
-	}
-}
+func raiseFDLimit() { bench.RaiseFDLimit() }

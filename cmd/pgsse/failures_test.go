@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/scripts/pgtest"
+)
+
+// Issue 11 / SPEC §6: failures that say what happened. One test per bad input; each failed on
+// the code before (pgsse logged "pgsse serving" and retried forever, named the wrong flag,
+// logged dozens of lines, or served the secrets).
+
+const failSecret = "0123456789abcdef0123456789abcdef"
+
+// serveOnce runs `pgsse serve` to its exit (at most 30 s) and returns the result.
+func serveOnce(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(cleanEnv(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	require.NoError(t, ctx.Err(), "pgsse serve did not exit; stderr:\n%s", stderr.String())
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "pgsse serve must fail; stderr:\n%s", stderr.String())
+	return result{stdout.String(), stderr.String(), ee.ExitCode()}
+}
+
+// oneLogLine asserts a start that failed with exactly one log line, and returns it.
+func oneLogLine(t *testing.T, r result) string {
+	t.Helper()
+	assert.Equal(t, 1, r.code)
+	line := strings.TrimSuffix(r.stderr, "\n")
+	require.NotContains(t, line, "\n", "one line, got:\n%s", r.stderr)
+	assert.NotContains(t, line, "pgsse serving")
+	assert.Contains(t, line, "pgsse cannot start")
+	return line
+}
+
+// A database PostgreSQL refuses for good — it does not exist (SQLSTATE 3D000), or the role
+// may not log in (class 28) — ends the start with one line, before "pgsse serving".
+func TestServeDatabaseRefusedForGood(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	missing := pgtest.WithDatabase(t, dsn, "pgsse_no_such_database")
+	line := oneLogLine(t, serveOnce(t, []string{"PGSSE_JWT_SECRET=" + failSecret}, "--database-url", missing))
+	assert.Contains(t, line, "--database-url: PostgreSQL refused the connection")
+	assert.Contains(t, line, `database \"pgsse_no_such_database\" does not exist (SQLSTATE 3D000)`)
+
+	pgtest.Exec(t, dsn, "DROP ROLE IF EXISTS pgsse_nologin")
+	pgtest.Exec(t, dsn, "CREATE ROLE pgsse_nologin NOLOGIN")
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.URL(t), "DROP ROLE IF EXISTS pgsse_nologin") })
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	u.User = url.User("pgsse_nologin")
+	line = oneLogLine(t, serveOnce(t, []string{"PGSSE_JWT_SECRET=" + failSecret}, "--database-url", u.String()))
+	assert.Contains(t, line, "(SQLSTATE 28000)")
+}
+
+// An unreachable PostgreSQL is retried while /readyz answers 503, and the log says so once
+// (per cause, per 30 s) — not at every reconnect attempt.
+func TestServeDatabaseUnreachable(t *testing.T) {
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := probe.Addr().String()
+	probe.Close() // nothing listens here now
+	p := startServe(t, 0, []string{"PGSSE_JWT_SECRET=" + failSecret,
+		"PGSSE_DATABASE_URL=postgres://postgres@" + closed + "/pgsse?sslmode=disable&connect_timeout=2"})
+	code, body := getURL(t, "http://"+p.admin+"/readyz")
+	assert.Equal(t, 503, code)
+	assert.Contains(t, body, "not ready: ")
+	// Watch the reconnect attempts for a while (pglisten backs off from 100 ms to 5 s).
+	start := time.Now()
+	waitFor(t, "a few reconnect attempts", 20*time.Second, func() bool { return time.Since(start) > 6*time.Second })
+	p.alive(t, "while PostgreSQL is unreachable")
+	logs := p.stderr.String()
+	assert.Contains(t, logs, "PostgreSQL unreachable at start; retrying with backoff, /readyz answers 503 until it is back")
+	assert.LessOrEqual(t, strings.Count(logs, "connection refused"), 3, "logged once per cause, not per attempt:\n%s", logs)
+	code, _ = getURL(t, "http://"+p.admin+"/readyz")
+	assert.Equal(t, 503, code)
+}
+
+// An unmigrated database: the log says "schema pgsse missing: run `pgsse migrate`" (once per
+// 30 s), not one warning per history read (≈60 in 15 s with one client before).
+func TestServeUnmigrated(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	p := startServe(t, 0, []string{"DATABASE_URL=" + dsn}, "--public-streams", "*")
+	waitFor(t, "/readyz to name the missing schema", 20*time.Second, func() bool {
+		code, body := getURL(t, "http://"+p.admin+"/readyz")
+		return code == 503 && body == "not ready: schema pgsse missing: run `pgsse migrate`\n"
+	})
+	// One client that wants history: every read fails.
+	conn, err := net.DialTimeout("tcp", p.listen, 5*time.Second)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.WriteString(conn, "GET /streams/s?since=0 HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.NoError(t, err)
+	start := time.Now()
+	waitFor(t, "history reads to fail a while", 20*time.Second, func() bool { return time.Since(start) > 6*time.Second })
+	logs := p.stderr.String()
+	assert.Contains(t, logs, "schema pgsse missing: run `pgsse migrate`")
+	assert.LessOrEqual(t, strings.Count(logs, "does not exist"), 3, "once per cause:\n%s", logs)
+}
+
+// A --hub-socket in a directory that does not exist is reported as such (not as "--listen …:
+// bind: no such file or directory"), and a failed start logs nothing misleading first.
+func TestServeBadHubSocketDirectory(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	path := "/nonexistent-pgsse-dir/hub.sock"
+	line := oneLogLine(t, serveOnce(t, []string{"DATABASE_URL=" + dsn, "PGSSE_JWT_SECRET=" + failSecret}, "--hub-socket", path))
+	assert.Contains(t, line, "--hub-socket "+path+": bind: no such file or directory")
+	assert.NotContains(t, line, "--listen")
+	assert.NotContains(t, line, "LISTEN on the stream channel failed")
+}
+
+// The HS256 secret and the database password never appear in /debug/pprof/cmdline or the log.
+func TestServeRedactsSecrets(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	requireOK(t, pgsse(t, nil, "migrate", "--database-url", dsn))
+	const password = "pw-s3cret-9f8e7d" // trust authentication accepts any password
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	u.User = url.UserPassword(u.User.Username(), password)
+	secret := "jwt-s3cret-" + failSecret
+	p := startServe(t, 0, nil, "--pprof", "--jwt-secret", secret, "--database-url", u.String(), "--log-level", "debug")
+	code, cmdline := getURL(t, "http://"+p.admin+"/debug/pprof/cmdline")
+	require.Equal(t, 200, code)
+	assert.Contains(t, cmdline, "--jwt-secret\x00REDACTED")
+	assert.Contains(t, cmdline, ":REDACTED@")
+	assert.NotContains(t, cmdline, secret)
+	assert.NotContains(t, cmdline, password)
+	assert.NotContains(t, p.stderr.String(), secret)
+	assert.NotContains(t, p.stderr.String(), password)
+}
+
+// The redacting log handler scrubs messages, string attributes, errors and groups.
+func TestRedactingHandler(t *testing.T) {
+	var out bytes.Buffer
+	r := &redactor{}
+	r.add("hunter2-secret")
+	r.add("p@ss word") // URL-escaped forms too
+	r.add("abcde")     // too short to search for
+	log := slog.New(redactingHandler{inner: slog.NewTextHandler(&out, nil), r: r})
+	log.Info("connect to postgres://u:p%40ss+word@h/db failed", "err", io.ErrUnexpectedEOF,
+		"dsn", "postgres://u:p%40ss%20word@h/db", "wrapped", errString("token hunter2-secret rejected"),
+		slog.Group("g", "k", "p@ss word"), "n", 7)
+	log.With("secret", "hunter2-secret").Warn("with")
+	got := out.String()
+	assert.NotContains(t, got, "hunter2-secret")
+	assert.NotContains(t, got, "p@ss word")
+	assert.NotContains(t, got, "p%40ss")
+	assert.Contains(t, got, "postgres://u:REDACTED@h/db")
+	assert.Contains(t, got, "dsn=postgres://u:REDACTED@h/db")
+	assert.Contains(t, got, "g.k=REDACTED")
+	assert.Contains(t, got, "n=7")
+	assert.Len(t, r.secrets, 5, "the secret, the spaced password and its three escaped forms; not the short one")
+}
+
+// /debug/pprof/cmdline hides --jwt-secret and the password of --database-url whatever their
+// length, in both flag forms.
+func TestRedactArgs(t *testing.T) {
+	got := redactArgs([]string{"pgsse", "serve", "--jwt-secret", "x", "--database-url=postgres://u:pw@h/db",
+		"--database-url", "host=h password=pw user=u", "-jwt-secret=y", "--listen", ":8080"}, &redactor{})
+	assert.Equal(t, []string{"pgsse", "serve", "--jwt-secret", "REDACTED", "--database-url=postgres://u:REDACTED@h/db",
+		"--database-url", "host=h password=REDACTED user=u", "-jwt-secret=REDACTED", "--listen", ":8080"}, got)
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
+
+// getURL is a GET with a timeout: status and body.
+func getURL(t *testing.T, u string) (int, string) {
+	t.Helper()
+	client := http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(u)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}

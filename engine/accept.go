@@ -1,0 +1,476 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+)
+
+// Accepting connections (SPEC §3b "Descriptors"). gnet v2.9.7's acceptor treats an accept
+// error such as EMFILE as fatal (acceptor_unix.go: ErrAcceptSocket stops the loop and the
+// process exits), so pgsse owns its accepts: an acceptor per listening socket (the SSE
+// --listen socket, the hub's Unix socket) accepts with the net package on its own goroutine
+// and hands each connection to the loop with gnet.Engine.Register — which dups the
+// descriptor, closes ours and runs OnOpen on the loop — at most a window of connections in
+// flight, so the loop takes on at most that many new connections per pass; connections
+// accepted meanwhile wait in the acceptor's queue rather than in the kernel's backlog, which
+// drops SYNs once full (the clients then retry after 1 s, 3 s, 7 s…). gnet keeps only a
+// placeholder listener that accepts nothing (Register needs one).
+//
+// When accept fails with EMFILE or ENFILE the server keeps serving what it has: the acceptor
+// closes its reserve descriptor, accepts the waiting connection and closes it at once (shed:
+// the client sees the connection end rather than hang in the backlog), takes the reserve back,
+// counts pgsse_accept_errors_total{reason}, backs off accepting (acceptBackoffMin doubling to
+// acceptBackoffMax) and logs at most one line per acceptLogEvery. The admin endpoint's
+// listener (AdminListener) follows the same policy, with a cap on its connections.
+//
+// The --listen socket is bound with SO_REUSEPORT so that the processes of --procs can share
+// it; without Config.ShareListen an address another socket already holds is refused first.
+
+// Accept policy.
+const (
+	// acceptWindow: connections being registered with gnet and not yet opened on the loop, per
+	// listener — a thirty-second of the descriptor limit, between these bounds (FDBudget).
+	acceptWindowMin  = 16
+	acceptWindowMax  = 256
+	acceptBackoffMin = 5 * time.Millisecond  // first pause after a failed accept
+	acceptBackoffMax = time.Second           // longest pause
+	acceptLogEvery   = 10 * time.Second      // at most one log line per listener this often
+	acceptShedWait   = 10 * time.Millisecond // how long the shedding accept waits for the waiting connection
+)
+
+// origin says which listener a connection came in on; it is the connection's context when
+// OnOpen runs (gnet.NewContext), so the handler knows what to make of it.
+type origin uint8
+
+const (
+	originSSE     origin = iota + 1 // the --listen socket
+	originHub                       // the hub's Unix socket
+	originAnchor                    // the loop's own anchor connection (loop.go)
+	originSibling                   // a --procs sibling's hub connection, enrolled by AddSibling (hub.go)
+)
+
+// Reasons of pgsse_accept_errors_total.
+const (
+	acceptEMFILE = iota // the process's descriptor limit
+	acceptENFILE        // the system's descriptor limit
+	acceptENOMEM        // ENOBUFS or ENOMEM
+	acceptEnroll        // handing the connection to the loop failed
+	acceptOther
+	acceptReasons
+)
+
+var acceptReasonLabels = [acceptReasons]string{"emfile", "enfile", "enomem", "enroll", "other"}
+
+// acceptReason classifies an accept (or dup) error.
+func acceptReason(err error) int {
+	switch {
+	case errors.Is(err, syscall.EMFILE):
+		return acceptEMFILE
+	case errors.Is(err, syscall.ENFILE):
+		return acceptENFILE
+	case errors.Is(err, syscall.ENOBUFS), errors.Is(err, syscall.ENOMEM):
+		return acceptENOMEM
+	}
+	return acceptOther
+}
+
+// acceptGuard is what every listener does when accept fails: shed with the reserve
+// descriptor on EMFILE/ENFILE, count, log at most once per acceptLogEvery, back off. The
+// accepting goroutine alone uses the reserve and the back-off; report may also be called by
+// the goroutine that hands connections to the loop.
+type acceptGuard struct {
+	name    string // the flag and address, for the log: "--listen 127.0.0.1:8080"
+	spare   int    // the reserve descriptor (/dev/null), -1 while not held
+	backoff time.Duration
+	log     *slog.Logger
+	errors  *[acceptReasons]prometheus.Counter
+	mu      sync.Mutex // report is called by the accepting and the enrolling goroutine
+	logged  time.Time  // when the last line was logged
+	quiet   int        // failures since then, not logged
+}
+
+func newAcceptGuard(name string, log *slog.Logger, errs *[acceptReasons]prometheus.Counter) *acceptGuard {
+	g := &acceptGuard{name: name, spare: -1, log: log, errors: errs}
+	g.takeSpare()
+	return g
+}
+
+func (g *acceptGuard) takeSpare() {
+	if g.spare >= 0 {
+		return
+	}
+	if fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+		g.spare = fd
+	}
+}
+
+func (g *acceptGuard) close() {
+	if g.spare >= 0 {
+		_ = unix.Close(g.spare)
+		g.spare = -1
+	}
+}
+
+// accepted resets the back-off after a successful accept.
+func (g *acceptGuard) accepted() {
+	g.backoff = 0
+	g.takeSpare()
+}
+
+// failed handles an accept error on ln: false when ln is closed (stop accepting). Otherwise
+// it counts the error, sheds one waiting connection on EMFILE/ENFILE, logs (rate-limited)
+// and pauses; stop cuts the pause short.
+func (g *acceptGuard) failed(ln net.Listener, err error, stop <-chan struct{}) bool {
+	if errors.Is(err, net.ErrClosed) {
+		return false
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true // a deadline we set (shedding)
+	}
+	reason := acceptReason(err)
+	g.errors[reason].Inc()
+	shed := false
+	if reason == acceptEMFILE || reason == acceptENFILE {
+		shed = g.shed(ln)
+	}
+	g.backoff = min(max(2*g.backoff, acceptBackoffMin), acceptBackoffMax)
+	g.report(err, reason, shed)
+	t := time.NewTimer(g.backoff)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+	}
+	return true
+}
+
+// shed frees the reserve descriptor, accepts one waiting connection and closes it, then takes
+// the reserve back. It reports whether a connection was shed.
+func (g *acceptGuard) shed(ln net.Listener) bool {
+	if g.spare < 0 {
+		g.takeSpare() // another goroutine took the number last time; try to hold one again
+		return false
+	}
+	_ = unix.Close(g.spare)
+	g.spare = -1
+	defer g.takeSpare()
+	dl, ok := ln.(interface{ SetDeadline(time.Time) error })
+	if !ok {
+		return false
+	}
+	_ = dl.SetDeadline(time.Now().Add(acceptShedWait))
+	defer dl.SetDeadline(time.Time{})
+	c, err := ln.Accept()
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+// report logs an accept failure at most once per acceptLogEvery, saying what happened and
+// what pgsse does about it.
+func (g *acceptGuard) report(err error, reason int, shed bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	if now.Sub(g.logged) < acceptLogEvery {
+		g.quiet++
+		return
+	}
+	what := "accept failed; backing off"
+	switch reason {
+	case acceptEMFILE:
+		what = "out of file descriptors (RLIMIT_NOFILE " + strconv.FormatUint(FDLimit(), 10) +
+			"): serving the connections already open, shedding new ones and backing off; raise the limit (ulimit -n, LimitNOFILE=) or lower --max-connections"
+	case acceptENFILE:
+		what = "the system is out of file descriptors (fs.file-max): serving the connections already open, shedding new ones and backing off"
+	}
+	g.log.Error("cannot accept on "+g.name+": "+what, "err", err, "shed", shed,
+		"backoff", g.backoff.String(), "failures_not_logged", g.quiet)
+	g.logged, g.quiet = now, 0
+}
+
+// acceptor accepts on one listener and hands connections to the loop: one goroutine accepts
+// as fast as the kernel gives connections (so its backlog never overflows into dropped SYNs
+// and clients retrying a second later) into a queue of at most acceptQueue; another takes them
+// from the queue and registers them with gnet, window in flight.
+type acceptor struct {
+	srv    *Server
+	ln     net.Listener
+	origin origin
+	guard  *acceptGuard
+	ctx    context.Context // carries origin for OnOpen
+	// open and limit: connections of this kind open on the loop, and how many may be open,
+	// queued and in flight together; beyond it a new connection is closed at once, unread.
+	open    *atomic.Int64
+	limit   func() int64
+	pending atomic.Int64 // accepted, not yet opened on the loop (queued or in flight)
+	window  int          // Register calls in flight at most (Config.acceptWindow)
+	queue   chan net.Conn
+	stop    chan struct{}
+	done    sync.WaitGroup
+	// inflight: Register results not yet received, oldest first (enroll goroutine only).
+	inflight []<-chan gnet.RegisteredResult
+}
+
+// acceptQueue bounds the accepted connections waiting to be handed to the loop, per listener
+// (they also count against the listener's limit, which the descriptor budget covers).
+const acceptQueue = 4096
+
+func (s *Server) newAcceptor(name string, ln net.Listener, o origin, open *atomic.Int64, limit func() int64) *acceptor {
+	return &acceptor{
+		srv: s, ln: ln, origin: o, open: open, limit: limit, window: s.cfg.acceptWindow,
+		guard: newAcceptGuard(name, s.log, &s.metrics.acceptErrors),
+		ctx:   gnet.NewContext(context.Background(), o),
+		queue: make(chan net.Conn, acceptQueue),
+		stop:  make(chan struct{}),
+	}
+}
+
+// start runs the two goroutines until close.
+func (a *acceptor) start() {
+	a.done.Add(2)
+	go a.accept()
+	go a.enroll()
+}
+
+// accept accepts until the listener is closed.
+func (a *acceptor) accept() {
+	defer a.done.Done()
+	defer close(a.queue)
+	defer a.guard.close()
+	for {
+		c, err := a.ln.Accept()
+		if err != nil {
+			if !a.guard.failed(a.ln, err, a.stop) {
+				return
+			}
+			continue
+		}
+		a.guard.accepted()
+		if a.open.Load()+a.pending.Load() >= a.limit() {
+			// Far over the limit: do not even read the request; keep descriptors for others.
+			a.srv.metrics.shed[shedOverCapacity].Inc()
+			_ = c.Close()
+			continue
+		}
+		a.pending.Add(1)
+		select {
+		case a.queue <- c:
+		case <-a.stop:
+			_ = c.Close()
+			return
+		}
+	}
+}
+
+// enroll hands queued connections to the loop, window at a time; once stopping, it
+// closes what is left.
+func (a *acceptor) enroll() {
+	defer a.done.Done()
+	for c := range a.queue {
+		if !a.collect(len(a.inflight) >= a.window) {
+			_ = c.Close()
+			a.pending.Add(-1)
+			continue // stopping: close the rest
+		}
+		res, err := a.srv.eng.Register(gnet.NewNetConnContext(a.ctx, c))
+		if err != nil {
+			_ = c.Close()
+			a.pending.Add(-1)
+			a.enrollFailed(err)
+			continue
+		}
+		a.inflight = append(a.inflight, res)
+		a.collect(false)
+	}
+}
+
+// collect receives the Register results that are in, oldest first; with wait it blocks for
+// the oldest. It reports false if stop came first.
+func (a *acceptor) collect(wait bool) bool {
+	for len(a.inflight) > 0 {
+		var r gnet.RegisteredResult
+		select {
+		case r = <-a.inflight[0]:
+		default:
+			if !wait {
+				return true
+			}
+			select {
+			case r = <-a.inflight[0]:
+			case <-a.stop:
+				return false
+			}
+		}
+		wait = false
+		a.inflight[0] = nil
+		a.inflight = a.inflight[1:]
+		a.pending.Add(-1) // opened on the loop (counted in open now), or failed
+		if r.Err != nil {
+			a.enrollFailed(r.Err) // gnet has closed the connection
+		}
+	}
+	a.inflight = a.inflight[:0:0]
+	return true
+}
+
+// enrollFailed counts a connection gnet could not take (its dup failed, or the engine is
+// stopping) — the connection is closed — and logs like a failed accept.
+func (a *acceptor) enrollFailed(err error) {
+	reason := acceptReason(err)
+	if reason == acceptOther {
+		reason = acceptEnroll
+	}
+	a.srv.metrics.acceptErrors[reason].Inc()
+	a.guard.report(err, reason, true)
+}
+
+// close stops accepting and waits for the goroutines.
+func (a *acceptor) close() {
+	close(a.stop)
+	_ = a.ln.Close()
+	a.done.Wait()
+}
+
+// listenSSE binds --listen: TCP with SO_REUSEPORT (for --procs). Unless share, an address
+// another socket already holds is refused first (SO_REUSEPORT would quietly share it).
+func listenSSE(addr string, share bool) (net.Listener, error) {
+	if _, port, _ := net.SplitHostPort(addr); !share && port != "0" {
+		probe, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		_ = probe.Close()
+	}
+	lc := net.ListenConfig{
+		KeepAlive: -1, // heartbeat writes find dead peers; no keep-alive syscalls per accept
+		Control: func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			})
+			return errors.Join(err, serr)
+		},
+	}
+	return lc.Listen(context.Background(), "tcp", addr)
+}
+
+// placeholderListener is the gnet engine's listener: gnet needs one for Engine.Register, and
+// pgsse's own acceptors do the accepting. It is a UDP socket on a free loopback port (nothing
+// to accept, so nothing for gnet's acceptor to fail on; no file, so it works in a read-only
+// image without /tmp), connected to itself once gnet has started (seal), after which the
+// kernel drops every datagram anyone else sends it. The port makes the address unique, which
+// gnet's process-wide map of engines needs (Run deletes its entry).
+type placeholderListener struct{ hostPort string }
+
+func newPlaceholder() (*placeholderListener, error) {
+	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return &placeholderListener{hostPort: c.LocalAddr().String()}, nil
+}
+
+func (p *placeholderListener) addr() string { return "udp://" + p.hostPort }
+
+// seal connects the socket to itself: from then on it receives nothing.
+func (p *placeholderListener) seal(eng gnet.Engine) error {
+	fd, err := eng.DupListener("udp", p.hostPort)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return connectToSelf(fd)
+}
+
+// connectToSelf connects a UDP socket to its own address: it then receives only what it sends
+// itself.
+func connectToSelf(fd int) error {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return err
+	}
+	return unix.Connect(fd, sa)
+}
+
+// AdminListener wraps the admin endpoint's listener (cmd/pgsse) with the accept policy of the
+// other listeners: at most Config.AdminMaxConnections connections open at once — at the cap
+// it stops accepting (the kernel's backlog holds the rest) rather than accept and close — and
+// EMFILE/ENFILE are contained, counted and logged as for the SSE port.
+func (s *Server) AdminListener(ln net.Listener) net.Listener {
+	return &adminListener{
+		Listener: ln,
+		slots:    make(chan struct{}, s.cfg.AdminMaxConnections),
+		guard:    newAcceptGuard("--admin-listen "+ln.Addr().String(), s.log, &s.metrics.acceptErrors),
+		stop:     make(chan struct{}),
+	}
+}
+
+type adminListener struct {
+	net.Listener
+	slots    chan struct{}
+	mu       sync.Mutex // one Accept at a time (the guard is not concurrent)
+	guard    *acceptGuard
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+func (l *adminListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.stop:
+		return nil, net.ErrClosed
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil {
+			l.guard.accepted()
+			return &adminConn{Conn: c, slots: l.slots}, nil
+		}
+		if !l.guard.failed(l.Listener, err, l.stop) {
+			<-l.slots
+			return nil, err
+		}
+	}
+}
+
+func (l *adminListener) Close() error {
+	l.stopOnce.Do(func() { close(l.stop) })
+	err := l.Listener.Close()
+	l.mu.Lock()
+	l.guard.close()
+	l.mu.Unlock()
+	return err
+}
+
+// adminConn gives its slot back once, when closed.
+type adminConn struct {
+	net.Conn
+	slots chan struct{}
+	once  sync.Once
+}
+
+func (c *adminConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { <-c.slots })
+	return err
+}
