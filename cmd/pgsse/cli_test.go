@@ -526,8 +526,6 @@ func TestBadInput(t *testing.T) {
 		{"doctor: bad workers", nil, []string{"doctor", "--workers", "-1"}, "--workers: must not be negative"},
 		{"procs", nil, []string{"--procs", "many"}, `--procs: invalid process count "many" (1 to 256, or auto for one per CPU)`},
 		{"procs too many", []string{"PGSSE_PROCS=257"}, key, `PGSSE_PROCS: invalid process count "257" (1 to 256, or auto for one per CPU)`},
-		{"procs with a hub socket", nil, append([]string{"--procs", "2", "--hub-socket", "/tmp/x.sock"}, key...),
-			"--hub-socket: not supported together with --procs > 1 yet (the processes share the first one's LISTEN session without it)"},
 		{"sibling marker from outside", []string{"PGSSE_INTERNAL_SIBLING=yes"}, key,
 			`PGSSE_INTERNAL_SIBLING: not a marker set by pgsse serve --procs (it is internal): "yes"`},
 		{"version: argument", nil, []string{"version", "now"}, `version: unexpected argument "now"`},

@@ -193,14 +193,30 @@ func migrated(t *testing.T) string {
 	return dsn
 }
 
-// TestProcsShareOneListenSession: --procs 2 holds exactly one pgsse-listen session; the
-// kernel spreads subscribers over both processes (per-process metrics), the first process's
+// TestProcsShareOneListenSession: --procs 2 (with a hub socket for outside workers) holds
+// exactly one pgsse-listen session; the kernel spreads subscribers over both processes (per-process metrics), the first process's
 // /metrics sums them, and each subscriber gets every durable event once, in order. SIGTERM to
 // the first process drains both: clients get retry: and the whole tree exits 0.
 func TestProcsShareOneListenSession(t *testing.T) {
 	dsn := migrated(t)
-	p := startProcs(t, dsn, 2)
+	sock := filepath.Join(t.TempDir(), "hub.sock")
+	if len(sock) > 100 {
+		dir, err := os.MkdirTemp("", "hub")
+		require.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		sock = filepath.Join(dir, "hub.sock")
+	}
+	p := startProcs(t, dsn, 2, "--hub-socket", sock)
 	assert.Equal(t, 1, listenSessions(t, dsn), "one LISTEN session for the host")
+	fi, err := os.Stat(sock)
+	require.NoError(t, err, "the first process serves --hub-socket")
+	assert.Equal(t, os.ModeSocket, fi.Mode().Type())
+	assert.Equal(t, 0.0, p.metric("pgsse_hub_workers"), "a sibling is no hub worker")
+	// Only its own siblings join the port: another server, --procs or not, is refused.
+	other := pgsse(t, []string{"DATABASE_URL=" + dsn, "PGSSE_JWT_SECRET=" + procsSecret},
+		"serve", "--listen", p.listen, "--admin-listen", "", "--procs", "2")
+	assert.Equal(t, 1, other.code, "a second server on the port: %s", other.stderr)
+	assert.Contains(t, other.stderr, "address already in use")
 
 	rs := readers(t, p, "spread", 40)
 	waitFor(t, "the summed connection count", 15*time.Second, func() bool { return p.metric("pgsse_sse_connections") == 40 })
