@@ -4,7 +4,10 @@ package bench
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -158,4 +161,58 @@ func BenchmarkScenarioStorm(b *testing.B) {
 		require.NoError(b, err)
 		return []*Result{r}
 	})
+}
+
+// holdEnv makes the test binary a holder process of scenario 10: "ADDR N SOURCES".
+const holdEnv = "PGSSE_BENCH_HOLD"
+
+func holdFromEnv(spec string) int {
+	var addr string
+	var n, sources int
+	if _, err := fmt.Sscan(spec, &addr, &n, &sources); err != nil {
+		fmt.Fprintln(os.Stderr, holdEnv+":", err)
+		return 2
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err == nil {
+		err = HoldMain(ap, "/streams/idle", n, sources)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "holder:", err)
+		return 1
+	}
+	return 0
+}
+
+// BenchmarkScenario10Procs is scenario 10 (--procs): idle connections through one port held by
+// holder processes (this test binary again), then the fan-out with --procs 1 and 2.
+func BenchmarkScenario10Procs(b *testing.B) {
+	t := servers(b)[0]
+	env := &Env{Cluster: UseCluster(pgtest.URL(b)), Dir: b.TempDir(), Logf: b.Logf}
+	p := params()
+	holder := func(addr netip.AddrPort, n, sources int) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d", holdEnv, addr, n, sources))
+		return cmd
+	}
+	sums := map[string]float64{}
+	var order []string
+	for range b.N {
+		idle, err := ProcsIdle(context.Background(), env, t, p, holder)
+		require.NoError(b, err)
+		fan, err := ProcsFanOut(context.Background(), env, t, p)
+		require.NoError(b, err)
+		for _, r := range append([]*Result{idle}, fan...) {
+			for _, m := range r.Metrics {
+				u := strings.ReplaceAll(r.Target, " ", "") + "-" + metricUnit(m)
+				if _, ok := sums[u]; !ok {
+					order = append(order, u)
+				}
+				sums[u] += m.Value
+			}
+		}
+	}
+	for _, u := range order {
+		b.ReportMetric(sums[u]/float64(b.N), u)
+	}
 }

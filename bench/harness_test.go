@@ -18,6 +18,9 @@ import (
 // load client counts events with, the histogram its percentiles come from, the event data.
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(holdEnv); spec != "" {
+		os.Exit(holdFromEnv(spec)) // a holder process of scenario 10 (BenchmarkScenario10Procs)
+	}
 	code := m.Run()
 	if buildDir != "" {
 		os.RemoveAll(buildDir)

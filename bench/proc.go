@@ -35,6 +35,8 @@ type Target struct {
 	Label string
 	// Old marks a pgsse build from before --max-outbound-memory: the flag is not passed.
 	Old bool
+	// Procs is pgsse's --procs (0 = not given); StartServer waits until every process serves.
+	Procs int
 }
 
 func (t Target) label() string {
@@ -89,6 +91,9 @@ func StartServer(ctx context.Context, t Target, dsn, dir string) (*Server, error
 		if t.Pprof {
 			args = append(args, "--pprof")
 		}
+		if t.Procs > 0 {
+			args = append(args, "--procs", strconv.Itoa(t.Procs))
+		}
 	case "baseline":
 		args = []string{
 			"--database-url", dsn,
@@ -123,6 +128,12 @@ func StartServer(ctx context.Context, t Target, dsn, dir string) (*Server, error
 	if err := s.waitReady(ctx, 30*time.Second); err != nil {
 		s.Stop()
 		return nil, fmt.Errorf("%s did not become ready: %w\n%s", t.Name, err, tail(logPath, 20))
+	}
+	if t.Procs > 1 {
+		if err := s.waitProcs(ctx, t.Procs, 30*time.Second); err != nil {
+			s.Stop()
+			return nil, fmt.Errorf("%s --procs %d: %w\n%s", t.Name, t.Procs, err, tail(logPath, 20))
+		}
 	}
 	return s, nil
 }
@@ -195,11 +206,26 @@ func (s *Server) Exited() (bool, error) {
 	}
 }
 
-// RSS is the server's resident set size (VmRSS) in bytes.
-func (s *Server) RSS() (int64, error) { return procRSS(s.PID) }
+// RSS is the resident set size (VmRSS) in bytes of the server's process tree (Tree: with
+// --procs, the first process and its siblings).
+func (s *Server) RSS() (int64, error) { return treeSum(s, procRSS) }
 
-// CPU is the server's user+system CPU time so far (10 ms resolution).
-func (s *Server) CPU() (time.Duration, error) { return procCPU(s.PID) }
+// CPU is the user+system CPU time so far of the server's process tree (10 ms resolution).
+func (s *Server) CPU() (time.Duration, error) { return treeSum(s, procCPU) }
+
+// treeSum adds up read over the server's process tree; only the first process must be
+// readable (a sibling may be restarting).
+func treeSum[T int64 | time.Duration](s *Server, read func(pid int) (T, error)) (T, error) {
+	var sum T
+	for i, pid := range s.Tree() {
+		v, err := read(pid)
+		if err != nil && i == 0 {
+			return 0, err
+		}
+		sum += v
+	}
+	return sum, nil
+}
 
 // Get fetches a path from the admin listener (metrics, pprof).
 func (s *Server) Get(ctx context.Context, path string, w io.Writer) error {

@@ -48,6 +48,8 @@ type Params struct {
 	Hub     HubParams     // scenario 5
 	Publish PublishParams // scenario 9
 
+	ProcsConns  int // scenario 10: idle connections through one port with --procs 2
+	HolderConns int // scenario 10: at most this many per load process holding them (0 = HolderConns)
 	// OutboundBudget is pgsse's --max-outbound-memory in scenarios 4, 7 and 8 (0 = the
 	// server's default); RSS is reported against it.
 	OutboundBudget int64
@@ -70,6 +72,7 @@ func Full() Params {
 		Sources: 8, Readers: 1,
 		Memory: MemoryParams{StalledConns: 200, StalledDuration: 10 * time.Second, StalledData: 1024,
 			LargeBytes: 50 << 20, LargeSubscribers: 10},
+		ProcsConns: 30000,
 	}
 }
 
@@ -85,6 +88,7 @@ func Small() Params {
 	p.ThroughputDuration = time.Second
 	p.SlowPercent = 5
 	p.Hub = HubParams{Workers: 8, Rate: 1000, Duration: time.Second}
+	p.ProcsConns = 400
 	p.Memory = MemoryParams{StalledConns: 50, StalledDuration: 2 * time.Second, StalledData: 1024,
 		LargeBytes: 16 << 20, LargeSubscribers: 10}
 	p.Publish = smallPublish()
@@ -455,6 +459,7 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 	peak := r.sampleRSS()
 	waitProfile := r.profile(ctx, scenarioFile(scenario), time.Duration(n)*(p.FanoutGap+150*time.Millisecond))
 	cpu0, _ := r.srv.CPU()
+	proc0 := r.srv.TreeCPU()
 	self0, w0 := SelfCPU(), time.Now()
 	timeouts := 0
 	for range n {
@@ -473,6 +478,7 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 		time.Sleep(p.FanoutGap)
 	}
 	cpu1, _ := r.srv.CPU()
+	proc1 := r.srv.TreeCPU()
 	self1, w1 := SelfCPU(), time.Now()
 	rssPeak := peak.done()
 	rss1, _ := r.srv.RSS()
@@ -507,6 +513,8 @@ func FanOut(ctx context.Context, e *Env, t Target, p Params, slowPercent float64
 	res.add("per-delivery commit→received p99", "ms", ms(st.Latency.Quantile(0.99)), true)
 	deliveries := float64(st.Events)
 	res.add("server CPU per delivery", "µs", float64(cpu1-cpu0)/1e3/max(deliveries, 1), true)
+	res.add("server CPU per event, busiest process", "ms", ms(busiest(proc0, proc1))/float64(n), true)
+	res.add("server CPU share (2 cores)", "%", 100*(cpu1-cpu0).Seconds()/(2*w1.Sub(w0).Seconds()), false)
 	res.add("client CPU share (2 cores)", "%", 100*(self1-self0).Seconds()/(2*w1.Sub(w0).Seconds()), false)
 	if slow > 0 {
 		res.add("server RSS after the slow backlog", "MiB", float64(prefillRSS)/(1<<20), true)

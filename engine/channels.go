@@ -47,7 +47,7 @@ func (s *Server) holdChannel(name string) *channel {
 	}
 	ch.holders++
 	if ch.holders == 1 {
-		s.metrics.listenChannels.Set(float64(len(s.channels)))
+		s.countChannels()
 		if s.listen != nil {
 			ch.ref = refPending
 			s.listen.Listen(name, func(err error) {
@@ -58,6 +58,16 @@ func (s *Server) holdChannel(name string) *channel {
 	return ch
 }
 
+// countChannels sets pgsse_listen_channels: the raw channels held, not the stream channel
+// (which sibling processes of --procs hold through the hub).
+func (s *Server) countChannels() {
+	n := len(s.channels)
+	if s.channels[storeChannel] != nil {
+		n--
+	}
+	s.metrics.listenChannels.Set(float64(n))
+}
+
 // releaseChannel drops a holder; the last one UNLISTENs.
 func (s *Server) releaseChannel(ch *channel) {
 	ch.holders--
@@ -66,7 +76,7 @@ func (s *Server) releaseChannel(ch *channel) {
 	}
 	if s.channels[ch.name] == ch {
 		delete(s.channels, ch.name)
-		s.metrics.listenChannels.Set(float64(len(s.channels)))
+		s.countChannels()
 	}
 	if ch.ref == refHeld && s.listen != nil {
 		s.listen.Unlisten(ch.name)

@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -61,6 +63,15 @@ type Config struct {
 	hubWorkers   int // the hub's worker cap, from the descriptor budget (withDefaults)
 	acceptWindow int // connections in flight to the loop per listener, from the budget
 
+	// SiblingHub makes this server a sibling process of --procs (SPEC §6 "Every core of a
+	// host"; cmd/pgsse/procs.go starts them): instead of a LISTEN session of its own it reads
+	// the first process's hub over this already-connected socket — one end of a socketpair
+	// the first process made, so no outside worker can present it — and fails over to a
+	// session of its own if the first process goes away (listenhub.go). The first process
+	// enrols the other end with AddSibling. A sibling sets ShareListen: the first process
+	// holds --listen already.
+	SiblingHub net.Conn
+
 	Logger   *slog.Logger          // default slog.Default()
 	Registry prometheus.Registerer // where metrics are registered; nil = a private registry
 }
@@ -81,6 +92,7 @@ const (
 	// command line is NoLimit).
 	DefaultMaxConnectionsPerSubject = 256
 	DefaultAdminMaxConnections      = 64
+	DefaultProcs                    = 1 // --procs: processes serving the port; "auto" = ProcsAuto()
 )
 
 // NoLimit in a Config limit field means "no limit" (the zero value means "the default").
@@ -100,7 +112,11 @@ const (
 	MaxMaxOutboundMemory = 1 << 40        // bytes
 	MinMaxPublishBytes   = 1
 	MaxMaxPublishBytes   = 1 << 30 // a batch of 1,000 events of 1 MiB
+	MaxProcs             = 256     // the most --procs
 )
+
+// ProcsAuto is --procs auto: one process per CPU this process may run on, at most MaxProcs.
+func ProcsAuto() int { return min(max(runtime.NumCPU(), 1), MaxProcs) }
 
 // The descriptor budget (SPEC §3b "Descriptors"). Every consumer of file descriptors gets its
 // share of RLIMIT_NOFILE at start-up and SSE connections get what is left: Config.FDBudget

@@ -22,6 +22,7 @@
 //	channels.go          raw channels: one LISTEN per channel, shared by SSE clients and workers
 //	hub.go, hubsocket.go the hub (its own type) and its socket file
 //	listen.go            the LISTEN source (pglisten.Session behind a narrow interface) and its events
+//	listenhub.go         a sibling process's LISTEN source (--procs): the first process's hub, with failover
 //	schema.go            the schema-version poller (/readyz)
 //	metrics.go           the Prometheus series, label values bound once
 //	outbound.go          the write path: one writev per connection, the queues of what sockets

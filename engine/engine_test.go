@@ -79,3 +79,12 @@ func TestStoppedServerIsFreed(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestLoopAnchorIsNoClient: the loopback connection the engine enrols to hold its event loop
+// is not mistaken for an SSE client (which its head timeout would close after 10 s).
+func TestLoopAnchorIsNoClient(t *testing.T) {
+	ts := startServer(t, "", nil)
+	conns := -1
+	ts.onLoop(t, func() { conns = len(ts.conns) })
+	assert.Equal(t, 0, conns)
+}

@@ -26,10 +26,10 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	case originAnchor:
 		c.SetContext(anchorMark{})
 		return nil, gnet.None
-	case originHub:
+	case originHub, originSibling:
 		s.enter()
 		defer s.leave()
-		return s.hub.accept(c)
+		return s.hub.accept(c, c.Context() == originSibling)
 	case originSSE:
 		s.enter()
 		defer s.leave()

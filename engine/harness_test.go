@@ -45,7 +45,7 @@ func startServer(t testing.TB, dsn string, tweak func(*Config)) *testServer {
 		Auth:        auth.Config{Secret: []byte(testSecret)},
 		Heartbeat:   15 * time.Second,
 		Retention:   0,
-		Logger:      slog.New(slog.NewTextHandler(testLogWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger:      slog.New(slog.NewTextHandler(testLogWriter{t}, &slog.HandlerOptions{Level: testLogLevel()})),
 	}
 	if tweak != nil {
 		tweak(&cfg)
@@ -259,4 +259,12 @@ func (w testLogWriter) Write(p []byte) (int, error) {
 		w.t.Log(strings.TrimSpace(string(p)))
 	}
 	return len(p), nil
+}
+
+// testLogLevel is debug with PGSSE_TEST_LOGS=debug, else info.
+func testLogLevel() slog.Level {
+	if os.Getenv("PGSSE_TEST_LOGS") == "debug" {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
 }

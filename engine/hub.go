@@ -1,7 +1,10 @@
 package engine
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"net"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -39,6 +42,9 @@ const (
 	hubFinalGraceMS         = 10_000                // an evicted or failed worker has this long to read its last STATUS
 	hubControlTextMaxLen    = 1024                  // bytes of text in an ACK or STATUS frame we send
 	hubRefusedLogEveryMS    = 10_000                // "refusing workers" at most this often
+	// hubSiblingBufferBytes is the least outbound ring a sibling process gets (it takes every
+	// stream notification of the host, in bursts while its own loop is busy fanning out).
+	hubSiblingBufferBytes = 4 << 20
 )
 
 // hub is the hub's loop-owned state: the workers, their subscriptions (on the shared channel
@@ -50,7 +56,8 @@ type hub struct {
 	socket    hubSocket // the Unix socket's file (hubsocket.go)
 	workers   []*worker
 	open      int          // workers whose socket is not closed yet (drain waits for 0)
-	openCount atomic.Int64 // open, for the hub socket's acceptor (its hard cap)
+	siblings  int          // of them, sibling processes (--procs): not hub workers in the caps and metrics
+	openCount atomic.Int64 // open − siblings, for the hub socket's acceptor (its hard cap)
 	// refusedLogMS: when "refusing workers" was last logged (at most every hubRefusedLogEveryMS)
 	refusedLogMS int64
 	// channels: distinct channels with at least one worker subscription; maxChannels and
@@ -73,6 +80,7 @@ type worker struct {
 	c        gnet.Conn
 	pid      uint32
 	name     string
+	sibling  bool // a sibling process (--procs) on a socket this process handed it: may SUB the stream channel
 	hello    bool // HELLO received, READY queued
 	gone     bool // OnClose ran
 	closing  bool // Close requested: no more frames are queued or read
@@ -103,6 +111,7 @@ type hubSub struct {
 // hubChannel is a channel's hub side: its worker subscriptions, in a compact slice for fan-out.
 type hubChannel struct {
 	subs    []*hubSub
+	workers int    // of subs, those of outside workers (not siblings): the hub's channel share counts these
 	waiting int    // subscriptions with SUBs waiting for the LISTEN
 	name    []byte // the channel name as bytes, for encoding frames
 }
@@ -136,23 +145,53 @@ func (h *hub) leave() {
 
 // --- connection life --------------------------------------------------------------------
 
-// accept admits a worker's connection (OnOpen); it must say HELLO first.
-func (h *hub) accept(c gnet.Conn) ([]byte, gnet.Action) {
+// AddSibling enrols c — this process's end of a socketpair whose other end a sibling
+// process of --procs inherited (Config.SiblingHub there) — as a hub worker allowed to
+// subscribe to the stream channel. Nothing but that socket carries the privilege: an outside
+// worker can only reach the hub through --hub-socket. Call it after Started; c is closed
+// (gnet keeps a duplicate).
+func (s *Server) AddSibling(c net.Conn) error {
+	select {
+	case <-s.started:
+	default:
+		_ = c.Close()
+		return errors.New("engine: AddSibling before the server started")
+	}
+	res, err := s.eng.Register(gnet.NewNetConnContext(gnet.NewContext(context.Background(), originSibling), c))
+	if err != nil {
+		_ = c.Close()
+		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", err)
+	}
+	if r := <-res; r.Err != nil {
+		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", r.Err)
+	}
+	return nil
+}
+
+// accept admits a worker's connection (OnOpen); it must say HELLO first. sibling marks a
+// sibling process of --procs, on a socket this process made and handed it (AddSibling):
+// the only kind of worker that may subscribe to the stream channel.
+func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 	s := h.srv
 	if s.draining {
 		return framing.AppendStatus(nil, framing.StatusShutdown, nil, []byte("pgsse is shutting down")), gnet.Close
 	}
-	if limit := s.cfg.hubWorkers; len(h.workers) >= limit {
+	if limit := s.cfg.hubWorkers; !sibling && len(h.workers)-h.siblings >= limit {
 		if s.nowMS-h.refusedLogMS >= hubRefusedLogEveryMS {
 			h.refusedLogMS = s.nowMS
 			s.log.Warn("hub: refusing workers: too many connected (the cap follows the descriptor budget; pgsse doctor shows it)", "limit", limit)
 		}
 		return framing.AppendStatus(nil, framing.StatusShutdown, nil, []byte("too many workers (limit "+strconv.Itoa(limit)+")")), gnet.Close
 	}
+	size := s.cfg.HubWorkerBuffer
+	if sibling {
+		size = max(size, hubSiblingBufferBytes)
+	}
 	w := &worker{
 		c:        c,
+		sibling:  sibling,
 		openedMS: time.Now().UnixMilli(),
-		out:      ring.New(s.cfg.HubWorkerBuffer),
+		out:      ring.New(size),
 		subs:     make(map[string]*hubSub),
 		idx:      int32(len(h.workers)),
 	}
@@ -160,8 +199,11 @@ func (h *hub) accept(c gnet.Conn) ([]byte, gnet.Action) {
 	w.out.SetWatermarks(w.out.Cap()/4, w.out.Cap()/2)
 	h.workers = append(h.workers, w)
 	h.open++
-	h.openCount.Store(int64(h.open))
-	s.metrics.hubWorkers.Set(float64(h.open))
+	if sibling {
+		h.siblings++
+	}
+	h.openCount.Store(int64(h.open - h.siblings))
+	s.metrics.hubWorkers.Set(float64(h.open - h.siblings))
 	c.SetContext(w)
 	return nil, gnet.None
 }
@@ -173,8 +215,11 @@ func (h *hub) closed(w *worker) {
 	}
 	w.gone, w.closing = true, true
 	h.open--
-	h.openCount.Store(int64(h.open))
-	h.srv.metrics.hubWorkers.Set(float64(h.open))
+	if w.sibling {
+		h.siblings--
+	}
+	h.openCount.Store(int64(h.open - h.siblings))
+	h.srv.metrics.hubWorkers.Set(float64(h.open - h.siblings))
 	if h.iter > 0 {
 		h.dead = append(h.dead, w)
 		return
@@ -206,8 +251,10 @@ func (h *hub) detach(sub *hubSub) {
 		sub.reqs = nil
 	}
 	ch.hub.subs = swapRemove(ch.hub.subs, sub, hubSubIndex)
-	if len(ch.hub.subs) == 0 {
-		h.channels--
+	if !sub.w.sibling {
+		if ch.hub.workers--; ch.hub.workers == 0 {
+			h.channels--
+		}
 	}
 	h.srv.releaseChannel(ch)
 }
@@ -274,7 +321,7 @@ func (h *hub) frame(w *worker, f *framing.Frame) {
 		w.hello = true
 		w.pid = f.PID
 		w.name = string(f.Name)
-		h.srv.log.Debug("hub: worker connected", "pid", w.pid, "name", w.name)
+		h.srv.log.Debug("hub: worker connected", "pid", w.pid, "name", w.name, "sibling", w.sibling)
 		h.push(w, h.status(framing.StatusReady, nil, ""))
 		return
 	}
@@ -304,23 +351,29 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 		}
 		return
 	}
-	if reservedChannel(channel) {
+	if reservedChannel(channel) && !w.sibling {
 		h.ack(w, req, framing.AckBadChannel, errReservedChannel.Error())
 		return
 	}
-	if len(w.subs) >= h.maxWorkerChannels {
+	// The caps are the hub's share of the LISTEN session for outside workers. A sibling's
+	// channels are its SSE clients' (capped per subject there), bounded like the first
+	// process's own by the session's limit.
+	if len(w.subs) >= h.maxWorkerChannels && !w.sibling {
 		h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(h.maxWorkerChannels)+" channels per worker")
 		return
 	}
-	if existing := s.channels[string(channel)]; (existing == nil || len(existing.hub.subs) == 0) && h.channels >= h.maxChannels {
+	if existing := s.channels[string(channel)]; (existing == nil || existing.hub.workers == 0) && h.channels >= h.maxChannels && !w.sibling {
 		h.ack(w, req, framing.AckLimit, "the hub's workers hold "+strconv.Itoa(h.maxChannels)+
 			" channels together, their share of the LISTEN session (the rest is kept for SSE clients)")
 		return
 	}
 	// Register before LISTEN (DESIGN invariant 4); ACK once it completed on this session.
 	ch := s.holdChannel(string(channel))
-	if len(ch.hub.subs) == 0 {
-		h.channels++
+	if !w.sibling {
+		if ch.hub.workers == 0 {
+			h.channels++
+		}
+		ch.hub.workers++
 	}
 	if ch.hub.name == nil {
 		ch.hub.name = []byte(ch.name)
@@ -573,7 +626,9 @@ func (h *hub) notify(ch *channel, pid uint32, payload []byte) {
 				continue
 			}
 		}
-		delivered++
+		if !w.sibling { // a sibling's own deliveries are counted by the sibling
+			delivered++
+		}
 		h.queue(w)
 	}
 	if delivered > 0 {

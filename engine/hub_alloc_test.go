@@ -43,7 +43,7 @@ func hubFanout(tb testing.TB, n int) (*Server, *channel, []*sinkConn) {
 	conns := make([]*sinkConn, n)
 	for i := range conns {
 		conns[i] = &sinkConn{}
-		_, action := s.hub.accept(conns[i])
+		_, action := s.hub.accept(conns[i], false)
 		require.Equal(tb, gnet.None, action)
 		w := conns[i].ctx.(*worker)
 		w.hello = true

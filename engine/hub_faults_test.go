@@ -75,8 +75,9 @@ func TestHubHelperServer(t *testing.T) {
 	select {} // until SIGKILL
 }
 
-// TestHubServerKilled: pgsse SIGKILLed → every worker fails over to its own session, the next
-// NOTIFY reaches all of them, and the census becomes one LISTEN backend per worker.
+// TestHubServerKilled: pgsse SIGKILLed → every worker fails over to its own session (down,
+// then resync), the next NOTIFY reaches all of them, and the census becomes one LISTEN
+// backend per worker.
 func TestHubServerKilled(t *testing.T) {
 	bin := buildWorker(t)
 	dsn := migratedDB(t)
@@ -126,6 +127,8 @@ func TestHubServerKilled(t *testing.T) {
 		m := w.expectEv(20*time.Second, "source")
 		assert.Equal(t, "direct", m.Source)
 		assert.Contains(t, m.Err, "closed the connection")
+		d := w.nextLine(20 * time.Second)
+		assert.Equal(t, hubLine{Ev: "down", Source: "direct"}, d, "worker %s: the switch is a loss", w.name)
 		r := w.nextLine(20 * time.Second)
 		assert.Equal(t, hubLine{Ev: "resync", Source: "direct"}, r, "worker %s: resync after the switch", w.name)
 	}
@@ -144,7 +147,8 @@ func TestHubServerKilled(t *testing.T) {
 	waitFor(t, 15*time.Second, "one LISTEN backend per worker", func() bool { return listenBackends(t, dsn) == n })
 }
 
-// TestHubShutdown: a graceful stop sends SHUTDOWN; the failover Listener switches.
+// TestHubShutdown: a graceful stop sends SHUTDOWN; the failover Listener switches (KindDown,
+// then KindResync once its own session LISTENs).
 func TestHubShutdown(t *testing.T) {
 	ts := startHub(t, nil)
 	l, err := pglisten.NewFailover(pglisten.FailoverConfig{
@@ -164,11 +168,13 @@ func TestHubShutdown(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, frames)
 	assert.Equal(t, framing.StatusShutdown, frames[len(frames)-1].Status)
-	select {
-	case ev := <-l.Events():
-		assert.Equal(t, pglisten.Event{Kind: pglisten.KindResync}, ev)
-	case <-time.After(20 * time.Second):
-		t.Fatal("no resync after SHUTDOWN")
+	for _, want := range []pglisten.EventKind{pglisten.KindDown, pglisten.KindResync} {
+		select {
+		case ev := <-l.Events():
+			assert.Equal(t, pglisten.Event{Kind: want}, ev, "a switch is a loss: down, then resync")
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no %s after SHUTDOWN", want)
+		}
 	}
 	assert.Equal(t, pglisten.SourceDirect, f.Source())
 	assert.ErrorIs(t, f.Reason(), pglisten.ErrHubShutdown)

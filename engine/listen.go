@@ -13,11 +13,11 @@ const storeChannel = store.Channel
 // takes at most its share (hub.go).
 const listenMaxChannels = 10_000
 
-// listenSource is where the loop's notifications come from: today the process's own LISTEN
-// session (pglisten.Session). The loop uses nothing else of it: Listen/Unlisten for each
-// channel it holds (done reports once the LISTEN completed, or failed), Start and Close, and
-// the pglisten.Events callbacks below (sessionEvents) — so another source, e.g. a secondary
-// process of --procs reading the first process's hub, can take its place.
+// listenSource is where the loop's notifications come from: the process's own LISTEN session
+// (pglisten.Session), or in a sibling process of --procs the first process's hub (hubSource,
+// listenhub.go). The loop uses nothing else of it: Listen/Unlisten for each channel it holds
+// (done reports once the LISTEN completed, or failed), Start and Close, and the callbacks
+// onBatch/onEvents, onDown and onResynced, which the source hands to the loop in order.
 type listenSource interface {
 	Start()
 	Listen(channel string, done func(error))
@@ -27,8 +27,12 @@ type listenSource interface {
 
 var _ listenSource = (*pglisten.Session)(nil)
 
-// newListenSource opens (not starts) the process's own LISTEN session.
+// newListenSource opens (not starts) the process's own LISTEN session — or, in a sibling
+// process of --procs, the first process's hub (listenhub.go).
 func (s *Server) newListenSource() listenSource {
+	if s.cfg.SiblingHub != nil {
+		return s.newHubSource()
+	}
 	return pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log, MaxChannels: listenMaxChannels}, sessionEvents{s})
 }
 
@@ -61,27 +65,45 @@ const listenBatchesQueued = 64
 func (e sessionEvents) Down(err error) { e.s.tasks.push(func() { e.s.onDown(err) }) }
 func (e sessionEvents) Resynced()      { e.s.tasks.push(e.s.onResynced) }
 
-// onBatch routes one batch of notifications: the stream channel's payloads to the streams,
-// raw channels to their SSE clients and hub workers.
+// onBatch routes one batch of notifications from the process's own session.
 func (s *Server) onBatch(b *pglisten.Batch) {
 	s.enter()
 	defer s.leave()
 	s.metrics.notifications.Add(float64(len(b.Notes)))
 	for i := range b.Notes {
 		n := &b.Notes[i]
-		if string(n.Channel) == storeChannel {
-			if err := store.ParsePayload(n.Payload, &s.payload); err != nil {
-				s.metrics.droppedBadPayload.Inc()
-				s.log.Debug("ignoring a payload on the stream channel that is not pgsse's", "err", err, "pid", n.PID)
-			} else {
-				s.onPayload(&s.payload)
-			}
-		}
-		if ch := s.channels[string(n.Channel)]; ch != nil {
-			s.onChannelNotify(ch, n.PID, n.Payload)
-		}
+		s.onNotification(n.Channel, n.PID, n.Payload)
 	}
 	b.Release() // everything above copied what it keeps; leave() writes it out
+}
+
+// onEvents routes one batch of notifications from the first process's hub (a sibling's
+// source, listenhub.go): one loop entry, so one write per subscriber for all of them.
+func (s *Server) onEvents(evs []pglisten.Event) {
+	s.enter()
+	defer s.leave()
+	s.metrics.notifications.Add(float64(len(evs)))
+	for i := range evs {
+		s.onNotification([]byte(evs[i].Channel), evs[i].PID, evs[i].Payload)
+	}
+}
+
+// onNotification routes one notification: the stream channel's payloads to the streams, raw
+// channels to their SSE clients and hub workers (in the first process of --procs, the
+// stream channel is also a raw channel that sibling processes hold through the hub).
+// channel and payload are valid only during the call.
+func (s *Server) onNotification(channel []byte, pid uint32, payload []byte) {
+	if string(channel) == storeChannel {
+		if err := store.ParsePayload(payload, &s.payload); err != nil {
+			s.metrics.droppedBadPayload.Inc()
+			s.log.Debug("ignoring a payload on the stream channel that is not pgsse's", "err", err, "pid", pid)
+		} else {
+			s.onPayload(&s.payload)
+		}
+	}
+	if ch := s.channels[string(channel)]; ch != nil {
+		s.onChannelNotify(ch, pid, payload)
+	}
 }
 
 // onDown: the session was lost. Connections stay; raw channels are no longer listening and

@@ -27,6 +27,10 @@ const (
 // written — one write per connection for all of it — and connections closed meanwhile
 // (gnet closes a socket synchronously when a write fails) are removed from the tables,
 // so no slice changes under an iteration.
+//
+// Hub workers are written first: one write each, and among them may be the sibling
+// processes of --procs, which start their own fan-out as soon as they have the
+// notification — in parallel with this process's, not after it.
 func (s *Server) enter() { s.depth++ }
 
 func (s *Server) leave() {
@@ -34,9 +38,10 @@ func (s *Server) leave() {
 		s.depth--
 		return
 	}
+	s.hub.flush()
 	s.flushStreams()
 	s.flushChannels()
-	s.hub.flush()
+	s.hub.flush() // whatever the writes above queued (nothing, usually: then it costs a length check)
 	for len(s.reap) > 0 {
 		sc := s.reap[len(s.reap)-1]
 		s.reap[len(s.reap)-1] = nil

@@ -23,8 +23,12 @@ type FailoverConfig struct {
 // once and for good to a direct session, re-LISTENs every recorded channel, and then delivers
 // one KindResync with Channel "" (everything may have been missed during the switch).
 //
-// Events from the hub are all delivered before the switch's KindResync. Close stops whichever
-// side is running, including a switch in progress; nothing is left running.
+// Events from the hub are all delivered before the switch. A switch away from a hub that was
+// connected is reported as a loss: one KindDown (unless the hub's last word was already
+// LISTENER_DOWN) as soon as the hub is gone, and the KindResync once the direct session is
+// live — notifications committed between the two may have been missed, exactly as after a
+// LISTEN session loss. Close stops whichever side is running, including a switch in
+// progress; nothing is left running.
 type Failover struct {
 	cfg FailoverConfig
 	log *slog.Logger
@@ -67,8 +71,8 @@ func NewFailover(cfg FailoverConfig) (Listener, error) {
 	if cfg.Direct.Logger == nil {
 		cfg.Direct.Logger = cfg.Logger
 	}
-	if cfg.Hub.Socket == "" {
-		return nil, errors.New("pglisten: FailoverConfig.Hub.Socket is required")
+	if cfg.Hub.Socket == "" && cfg.Hub.Conn == nil {
+		return nil, errors.New("pglisten: FailoverConfig.Hub.Socket (or Conn) is required")
 	}
 	if _, err := ParseConfig(cfg.Direct); err != nil {
 		return nil, fmt.Errorf("pglisten: failover direct session: %w", err)
@@ -114,8 +118,10 @@ func (f *Failover) Reason() error {
 func (f *Failover) pump() {
 	defer f.wg.Done()
 	defer close(f.events)
+	reportDown := false
 	if f.hub != nil {
-		if !f.forwardAll(f.hub.Events()) {
+		down, ok := f.forwardAll(f.hub.Events())
+		if !ok {
 			return
 		}
 		reason := f.hub.Err()
@@ -125,8 +131,9 @@ func (f *Failover) pump() {
 		f.mu.Lock()
 		f.reason = reason
 		f.mu.Unlock()
+		reportDown = !down
 	}
-	d := f.switchToDirect()
+	d := f.switchToDirect(reportDown)
 	if d == nil {
 		return
 	}
@@ -162,19 +169,26 @@ func (f *Failover) forwardDirect(in <-chan Event) {
 	}
 }
 
-// forwardAll forwards from in until it is closed or Close is called.
-func (f *Failover) forwardAll(in <-chan Event) bool {
+// forwardAll forwards from in until it is closed (ok) or Close is called (!ok); down reports
+// whether the last state event forwarded was a KindDown not yet followed by a KindResync.
+func (f *Failover) forwardAll(in <-chan Event) (down, ok bool) {
 	for {
 		select {
-		case ev, ok := <-in:
-			if !ok {
-				return true
+		case ev, open := <-in:
+			if !open {
+				return down, true
+			}
+			switch {
+			case ev.Kind == KindDown:
+				down = true
+			case ev.Kind == KindResync && ev.Channel == "":
+				down = false
 			}
 			if !f.forward(ev) {
-				return false
+				return down, false
 			}
 		case <-f.done:
-			return false
+			return down, false
 		}
 	}
 }
@@ -188,9 +202,12 @@ func (f *Failover) forward(ev Event) bool {
 	}
 }
 
-// switchToDirect runs once, on the pump goroutine: it starts the direct session, re-LISTENs
-// the recorded channels, and delivers the KindResync. It returns nil if Close came first.
-func (f *Failover) switchToDirect() Listener {
+// switchToDirect runs once, on the pump goroutine: it starts the direct session, delivers the
+// KindDown if reportDown, re-LISTENs the recorded channels, and delivers the KindResync. It
+// returns nil if Close came first. Listens waiting for the switch are released before any
+// event is delivered, so an application that reads Events only between its Listens cannot
+// deadlock here.
+func (f *Failover) switchToDirect(reportDown bool) Listener {
 	f.mu.Lock()
 	reason, h := f.reason, f.hub
 	f.mu.Unlock()
@@ -223,6 +240,9 @@ func (f *Failover) switchToDirect() Listener {
 	}
 	close(f.switched)
 	f.mu.Unlock()
+	if reportDown && !f.forward(Event{Kind: KindDown}) {
+		return nil
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

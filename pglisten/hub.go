@@ -19,7 +19,7 @@ import (
 
 // HubConfig configures a hub client (NewHub). Zero fields take the defaults named.
 type HubConfig struct {
-	Socket       string        // path of pgsse's hub socket (--hub-socket); required
+	Socket       string        // path of pgsse's hub socket (--hub-socket); required unless Conn is set
 	Name         string        // worker name sent in HELLO (≤ 64 bytes), default the program's name
 	Mode         framing.Mode  // SUB mode for every Listen: framing.ModeLossless (default) or framing.ModeWake (a lagging channel's notifications collapse into one KindResync for it)
 	DialTimeout  time.Duration // connect + HELLO → READY, default 2s
@@ -28,6 +28,11 @@ type HubConfig struct {
 	PingInterval time.Duration // keepalive PING, default 5s, negative = off; two silent intervals fail the client
 	EventBuffer  int           // events queued for the application, default 4096
 	Logger       *slog.Logger  // default slog.Default()
+
+	// Conn is an already-connected socket to the hub — e.g. one end of a socketpair a pgsse
+	// process handed to a sibling it started (--procs) — used instead of dialling Socket. The
+	// client owns it from then on (closes it on failure and on Close).
+	Conn net.Conn
 }
 
 func (c HubConfig) withDefaults() HubConfig {
@@ -154,12 +159,15 @@ func NewHub(cfg HubConfig) (Listener, error) {
 
 func newHub(cfg HubConfig) (*hubClient, error) {
 	cfg = cfg.withDefaults()
-	if cfg.Socket == "" {
-		return nil, errors.New("pglisten: HubConfig.Socket is required")
-	}
-	conn, err := net.DialTimeout("unix", cfg.Socket, cfg.DialTimeout)
-	if err != nil {
-		return nil, &HubFailure{Reason: ErrHubUnavailable, Detail: err.Error()}
+	conn := cfg.Conn
+	if conn == nil {
+		if cfg.Socket == "" {
+			return nil, errors.New("pglisten: HubConfig.Socket (or Conn) is required")
+		}
+		var err error
+		if conn, err = net.DialTimeout("unix", cfg.Socket, cfg.DialTimeout); err != nil {
+			return nil, &HubFailure{Reason: ErrHubUnavailable, Detail: err.Error()}
+		}
 	}
 	h := &hubClient{
 		cfg:     cfg,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -294,9 +295,60 @@ func TestHubClientConnectFailures(t *testing.T) {
 	assert.Contains(t, err.Error(), "too many workers")
 }
 
+// TestHubClientInheritedConn: given an already-connected socket (one end of a socketpair, as
+// pgsse hands its --procs siblings), the client speaks over it and never dials Socket; when
+// the other end goes away, a Failover over it switches like one that dialled.
+func TestHubClientInheritedConn(t *testing.T) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	conn := func(fd int) net.Conn {
+		f := os.NewFile(uintptr(fd), "socketpair")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		require.NoError(t, err)
+		return c
+	}
+	hubEnd := &fakeConn{t: t, c: conn(fds[0]), buf: make([]byte, 64<<10)}
+	defer hubEnd.c.Close()
+	dsn := pgtest.NewDatabase(t)
+
+	var l Listener
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l, err = NewFailover(FailoverConfig{
+			Hub:    HubConfig{Conn: conn(fds[1]), Socket: filepath.Join(t.TempDir(), "never-dialled.sock"), PingInterval: -1},
+			Direct: Config{DSN: dsn},
+		})
+	}()
+	hello := hubEnd.read()
+	require.Equal(t, framing.TypeHello, hello.Type)
+	hubEnd.send(framing.AppendStatus(nil, framing.StatusReady, nil, nil))
+	<-done
+	require.NoError(t, err)
+	defer l.Close()
+	f := l.(*Failover)
+
+	errc := listenAsync(l, "inh")
+	hubEnd.ackNext(framing.TypeSub, "inh", framing.AckOK)
+	require.NoError(t, <-errc)
+	require.Equal(t, SourceHub, f.Source())
+	hubEnd.send(framing.AppendNotify(nil, 9, []byte("inh"), []byte("over the pair")))
+	assert.Equal(t, Event{Kind: KindNotification, Channel: "inh", PID: 9, Payload: []byte("over the pair")}, nextHubEvent(t, l))
+
+	hubEnd.c.Close() // the process that held the other end died
+	assert.Equal(t, Event{Kind: KindDown}, nextHubEvent(t, l))
+	assert.Equal(t, Event{Kind: KindResync}, nextHubEvent(t, l))
+	assert.Equal(t, SourceDirect, f.Source())
+	assert.ErrorIs(t, f.Reason(), ErrHubClosed)
+	pgExec(t, dsn, "NOTIFY inh, 'direct'")
+	ev := nextHubEvent(t, l)
+	assert.Equal(t, Event{Kind: KindNotification, Channel: "inh", PID: ev.PID, Payload: []byte("direct")}, ev)
+}
+
 // TestFailoverSwitches: every failure reason switches to a direct session once, re-LISTENs the
-// recorded channels, reports KindResync after everything the hub delivered, and then delivers
-// from the direct session.
+// recorded channels, reports KindDown (a hub that was connected is gone) and KindResync after
+// everything the hub delivered, and then delivers from the direct session.
 func TestFailoverSwitches(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	cases := []struct {
@@ -353,6 +405,9 @@ func TestFailoverSwitches(t *testing.T) {
 				assert.Equal(t, "last from the hub", string(nextHubEvent(t, l).Payload), "hub events come before the switch")
 			} else {
 				require.NoError(t, <-errc, "Listen completes on the direct session")
+			}
+			if tc.hub {
+				assert.Equal(t, Event{Kind: KindDown}, nextHubEvent(t, l), "losing a hub that was connected is a loss")
 			}
 			ev := nextHubEvent(t, l)
 			assert.Equal(t, Event{Kind: KindResync}, ev, "the switch is reported as a resync of everything")

@@ -409,6 +409,14 @@ func TestDoctor(t *testing.T) {
 	assert.Regexp(t, `(?m)^ +\d+  SSE connections \(--max-connections default\)$`, strings.Join(table, "\n"))
 	assert.Contains(t, r.stdout, lines[3]+"\n"+table[0]+"\n", "the table follows the fd limit check")
 
+	// --procs: a replay pool per process, still one LISTEN session.
+	r = pgsse(t, env, "doctor", "--procs", "3")
+	requireOK(t, r)
+	assert.Contains(t, r.stdout, "connection budget: pgsse holds 16 PostgreSQL connections with --procs 3 (1 LISTEN + 3 processes × (4 replay + 1 publishing); for 15s after the first process dies, each of its 2 siblings holds a LISTEN session of its own)")
+	r = pgsse(t, env, "doctor", "--procs", "0")
+	assert.Equal(t, 2, r.code)
+	assert.Contains(t, r.stderr, "--procs: invalid process count \"0\" (1 to 256, or auto for one per CPU)")
+
 	// --max-connections beyond the fd limit.
 	r = pgsse(t, env, "doctor", "--max-connections", strconv.Itoa(1<<30))
 	assert.Equal(t, 1, r.code)
@@ -516,6 +524,10 @@ func TestBadInput(t *testing.T) {
 		{"publish: missing value", nil, []string{"publish", "s", "d", "--event"}, "--event: needs a value"},
 		{"publish: bad audience", nil, []string{"publish", "s", "d", "--audience", "a\x01"}, "--audience: audience tag must not contain control characters"},
 		{"doctor: bad workers", nil, []string{"doctor", "--workers", "-1"}, "--workers: must not be negative"},
+		{"procs", nil, []string{"--procs", "many"}, `--procs: invalid process count "many" (1 to 256, or auto for one per CPU)`},
+		{"procs too many", []string{"PGSSE_PROCS=257"}, key, `PGSSE_PROCS: invalid process count "257" (1 to 256, or auto for one per CPU)`},
+		{"sibling marker from outside", []string{"PGSSE_INTERNAL_SIBLING=yes"}, key,
+			`PGSSE_INTERNAL_SIBLING: not a marker set by pgsse serve --procs (it is internal): "yes"`},
 		{"version: argument", nil, []string{"version", "now"}, `version: unexpected argument "now"`},
 	}
 	for _, tc := range cases {

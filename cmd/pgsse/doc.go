@@ -3,7 +3,8 @@
 //
 // This package owns the command line: subcommands, flags with their PGSSE_* variables
 // (flags win), the database source (--database-url, DATABASE_URL, libpq variables),
-// signals, the admin HTTP server (SPEC §4) and the wiring of engine.Config. It holds no
+// signals, the admin HTTP server (SPEC §4), the supervision of --procs siblings and the sum
+// of their metrics (procs.go, procsmetrics.go) and the wiring of engine.Config. It holds no
 // business logic.
 //
 // Invariant: every bad configuration is found before anything starts and reported as

@@ -45,6 +45,7 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	hubMode := c.Mode("hub-socket-mode", engine.DefaultHubSocketMode, "expected permissions of the hub socket, octal")
 	workers := c.Int("workers", 0, "worker processes on this host that LISTEN, for the connection budget")
 	adminMax := c.Int("admin-max-connections", engine.DefaultAdminMaxConnections, "the value pgsse serve will use, for the descriptor budget")
+	procs := c.Procs("the --procs pgsse serve will use, for the connection budget")
 	pos, err := c.parse(args)
 	if err != nil {
 		return c.helpTo(stdout, err)
@@ -86,7 +87,7 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	// 2. Local checks.
 	d.fdLimit(engine.Config{HubSocket: *hubSocket, AdminMaxConnections: *adminMax}, *maxConns, c.isSet("max-connections"), c.source("max-connections"))
 	d.hubSocket(*hubSocket, *hubMode)
-	d.budget(*workers, c.isSet("workers"), *hubSocket != "", server)
+	d.budget(*procs, *workers, c.isSet("workers"), *hubSocket != "", server)
 
 	if d.fails > 0 {
 		return errReported
@@ -226,10 +227,18 @@ func readBudget(ctx context.Context, conn *pgconn.PgConn) *serverBudget {
 
 // budget reports pgsse's PostgreSQL connections, and what the hub saves: worker processes
 // that share its one LISTEN session instead of holding one each. Without a hub (and no
-// --workers given) it claims nothing about workers.
-func (d *doctor) budget(workers int, workersSet, hub bool, server *serverBudget) {
-	ours := 1 + engine.DefaultReplayPoolSize + store.DefaultPublishConns
+// --workers given) it claims nothing about workers. With --procs N every process has its
+// own replay pool and publishing connections, and the host still one LISTEN session — except
+// for the grace period after the first process died, when each sibling holds one of its own
+// (procs.go).
+func (d *doctor) budget(procs, workers int, workersSet, hub bool, server *serverBudget) {
+	perProc := engine.DefaultReplayPoolSize + store.DefaultPublishConns
+	ours := 1 + procs*perProc
 	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay + %d publishing)", ours, engine.DefaultReplayPoolSize, store.DefaultPublishConns)
+	if procs > 1 {
+		msg = fmt.Sprintf("pgsse holds %d PostgreSQL connections with --procs %d (1 LISTEN + %d processes × (%d replay + %d publishing); for %s after the first process dies, each of its %d siblings holds a LISTEN session of its own)",
+			ours, procs, procs, engine.DefaultReplayPoolSize, store.DefaultPublishConns, orphanGrace, procs-1)
+	}
 	switch {
 	case hub && workersSet:
 		msg += fmt.Sprintf(" for all %d workers (--workers); without the hub they would hold %d LISTEN sessions", workers, workers)

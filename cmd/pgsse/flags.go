@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pgsse/pgsse/engine"
 )
 
 // errHelp asks for the usage text on stdout and exit status 0.
@@ -223,6 +225,8 @@ func valueHint(v flag.Value) string {
 		return "MODE"
 	case *listValue:
 		return "A,B,…"
+	case *procsValue:
+		return "N|auto"
 	default:
 		return "TEXT"
 	}
@@ -352,6 +356,24 @@ func (m *modeValue) Set(v string) error {
 }
 func (m *modeValue) String() string { return fmt.Sprintf("%04o", uint32(*m)) }
 
+// procsValue is --procs: a process count from 1 to engine.MaxProcs, or "auto" (one per CPU,
+// engine.ProcsAuto).
+type procsValue int
+
+func (p *procsValue) Set(v string) error {
+	if strings.EqualFold(v, "auto") {
+		*p = procsValue(engine.ProcsAuto())
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > engine.MaxProcs {
+		return fmt.Errorf("invalid process count %q (1 to %d, or auto for one per CPU)", v, engine.MaxProcs)
+	}
+	*p = procsValue(n)
+	return nil
+}
+func (p *procsValue) String() string { return strconv.Itoa(int(*p)) }
+
 // listValue is comma-separated (e.g. --cors-origins a,b); repeating the flag appends.
 type listValue []string
 
@@ -427,6 +449,14 @@ func (c *cli) Mode(name string, def os.FileMode, usage string) *os.FileMode {
 	p := new(os.FileMode)
 	*p = def
 	c.fs.Var((*modeValue)(p), name, usage)
+	return p
+}
+
+// Procs registers --procs (default engine.DefaultProcs).
+func (c *cli) Procs(usage string) *int {
+	p := new(int)
+	*p = engine.DefaultProcs
+	c.fs.Var((*procsValue)(p), "procs", usage)
 	return p
 }
 

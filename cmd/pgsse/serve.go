@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,6 +39,8 @@ type serveSetup struct {
 	redactor    *redactor // the secrets to keep out of logs and /debug/pprof/cmdline
 	fdLimit     uint64
 	algorithms  []string
+	procs       int            // --procs: processes serving --listen (procs.go)
+	sibling     *siblingMarker // this process is a sibling of --procs (set by asSibling)
 }
 
 func parseServe(args []string, env func(string) (string, bool), stdout, stderr io.Writer) (*serveSetup, error) {
@@ -70,6 +73,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	logLevel := c.String("log-level", "info", "`LEVEL`: debug, info, warn or error")
 	logFormat := c.String("log-format", "text", "`FORMAT`: text or json")
 	demo := c.Bool("demo", "serve a demo page at /")
+	procs := c.Procs("processes serving --listen (SO_REUSEPORT), each with its own event loop and replay pool, sharing one LISTEN session; auto = one per CPU")
 	c.exclusive("jwt-secret", "jwt-secret-file")
 
 	pos, err := c.parse(args)
@@ -80,7 +84,10 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		return nil, err
 	}
 
-	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit, redactor: &redactor{}}
+	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit, procs: *procs, redactor: &redactor{}}
+	if *procs > 1 && !procsSupported {
+		return nil, configErrorf("%s: more than one process needs Linux (elsewhere SO_REUSEPORT does not spread connections over processes)", c.source("procs"))
+	}
 
 	var level slog.Level
 	switch strings.ToLower(*logLevel) {
@@ -332,11 +339,20 @@ func adminHandler(p probe, g prometheus.Gatherer, withPprof bool, red *redactor)
 	return mux
 }
 
-// cmdServe runs `pgsse serve`: 0 after a graceful stop, 1 on a runtime error.
+// cmdServe runs `pgsse serve`: 0 after a graceful stop, 1 on a runtime error. With --procs
+// N > 1 it also supervises N−1 sibling processes; in a sibling (siblingEnv set) it serves
+// without an admin endpoint, fed by the first process's hub (procs.go).
 func cmdServe(ctx context.Context, args []string, env func(string) (string, bool), stdout, stderr io.Writer) error {
 	s, err := parseServe(args, env, stdout, stderr)
 	if err != nil {
 		return err
+	}
+	marker, err := readSiblingMarker(env)
+	if err == nil && marker != nil {
+		err = s.asSibling(marker)
+	}
+	if err != nil {
+		return configErrorf("%v", err)
 	}
 	log := s.logger
 	slog.SetDefault(log)
@@ -349,6 +365,17 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
+	var sup *supervisor
+	gatherer := prometheus.Gatherer(s.registry)
+	if s.procs > 1 {
+		if sup, err = newSupervisor(s.procs, args, os.Environ(), stdout, stderr, log, s.registry); err != nil {
+			log.Error("cannot prepare the sibling processes", "err", err)
+			return errReported
+		}
+		defer sup.stop()
+		gatherer = procsGatherer{own: s.registry, sup: sup}
+	}
+
 	var admin *http.Server
 	adminDone := make(chan error, 1)
 	adminAddr := ""
@@ -360,7 +387,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		}
 		adminAddr = ln.Addr().String()
 		admin = &http.Server{
-			Handler:           adminHandler(srv, s.registry, s.pprof, s.redactor),
+			Handler:           adminHandler(srv, gatherer, s.pprof, s.redactor),
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       time.Minute,
 			MaxHeaderBytes:    16 << 10,
@@ -368,9 +395,18 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		}
 		go func() { adminDone <- admin.Serve(srv.AdminListener(ln)) }()
 	}
+	var orphaned <-chan struct{}
+	if s.sibling != nil {
+		gone, stopWatch := watchParent(s.sibling.Parent, log)
+		defer stopWatch()
+		orphaned = gone
+	}
 
+	// The engine runs until told: on SIGTERM the siblings are drained before it.
+	runCtx, stopRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRun()
 	runDone := make(chan error, 1)
-	go func() { runDone <- srv.Run(ctx) }()
+	go func() { runDone <- srv.Run(runCtx) }()
 
 	var runErr error
 	started := false
@@ -381,24 +417,38 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		if a := srv.Addr(); a != nil {
 			addr = a.String()
 		}
-		log.Info("pgsse serving",
-			"listen", addr, "admin", adminAddr, "hub_socket", s.cfg.HubSocket,
+		log.Info("pgsse serving", "pid", os.Getpid(),
+			"listen", addr, "admin", adminAddr, "hub_socket", s.cfg.HubSocket, "procs", s.procs,
 			"max_connections", s.cfg.MaxConnections, "fd_limit", s.fdLimit,
 			"max_header_bytes", s.cfg.MaxHeaderBytes, "hub_worker_buffer", s.cfg.HubWorkerBuffer,
 			"max_outbound_memory", s.cfg.MaxOutboundMemory, "go_memory_limit", memoryLimitSource(s.cfg.GoMemoryLimit),
 			"heartbeat", s.cfg.Heartbeat.String(), "retry", s.cfg.Retry.String(), "retention", s.cfg.Retention.String(),
 			"jwt", strings.Join(s.algorithms, ","), "public_streams", len(s.cfg.PublicStreams))
-		// After the first signal, a second one kills the process the default way.
-		select {
-		case <-ctx.Done():
-			stop()
+		if sup != nil {
+			sup.start(srv, siblingListen(s.cfg.Listen, srv.Addr()))
+		}
+		if s.sibling != nil {
+			// Only now: a sibling in the first process's metrics is one that serves.
+			if stopMetrics, err := serveSiblingMetrics(s.sibling, s.registry, log); err != nil {
+				log.Error("cannot serve the sibling's metrics; the first process's /metrics will leave this process out", "err", err)
+			} else {
+				defer stopMetrics()
+			}
+		}
+		var ended bool
+		runErr, ended = waitServe(ctx, stop, runDone, orphaned, s.sibling, log)
+		if sup != nil {
+			sup.stop() // the siblings drain first: none of them fails over on the way down
+		}
+		if !ended {
+			stopRun()
 			runErr = <-runDone
-		case runErr = <-runDone:
 		}
 	case runErr = <-runDone:
 	case err := <-adminDone:
 		log.Error("admin server failed", "err", err)
 		stop()
+		stopRun()
 		<-runDone
 		return errReported
 	}
@@ -417,6 +467,33 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		return errReported
 	}
 	return nil
+}
+
+// waitServe waits while the engine serves: for a signal (stop makes a second one kill the
+// process the default way), the engine's own end (ended, with its error), or — in a sibling —
+// the first process's death plus orphanGrace.
+func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned <-chan struct{}, m *siblingMarker, log *slog.Logger) (err error, ended bool) {
+	var graceOver <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			stop()
+			return nil, false
+		case err := <-runDone:
+			if err == nil {
+				err = errors.New("engine: stopped unasked")
+			}
+			return err, true
+		case <-orphaned:
+			orphaned = nil
+			log.Warn("the first process is gone: serving on with a LISTEN session of our own, then draining",
+				"err", errOrphan, "parent", m.Parent, "drain_in", orphanGrace)
+			graceOver = time.After(orphanGrace)
+		case <-graceOver:
+			log.Info("draining: the first process has been gone for the grace period", "grace", orphanGrace)
+			return nil, false
+		}
+	}
 }
 
 var _ probe = (*engine.Server)(nil)

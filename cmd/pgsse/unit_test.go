@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -105,6 +107,7 @@ func TestParseServeConfig(t *testing.T) {
 		"--public-streams", "news/*,status", "--max-connections", "1000", "--max-header-bytes", "16KiB", "--max-outbound-memory", "64MiB",
 		"--max-publish-bytes", "4MiB",
 		"--retry", "3s", "--retention", "0", "--pprof", "--log-format", "json", "--log-level", "debug", "--demo",
+		"--procs", "3",
 	}, env, io.Discard, &stderr)
 	require.NoError(t, err)
 	c := s.cfg
@@ -126,6 +129,8 @@ func TestParseServeConfig(t *testing.T) {
 	assert.Equal(t, 3*time.Second, c.Retry)
 	assert.Equal(t, time.Duration(0), c.Retention)
 	assert.True(t, c.Demo)
+	assert.Equal(t, 3, s.procs)
+	assert.False(t, c.ShareListen, "the first process of --procs binds the port as if alone: a port another server holds is refused")
 	assert.True(t, s.pprof)
 	assert.Same(t, s.registry, c.Registry.(*prometheus.Registry))
 	assert.NotNil(t, c.Logger)
@@ -149,6 +154,11 @@ func TestParseServeConfig(t *testing.T) {
 	assert.Equal(t, 24*time.Hour, c.Retention)
 	assert.Equal(t, engine.MaxConnectionsFor(engine.FDLimit()), c.MaxConnections)
 	assert.Equal(t, "", c.DatabaseURL, "libpq environment")
+	assert.Equal(t, 1, s.procs)
+	assert.False(t, c.ShareListen, "one process binds the port alone: a second server on it fails")
+	s, err = parseServe([]string{"--jwt-secret", "short", "--procs", "auto"}, envMap(nil), io.Discard, &stderr)
+	require.NoError(t, err)
+	assert.Equal(t, engine.ProcsAuto(), s.procs)
 	assert.Contains(t, stderr.String(), "the HS256 secret is short")
 }
 
@@ -223,4 +233,76 @@ func TestParseServeRegistry(t *testing.T) {
 	assert.Contains(t, names, "go_goroutines")
 	assert.Contains(t, names, "process_open_fds")
 	assert.Nil(t, s.algorithms, "public streams only: no key")
+}
+
+// TestMergeProcs: the first process's /metrics adds every pgsse_* series of the siblings
+// to its own, matched by labels (counters, gauges, histograms), keeps series only a sibling
+// has, and shows the SSE connections per process.
+func TestMergeProcs(t *testing.T) {
+	type proc struct {
+		reg   *prometheus.Registry
+		conns prometheus.Gauge
+		total *prometheus.CounterVec
+		lag   prometheus.Histogram
+	}
+	newProc := func(conns float64, shed, bad float64, lags ...float64) proc {
+		p := proc{
+			reg:   prometheus.NewRegistry(),
+			conns: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_sse_connections", Help: "h"}),
+			total: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_dropped_total", Help: "h"}, []string{"reason"}),
+			lag:   prometheus.NewHistogram(prometheus.HistogramOpts{Name: "pgsse_delivery_lag_seconds", Help: "h", Buckets: []float64{.01, .1}}),
+		}
+		p.reg.MustRegister(p.conns, p.total, p.lag)
+		p.conns.Set(conns)
+		p.total.WithLabelValues("over_capacity").Add(shed)
+		if bad > 0 {
+			p.total.WithLabelValues("bad_payload").Add(bad)
+		}
+		for _, l := range lags {
+			p.lag.Observe(l)
+		}
+		return p
+	}
+	first := newProc(3, 1, 0, .005)
+	first.reg.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "go_goroutines", Help: "h"}))
+	sib1, sib2 := newProc(4, 2, 7, .05, .5), newProc(5, 0, 0)
+	gather := func(p proc) []*dto.MetricFamily {
+		f, err := p.reg.Gather()
+		require.NoError(t, err)
+		return f
+	}
+	own := gather(first)
+	merged := mergeProcs(own, map[int][]*dto.MetricFamily{1: gather(sib1), 2: gather(sib2)})
+	byName := map[string]*dto.MetricFamily{}
+	var names []string
+	for _, mf := range merged {
+		byName[mf.GetName()] = mf
+		names = append(names, mf.GetName())
+	}
+	assert.IsIncreasing(t, names, "families sorted, none twice")
+	assert.Equal(t, 12.0, byName["pgsse_sse_connections"].Metric[0].GetGauge().GetValue())
+	dropped := map[string]float64{}
+	for _, m := range byName["pgsse_dropped_total"].Metric {
+		dropped[m.Label[0].GetValue()] = m.GetCounter().GetValue()
+	}
+	assert.Equal(t, map[string]float64{"over_capacity": 3, "bad_payload": 7}, dropped)
+	h := byName["pgsse_delivery_lag_seconds"].Metric[0].GetHistogram()
+	assert.Equal(t, uint64(3), h.GetSampleCount())
+	assert.InDelta(t, .555, h.GetSampleSum(), 1e-9)
+	assert.Equal(t, uint64(1), h.Bucket[0].GetCumulativeCount(), "≤ 10 ms")
+	assert.Equal(t, uint64(2), h.Bucket[1].GetCumulativeCount(), "≤ 100 ms")
+	per := map[string]float64{}
+	for _, m := range byName["pgsse_process_sse_connections"].Metric {
+		per[m.Label[0].GetValue()] = m.GetGauge().GetValue()
+	}
+	assert.Equal(t, map[string]float64{"0": 3, "1": 4, "2": 5}, per)
+	assert.NotNil(t, byName["go_goroutines"], "the first process's own runtime series stay")
+}
+
+func TestSiblingListen(t *testing.T) {
+	bound := &net.TCPAddr{IP: net.IPv4zero, Port: 41234}
+	assert.Equal(t, ":41234", siblingListen(":0", bound), "all addresses, as given")
+	assert.Equal(t, "127.0.0.1:41234", siblingListen("127.0.0.1:0", bound))
+	assert.Equal(t, "[::1]:41234", siblingListen("[::1]:0", bound))
+	assert.Equal(t, "localhost:41234", siblingListen("localhost:8080", bound))
 }

@@ -10,6 +10,7 @@
 //	go run ./bench/cmd/load --scenarios 4,7,8 --servers pgsse,pgsse-old --pgsse-old-bin /tmp/pgsse-main \
 //	    --conns 10000 --outbound-budget 64MiB     # memory against the budget, before/after
 //	go run ./bench/cmd/load --scenarios 9         # publishing: HTTP (group commit) vs pgsse.publish
+//	go run ./bench/cmd/load --scenarios 10        # --procs: 30,000 connections, fan-out with 1 and 2 processes
 //
 // PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
 // throwaway cluster started with scripts/pg.sh and stopped at exit. Each scenario and server
@@ -21,6 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -43,11 +45,13 @@ func main() {
 		baseBin    = flag.String("baseline-bin", "", "baseline binary (default: go build ./bench/baseline)")
 		oldBin     = flag.String("pgsse-old-bin", "", "an older pgsse build (server pgsse-old), e.g. main's, for before/after")
 		servers    = flag.String("servers", "pgsse,baseline", "servers to compare, in table order: pgsse, baseline, pgsse-old")
-		scenarios  = flag.String("scenarios", "1,2,3,4,5,6,9", "scenarios to run (7 stalled and 8 large event: pgsse builds only; 9 publishing measures its own baseline)")
+		scenarios  = flag.String("scenarios", "1,2,3,4,5,6,9", "scenarios to run (7 stalled and 8 large event: pgsse builds only; 9 publishing measures its own baseline; 10 --procs: pgsse against itself)")
 		budget     = flag.String("outbound-budget", "", "pgsse --max-outbound-memory in 4, 7, 8 (e.g. 64MiB; default: the server's)")
 		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
 		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4 and 6 here")
 		out        = flag.String("out", "", "also write the table to this file")
+		hold       = flag.String("hold", "", "internal (scenario 10): hold --hold-conns idle subscribers of this address until stdin closes")
+		holdConns  = flag.Int("hold-conns", bench.HolderConns, "internal (scenario 10): connections for --hold")
 		durable    = flag.Bool("pg-durable", false, "turn fsync, synchronous_commit and full_page_writes on in the throwaway cluster (PostgreSQL's defaults; scripts/pg.sh turns them off)")
 	)
 	p := bench.Full()
@@ -75,7 +79,20 @@ func main() {
 	flag.IntVar(&p.Memory.StalledData, "stalled-data", p.Memory.StalledData, "7: bytes of data per event")
 	flag.IntVar(&p.Memory.LargeBytes, "large-bytes", p.Memory.LargeBytes, "8: bytes of data of the large event")
 	flag.IntVar(&p.Memory.LargeSubscribers, "large-subscribers", p.Memory.LargeSubscribers, "8: subscribers")
+	flag.IntVar(&p.ProcsConns, "procs-conns", p.ProcsConns, "10: idle connections through one port with --procs 2")
+	flag.IntVar(&p.HolderConns, "holder-conns", bench.HolderConns, "10: at most this many per load process holding them")
 	flag.Parse()
+	if *hold != "" {
+		raiseFDLimit()
+		addr, err := netip.ParseAddrPort(*hold)
+		if err != nil {
+			log.Fatalf("load: --hold: %v", err)
+		}
+		if err := bench.HoldMain(addr, "/streams/idle", *holdConns, p.Sources); err != nil {
+			log.Fatalf("load: --hold: %v", err)
+		}
+		return
+	}
 	switch *scale {
 	case "full":
 	case "small":
@@ -99,6 +116,8 @@ func main() {
 			"stalled-conns": func(q *bench.Params) any { return &q.Memory.StalledConns }, "stalled-duration": func(q *bench.Params) any { return &q.Memory.StalledDuration },
 			"stalled-data": func(q *bench.Params) any { return &q.Memory.StalledData }, "large-bytes": func(q *bench.Params) any { return &q.Memory.LargeBytes },
 			"large-subscribers": func(q *bench.Params) any { return &q.Memory.LargeSubscribers },
+			"procs-conns":       func(q *bench.Params) any { return &q.ProcsConns },
+			"holder-conns":      func(q *bench.Params) any { return &q.HolderConns },
 		} {
 			if set[name] {
 				copyField(field(&p), field(&explicit))
@@ -113,8 +132,8 @@ func main() {
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || id < 1 || id > 9 {
-			log.Fatalf("load: --scenarios: %q is not one of 1-9", s)
+		if err != nil || id < 1 || id > 10 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-10", s)
 		}
 		ids = append(ids, id)
 	}
@@ -205,9 +224,26 @@ func main() {
 	}
 	started := time.Now()
 	loadStart := loadAvg()
-	var results []*bench.Result
+	var results, procsResults []*bench.Result
 	failed := false
 	for _, id := range ids {
+		if id == 10 {
+			// --procs exists only in pgsse; its baseline is pgsse with one process, in the
+			// same run.
+			log.Printf("load: scenario 10 (--procs)")
+			rs, err := procsScenario(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, p)
+			for _, r := range rs {
+				for _, m := range r.Metrics {
+					log.Printf("  %-16s %-44s %12s %s", r.Target, m.Name, bench.FormatValue(m.Value), m.Unit)
+				}
+			}
+			procsResults = append(procsResults, rs...)
+			if err != nil {
+				log.Printf("load: scenario 10: %v", err)
+				failed = true
+			}
+			continue
+		}
 		// Scenarios 5 (the hub) and 9 (publishing) run on pgsse only: each measures its own
 		// baseline (workers' own LISTEN sessions; pgsse.publish over SQL) in the same run.
 		var paired func() ([]*bench.Result, error)
@@ -260,7 +296,15 @@ func main() {
 	}
 	fmt.Fprintf(&b, "- machine: %d CPUs (%s), %s memory, kernel %s, %s\n", runtime.NumCPU(), cpuModel(), memTotal(), kernel(), runtime.Version())
 	fmt.Fprintf(&b, "- load average (1 min) at start %s, at end %s (other work on the machine shows here)\n\n", loadStart, loadAvg())
-	bench.WriteTable(&b, names, results)
+	if len(results) > 0 {
+		bench.WriteTable(&b, names, results)
+	}
+	if len(procsResults) > 0 {
+		if len(results) > 0 {
+			fmt.Fprintln(&b)
+		}
+		bench.WriteTable(&b, []string{"pgsse --procs 2", "pgsse --procs 1"}, procsResults)
+	}
 	fmt.Print(b.String())
 	if *out != "" {
 		if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
@@ -272,6 +316,24 @@ func main() {
 		cleanup()
 		os.Exit(1)
 	}
+}
+
+// procsScenario runs scenario 10: 30,000 idle connections held by this program started again
+// as holder processes (--hold), then the fan-out with --procs 1 and 2.
+func procsScenario(ctx context.Context, env *bench.Env, t bench.Target, p bench.Params) ([]*bench.Result, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	holder := func(addr netip.AddrPort, n, sources int) *exec.Cmd {
+		return exec.CommandContext(ctx, exe, "--hold", addr.String(), "--hold-conns", strconv.Itoa(n), "--sources", strconv.Itoa(sources))
+	}
+	idle, err := bench.ProcsIdle(ctx, env, t, p, holder)
+	if err != nil {
+		return nil, err
+	}
+	fan, err := bench.ProcsFanOut(ctx, env, t, p)
+	return append([]*bench.Result{idle}, fan...), err
 }
 
 // parseSize reads a byte count with an optional KiB, MiB or GiB suffix.

@@ -1,0 +1,282 @@
+//go:build linux
+
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Scenario 10, every core of a host (issue 14): `pgsse serve --procs N`.
+//
+//	10 procs idle     p.ProcsConns idle connections through one port with --procs 2, held by
+//	                 several load processes (p.HolderConns each: one process may hold at
+//	                 most 20,000 descriptors) → RSS per connection over the whole process tree,
+//	                 how the kernel spread them, CPU while idle.
+//	10 procs fan-out  scenario 3 (p.Conns subscribers, one event at a time) against --procs 1
+//	                 and --procs 2 in the same run → time to last p50/p99, server CPU per
+//	                 delivery (the tree's), and the client's CPU share beside each: the load
+//	                 generator shares the cores the server processes would have.
+//
+// Server CPU and RSS are always the process tree's (Server.CPU, Server.RSS): the first process
+// and its siblings.
+
+// HolderConns is the most connections one holder process opens by default (its own
+// descriptor limit is 20,000 on the machines we run on).
+const HolderConns = 15000
+
+// Holder is a load-generator process holding idle subscribers: the load command run with
+// --hold (HoldMain), so that one benchmark can hold more connections than one process may.
+type Holder struct {
+	PID   int
+	Conns int
+
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Reader
+}
+
+// HolderCommand makes the command of one holder process for n connections to addr: a
+// program that calls HoldMain (the load command with --hold, the bench test binary with
+// PGSSE_BENCH_HOLD).
+type HolderCommand func(addr netip.AddrPort, n, sources int) *exec.Cmd
+
+// StartHolder runs cmd — which must call HoldMain — and waits until it holds its connections
+// (it prints "held N").
+func StartHolder(cmd *exec.Cmd, timeout time.Duration) (*Holder, error) {
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	h := &Holder{PID: cmd.Process.Pid, cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+	line := make(chan string, 1)
+	go func() {
+		l, _ := h.out.ReadString('\n')
+		line <- l
+	}()
+	select {
+	case l := <-line:
+		n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(l, "held ")))
+		if err != nil {
+			h.Close()
+			return nil, fmt.Errorf("holder: %q", l)
+		}
+		h.Conns = n
+		return h, nil
+	case <-time.After(timeout):
+		h.Close()
+		return nil, fmt.Errorf("holder did not connect within %v", timeout)
+	}
+}
+
+// CPU is the holder's CPU time so far.
+func (h *Holder) CPU() time.Duration {
+	c, _ := procCPU(h.PID)
+	return c
+}
+
+// Close tells the holder to close its connections and waits for it.
+func (h *Holder) Close() {
+	_ = h.stdin.Close()
+	done := make(chan struct{})
+	go func() { _ = h.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = h.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// HoldMain is a holder process's work: open n idle subscribers of addr (path), print
+// "held N", and hold them until standard input closes.
+func HoldMain(addr netip.AddrPort, path string, n, sources int) error {
+	c, err := NewClient(ClientConfig{Addr: addr, Path: path, Sources: sources, MaxSeq: 16})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.Connect(n, false); err != nil {
+		return err
+	}
+	fmt.Printf("held %d\n", c.Conns())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return nil
+}
+
+// ProcsIdle is scenario 10's first part: p.ProcsConns idle connections to `pgsse serve
+// --procs 2`, opened by holder processes (at most p.HolderConns each) that holder makes.
+func ProcsIdle(ctx context.Context, e *Env, t Target, p Params, holder HolderCommand) (*Result, error) {
+	t.Procs, t.Label = 2, t.Name+" --procs 2"
+	r, err := e.start(ctx, t, p)
+	if err != nil {
+		return nil, err
+	}
+	defer r.stop()
+	time.Sleep(500 * time.Millisecond)
+	pids := r.srv.Tree()
+	if len(pids) != 2 {
+		return nil, fmt.Errorf("%s --procs 2: %d processes (%v)", t.Name, len(pids), pids)
+	}
+	rss0, err := r.srv.RSS()
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	var holders []*Holder
+	defer func() {
+		for _, h := range holders {
+			h.Close()
+		}
+	}()
+	per := p.HolderConns
+	if per <= 0 {
+		per = HolderConns
+	}
+	for left := p.ProcsConns; left > 0; left -= per {
+		h, err := StartHolder(holder(r.srv.SSE, min(left, per), p.Sources), 5*time.Minute)
+		if err != nil {
+			return nil, err
+		}
+		holders = append(holders, h)
+		e.logf("%s --procs 2: a holder (pid %d) holds %d connections", t.Name, h.PID, h.Conns)
+	}
+	connectTime := time.Since(t0)
+	held := 0
+	for _, h := range holders {
+		held += h.Conns
+	}
+	time.Sleep(time.Second)
+	cpu0, _ := r.srv.CPU()
+	var hc0 time.Duration
+	for _, h := range holders {
+		hc0 += h.CPU()
+	}
+	w0 := time.Now()
+	time.Sleep(p.IdleWindow)
+	cpu1, _ := r.srv.CPU()
+	var hc1 time.Duration
+	for _, h := range holders {
+		hc1 += h.CPU()
+	}
+	window := time.Since(w0)
+	rss1, err := r.srv.RSS()
+	if err != nil {
+		return nil, err
+	}
+	if err := r.alive(); err != nil {
+		return nil, err
+	}
+	var metrics strings.Builder
+	_ = r.srv.Get(ctx, "/metrics", &metrics)
+	res := &Result{Scenario: "10 procs idle", Target: t.label()}
+	res.add("connections through one port", "", float64(held), false)
+	res.add("load processes holding them", "", float64(len(holders)), false)
+	for ln := range strings.Lines(metrics.String()) {
+		if v, ok := strings.CutPrefix(ln, `pgsse_process_sse_connections{process="`); ok {
+			proc, val, _ := strings.Cut(v, `"} `)
+			f, _ := strconv.ParseFloat(strings.TrimSpace(val), 64)
+			res.add("connections on process "+proc, "", f, false)
+		}
+		if v, ok := strings.CutPrefix(ln, "pgsse_sse_connections "); ok {
+			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			res.add("connections in the summed metric", "", f, false)
+		}
+	}
+	res.add("RSS per idle connection (both processes)", "B", float64(rss1-rss0)/float64(held), true)
+	res.add("RSS total (both processes)", "MiB", float64(rss1)/(1<<20), true)
+	res.add("connect rate", "conn/s", float64(held)/connectTime.Seconds(), false)
+	res.add("server CPU while idle (both processes)", "ms/s", ms(cpu1-cpu0)/window.Seconds(), true)
+	res.add("load processes' CPU while idle", "ms/s", ms(hc1-hc0)/window.Seconds(), true)
+	return res, nil
+}
+
+// ProcsFanOut is scenario 10's second part: scenario 3 against t with --procs 1 and with
+// --procs 2, one after the other in the same run.
+func ProcsFanOut(ctx context.Context, e *Env, t Target, p Params) ([]*Result, error) {
+	var out []*Result
+	for _, n := range []int{1, 2} {
+		tn := t
+		tn.Procs, tn.Label = n, t.Name+" --procs "+strconv.Itoa(n)
+		r, err := FanOut(ctx, e, tn, p, 0)
+		if err != nil {
+			return out, err
+		}
+		r.Scenario = "10 procs fan-out"
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// waitProcs waits until the first process's /metrics shows n serving processes (a sibling
+// appears there once it serves).
+func (s *Server) waitProcs(ctx context.Context, n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var m strings.Builder
+		if err := s.Get(ctx, "/metrics", &m); err == nil && strings.Count(m.String(), "\npgsse_process_sse_connections{") == n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not %d processes serving after %v", n, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Tree is the server's process and its children (--procs siblings), as /proc lists them.
+func (s *Server) Tree() []int {
+	pids := []int{s.PID}
+	tasks, _ := os.ReadDir("/proc/" + strconv.Itoa(s.PID) + "/task")
+	for _, task := range tasks {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(s.PID) + "/task/" + task.Name() + "/children")
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+// TreeCPU is the CPU time so far of each process of the server's tree.
+func (s *Server) TreeCPU() map[int]time.Duration {
+	m := map[int]time.Duration{}
+	for _, pid := range s.Tree() {
+		if c, err := procCPU(pid); err == nil {
+			m[pid] = c
+		}
+	}
+	return m
+}
+
+// busiest is the largest CPU time one process spent between two TreeCPU readings: with the
+// work spread over processes on cores of their own, the wall time it takes.
+func busiest(before, after map[int]time.Duration) time.Duration {
+	var top time.Duration
+	for pid, c := range after {
+		top = max(top, c-before[pid])
+	}
+	return top
+}
