@@ -46,6 +46,7 @@ type cli struct {
 	fromEnv  map[string]string // flag → environment variable it was taken from
 	groups   [][]string        // flags where a command-line value masks the others' env values
 	envSplit map[string]bool   // repeatable flags whose env value is comma-separated
+	dbSource string            // where database() took the connection string from, for errors
 }
 
 func newCLI(name, synopsis string, env func(string) (string, bool)) *cli {

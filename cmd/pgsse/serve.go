@@ -39,6 +39,7 @@ type serveSetup struct {
 	redactor    *redactor // the secrets to keep out of logs and /debug/pprof/cmdline
 	fdLimit     uint64
 	algorithms  []string
+	dbSource    string         // where the connection string came from: --database-url, DATABASE_URL, …
 	procs       int            // --procs: processes serving --listen (procs.go)
 	sibling     *siblingMarker // this process is a sibling of --procs (set by asSibling)
 }
@@ -119,6 +120,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	if err != nil {
 		return nil, err
 	}
+	s.dbSource = c.dbSource
 	s.redactor.add(pgcfg.Password)
 	if u, err := url.Parse(dsn); err == nil && u.User != nil {
 		if pw, ok := u.User.Password(); ok {
@@ -457,6 +459,9 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = admin.Shutdown(sctx)
 		cancel()
+	}
+	if errors.Is(runErr, engine.ErrDatabaseRefused) {
+		runErr = fmt.Errorf("%s: %w", s.dbSource, runErr) // the one line names where the database came from
 	}
 	if runErr != nil {
 		msg := "pgsse stopped"
