@@ -384,7 +384,12 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 	if s.adminListen != "" {
 		ln, err := net.Listen("tcp", s.adminListen)
 		if err != nil {
-			log.Error("admin server cannot listen", "addr", s.adminListen, "err", err)
+			// One line naming the flag, as the engine's for --listen and --hub-socket.
+			var op *net.OpError
+			if errors.As(err, &op) {
+				err = op.Err // "bind: address already in use", without net's "listen tcp ADDR: "
+			}
+			log.Error("pgsse cannot start", "err", fmt.Sprintf("--admin-listen %s: admin server cannot listen: %v", s.adminListen, err))
 			return errReported
 		}
 		adminAddr = ln.Addr().String()
