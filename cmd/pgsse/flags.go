@@ -328,14 +328,14 @@ func parseSize(v string) (int64, error) {
 	return n * mult, nil
 }
 
+// formatSize writes a byte count as SPEC §6 writes the defaults: whole GiB or MiB with the
+// suffix (1MiB), anything else in bytes (8192).
 func formatSize(n int64) string {
 	switch {
 	case n >= 1<<30 && n%(1<<30) == 0:
 		return strconv.FormatInt(n>>30, 10) + "GiB"
 	case n >= 1<<20 && n%(1<<20) == 0:
 		return strconv.FormatInt(n>>20, 10) + "MiB"
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return strconv.FormatInt(n>>10, 10) + "KiB"
 	}
 	return strconv.FormatInt(n, 10)
 }
