@@ -103,6 +103,24 @@ func TestServeDatabaseRefusedNamesItsSource(t *testing.T) {
 	assert.Contains(t, line, reason)
 }
 
+// A short HS256 secret is warned about once pgsse serves, not before: a start that fails — bad
+// configuration, a database refused for good — says one line (SPEC §6), short secret or not.
+// Before, the warning came first and made it two.
+func TestServeShortSecret(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	r := pgsse(t, []string{"DATABASE_URL=" + dsn}, "serve", "--jwt-secret", "short", "--cors-origins", "https://A.example")
+	assert.Contains(t, errorLine(t, r, 2), "--cors-origins")
+
+	missing := pgtest.WithDatabase(t, dsn, "pgsse_no_such_database")
+	line := oneLogLine(t, serveOnce(t, []string{"PGSSE_JWT_SECRET=short"}, "--database-url", missing))
+	assert.Contains(t, line, "(SQLSTATE 3D000)")
+
+	p := startServe(t, 0, []string{"PGSSE_JWT_SECRET=short", "DATABASE_URL=" + dsn})
+	waitFor(t, "the warning", 10*time.Second, func() bool {
+		return strings.Contains(p.stderr.String(), "the HS256 secret is short; use at least 32 random bytes")
+	})
+}
+
 // An unreachable PostgreSQL is retried while /readyz answers 503, and the log says so once
 // (per cause, per 30 s) — not at every reconnect attempt.
 func TestServeDatabaseUnreachable(t *testing.T) {

@@ -40,6 +40,7 @@ type serveSetup struct {
 	fdLimit     uint64
 	algorithms  []string
 	dbSource    string         // where the connection string came from: --database-url, DATABASE_URL, …
+	shortSecret int            // bytes of an HS256 secret shorter than shortSecret, warned about once serving
 	procs       int            // --procs: processes serving --listen (procs.go)
 	sibling     *siblingMarker // this process is a sibling of --procs (set by asSibling)
 }
@@ -232,7 +233,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		s.algorithms = v.Algorithms()
 	}
 	if secret != nil && len(secret) < shortSecret {
-		s.logger.Warn("the HS256 secret is short; use at least 32 random bytes", "bytes", len(secret))
+		s.shortSecret = len(secret) // warned once serving: a start that fails says one line only
 	}
 	for _, o := range *corsOrigins {
 		if err := checkOrigin(o); err != nil {
@@ -431,6 +432,9 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			"max_outbound_memory", s.cfg.MaxOutboundMemory, "go_memory_limit", memoryLimitSource(s.cfg.GoMemoryLimit),
 			"heartbeat", s.cfg.Heartbeat.String(), "retry", s.cfg.Retry.String(), "retention", s.cfg.Retention.String(),
 			"jwt", strings.Join(s.algorithms, ","), "public_streams", len(s.cfg.PublicStreams))
+		if s.shortSecret > 0 && s.sibling == nil {
+			log.Warn("the HS256 secret is short; use at least 32 random bytes", "bytes", s.shortSecret)
+		}
 		if sup != nil {
 			sup.start(srv, siblingListen(s.cfg.Listen, srv.Addr()))
 		}
