@@ -130,7 +130,6 @@ func (s *Server) onResynced() {
 	wasUp := s.everUp
 	s.listenUp, s.everUp = true, true
 	s.listenOK.Store(true)
-	s.recheckSchema() // a new session may have found another database (restored, recreated, migrated)
 	if wasUp {
 		s.metrics.reconnects.Inc()
 		s.log.Info("LISTEN session back; catching streams up from the table", "streams", len(s.streams), "channels", len(s.channels))

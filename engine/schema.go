@@ -102,10 +102,8 @@ func (s *Server) checkDatabase(ctx context.Context, timeout time.Duration, atSta
 }
 
 // checkSchema keeps Ready's schema half up to date (/readyz) after the check at start: every
-// schemaCheckInterval until the schema matches, and each time the LISTEN session comes up
-// (recheckSchema) — /readyz is 200 only while the schema is at the expected version (SPEC §4),
-// and a session that had to reconnect may have found the database restored, recreated or
-// migrated by a newer pgsse. It runs on its own goroutine and touches only atomics.
+// schemaCheckInterval until the schema matches. It runs on its own goroutine and touches only
+// atomics.
 func (s *Server) checkSchema(ctx context.Context) {
 	t := time.NewTicker(schemaCheckInterval)
 	defer t.Stop()
@@ -117,18 +115,7 @@ func (s *Server) checkSchema(ctx context.Context) {
 			if !s.schemaOK.Load() {
 				_ = s.checkDatabase(ctx, schemaCheckInterval, false)
 			}
-		case <-s.schemaRecheck:
-			_ = s.checkDatabase(ctx, schemaCheckInterval, false)
 		}
-	}
-}
-
-// recheckSchema asks checkSchema to check the schema at once; it never blocks (one request
-// pending is enough).
-func (s *Server) recheckSchema() {
-	select {
-	case s.schemaRecheck <- struct{}{}:
-	default:
 	}
 }
 

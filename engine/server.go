@@ -61,8 +61,6 @@ type Server struct {
 	listenOK  atomic.Bool
 	schemaOK  atomic.Bool
 	schemaMsg atomic.Value // string: why the schema is not ready
-	// schemaRecheck asks checkSchema to check at once (the LISTEN session came up: schema.go)
-	schemaRecheck chan struct{}
 	// schemaLogged: when "not ready" was last logged (schema.go)
 	schemaLogged atomic.Pointer[time.Time]
 
@@ -108,20 +106,19 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg:           cfg,
-		log:           slog.New(newRepeatLimiter(cfg.Logger.Handler(), logRepeatEvery)),
-		tasks:         newTaskQueue(),
-		loopsReady:    make(chan struct{}),
-		pollNow:       make(chan struct{}, 1),
-		schemaRecheck: make(chan struct{}, 1),
-		relieved:      make(chan struct{}, 1),
-		batchSlots:    make(chan struct{}, listenBatchesQueued),
-		stopping:      make(chan struct{}),
-		started:       make(chan struct{}),
-		streams:       make(map[string]*stream),
-		scratch:       make([]byte, 0, scratchBytes),
-		channels:      make(map[string]*channel),
-		subjects:      make(map[string]int32),
+		cfg:        cfg,
+		log:        slog.New(newRepeatLimiter(cfg.Logger.Handler(), logRepeatEvery)),
+		tasks:      newTaskQueue(),
+		loopsReady: make(chan struct{}),
+		pollNow:    make(chan struct{}, 1),
+		relieved:   make(chan struct{}, 1),
+		batchSlots: make(chan struct{}, listenBatchesQueued),
+		stopping:   make(chan struct{}),
+		started:    make(chan struct{}),
+		streams:    make(map[string]*stream),
+		scratch:    make([]byte, 0, scratchBytes),
+		channels:   make(map[string]*channel),
+		subjects:   make(map[string]int32),
 	}
 	s.publishBudget = max(publishMemoryBytes, 2*cfg.MaxPublishBytes)
 	s.publishBodyTimeoutMS = publishBodyTimeoutMS
