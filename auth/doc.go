@@ -1,4 +1,4 @@
-// Package auth owns pgsse's bearer tokens (SPEC §3 Authorization, §3a, §3b): verifying
+// Package auth owns pgsse's bearer tokens (docs/http.md, Authorization; Publishing over HTTP): verifying
 // JWTs (HS256 with a shared secret; RS256, ES256 or EdDSA with a public key), extracting
 // the "pgsse" claims, checking them against the name rules, matching stream and channel
 // names against the granted patterns, the audience rule (InAudience: which events a

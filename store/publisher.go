@@ -114,7 +114,7 @@ type PublisherConfig struct {
 }
 
 // Publisher publishes events for the engine (POST /streams, POST /publish) and the CLI
-// with group commit (SPEC §3a): requests that arrive while a transaction is in flight
+// with group commit (docs/http.md, Publishing over HTTP): requests that arrive while a transaction is in flight
 // are committed together in the next one, as one call of pgsse.publish_many (one NOTIFY
 // per stream per transaction), and each request's callback runs only after COMMIT.
 //
