@@ -52,9 +52,9 @@ func (c *Claims) AllowsPublish(stream []byte) bool {
 }
 
 // InAudience reports whether a connection whose token carries tags may see an event
-// addressed to audience (docs/http.md, Authorization: Audience): the audience is empty (everyone), or it
-// shares a tag with tags. It is the one rule for live delivery; replay applies the same
-// in SQL (pgsse.replay). It does not allocate.
+// addressed to audience (docs/http.md, Authorization: Audience): the audience is empty
+// (everyone), or it shares a tag with tags. It is the one rule for live delivery; replay applies
+// the same in SQL (pgsse.replay). It does not allocate.
 func InAudience(tags, audience []string) bool {
 	if len(audience) == 0 {
 		return true

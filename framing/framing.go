@@ -60,8 +60,8 @@ func IsWorkerType(t Type) bool { return t >= TypeHello && t <= TypePing }
 func IsHubType(t Type) bool { return t >= TypeAck && t <= TypePong }
 
 // Mode is how the hub delivers a channel's notifications to one worker: the SUB frame's mode
-// byte (docs/hub-protocol.md). It is the one name for this idea: the hub (engine) and the worker client
-// (pglisten.HubConfig.Mode) both use it.
+// byte (docs/hub-protocol.md). It is the one name for this idea: the hub (engine) and the worker
+// client (pglisten.HubConfig.Mode) both use it.
 type Mode uint8
 
 // SUB modes.

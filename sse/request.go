@@ -138,9 +138,9 @@ type Request struct {
 	ContentType   []byte // the raw Content-Type value, nil if absent
 	Media         Media  // ContentType classified
 
-	// Publish parameters (docs/http.md, Publishing over HTTP), parsed from the query of a POST only,
-	// percent-decoded with '+' as space. Not validated here: callers run
-	// names.CheckEvent / names.CheckTag on them.
+	// Publish parameters (docs/http.md, Publishing over HTTP), parsed from the query of a POST
+	// only, percent-decoded with '+' as space. Not validated here: callers run names.CheckEvent /
+	// names.CheckTag on them.
 	Event     []byte   // ?event=
 	HasEvent  bool     // ?event was present, even if blank
 	Audience  [][]byte // ?audience=, in order, at most names.MaxAudience; backed by the Parser
