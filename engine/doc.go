@@ -30,7 +30,7 @@
 //	budget.go            --max-outbound-memory: the limits that shrink with the queued total,
 //	                     large events held at most maxLargeEvents at once, Go's memory limit
 //
-// Invariants (DESIGN.md):
+// Invariants (docs/architecture.md):
 //   - One owner: every connection, stream, channel and worker is touched only on the loop
 //     goroutine. Other goroutines hand work over through taskQueue, a FIFO that gnet's
 //     Execute merely wakes, so order is ours, not gnet's.

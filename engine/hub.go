@@ -368,7 +368,8 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 			" channels together, their share of the LISTEN session (the rest is kept for SSE clients)")
 		return
 	}
-	// Register before LISTEN (DESIGN invariant 4); ACK once it completed on this session.
+	// Register before LISTEN (docs/architecture.md, invariant 4); ACK once it completed on this
+	// session.
 	ch := s.holdChannel(string(channel))
 	if !w.sibling {
 		if ch.hub.workers == 0 {

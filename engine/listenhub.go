@@ -30,8 +30,8 @@ import (
 //   - Down while notifications may be missed: the hub's LISTENER_DOWN, or the hub gone
 //     (the switch), so that a /channels/ client does not get its response head in between.
 //   - Notifications in the order the hub sent them, batched per loop entry so that a
-//     subscriber gets one write for what arrived together (DESIGN invariant 2), and no more
-//     of them queued for the loop than from an own session (listenBatchesQueued).
+//     subscriber gets one write for what arrived together (docs/architecture.md, invariant 2),
+//     and no more of them queued for the loop than from an own session (listenBatchesQueued).
 //
 // Durable streams need nothing more: after every Resynced the loop reads each stream from
 // the table (resyncStreams), and ids deduplicate whatever arrives twice.

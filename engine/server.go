@@ -32,7 +32,7 @@ const (
 // the LISTEN session, the replay pool and the retention job.
 //
 // Every field below the "loop-owned" line is touched only on the loop goroutine
-// (DESIGN invariant 1); other goroutines hand work over through tasks.
+// (docs/architecture.md, invariant 1); other goroutines hand work over through tasks.
 type Server struct {
 	cfg      Config
 	log      *slog.Logger

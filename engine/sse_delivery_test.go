@@ -493,7 +493,7 @@ func TestSSEHeartbeat(t *testing.T) {
 }
 
 // Race: connecting with since=<head> while a publisher runs flat out must yield ids
-// contiguous from cursor+1, no duplicates, no gaps (DESIGN invariant 4).
+// contiguous from cursor+1, no duplicates, no gaps (docs/architecture.md, invariant 4).
 func TestSSESubscribeRace(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
