@@ -88,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		outboundBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_outbound_bytes",
 			Help: "Bytes queued for SSE connections that their sockets have not taken yet (shared event encodings counted once); bounded by --max-outbound-memory."}),
 		outboundWatermark: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_outbound_watermark_bytes",
-			Help: "The queued bytes over which a live durable subscriber stops taking live writes; shrinks from 256 KiB as pgsse_outbound_bytes passes half the budget."}),
+			Help: "The queued bytes over which a live durable subscriber stops taking live writes; shrinks from 256 KiB once pgsse_outbound_bytes passes a quarter of the budget, to its floor at half."}),
 		droppedSlowClient:    dropped.WithLabelValues("slow_client"),
 		droppedBadPayload:    dropped.WithLabelValues("bad_payload"),
 		droppedWakeCoalesced: dropped.WithLabelValues("hub_wake_coalesced"),
