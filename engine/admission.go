@@ -103,7 +103,11 @@ func (s *Server) overCapacity() (shedReason, bool) {
 // databaseUnavailable: the LISTEN session has been down for dbUnavailableAfterMS (or has not
 // come up that long after start).
 func (s *Server) databaseUnavailable() bool {
-	return !s.listenUp && s.nowMS-s.listenDownSinceMS >= dbUnavailableAfterMS
+	after := int64(dbUnavailableAfterMS)
+	if s.cfg.dbUnavailableAfterMS > 0 {
+		after = s.cfg.dbUnavailableAfterMS
+	}
+	return !s.listenUp && s.nowMS-s.listenDownSinceMS >= after
 }
 
 // subjectKey is whom a token's connections are counted against (--max-connections-per-subject):

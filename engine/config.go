@@ -73,6 +73,10 @@ type Config struct {
 
 	Logger   *slog.Logger          // default slog.Default()
 	Registry prometheus.Registerer // where metrics are registered; nil = a private registry
+
+	// dbUnavailableAfterMS overrides the constant of that name (tests only: a test that holds
+	// the LISTEN session down on purpose must not race the shed on a busy machine); 0 = it.
+	dbUnavailableAfterMS int64
 }
 
 // Defaults (docs/operations.md, Configuration): the CLI's flag defaults, and what New fills in

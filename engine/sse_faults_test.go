@@ -350,7 +350,10 @@ func TestSSEFaultPostgresRestart(t *testing.T) {
 // the head then arrives.
 func TestSSEFaultChannelHeadWaitsForListen(t *testing.T) {
 	t.Parallel()
-	ts := startServer(t, "", nil)
+	// The session's reconnect backoff after the hold can outlast dbUnavailableAfterMS on a
+	// busy machine; the client would then be shed (":database unavailable", a rule of its own
+	// with its own test) instead of waiting for the LISTEN this test is about.
+	ts := startServer(t, "", func(c *Config) { c.dbUnavailableAfterMS = time.Minute.Milliseconds() })
 	addr := ts.Addr().String()
 	tok := bearerH(allStreams(t))
 	pub := connect(t, ts.DSN)
