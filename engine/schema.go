@@ -100,7 +100,8 @@ func (s *Server) checkDatabase(ctx context.Context, timeout time.Duration, atSta
 }
 
 // checkSchema keeps Ready's schema half up to date (/readyz) after the check at start: every
-// schemaCheckInterval, ready or not. It runs on its own goroutine and touches only atomics.
+// schemaCheckInterval, ready or not (a sibling process of --procs, which serves no /readyz,
+// only until it is ready). It runs on its own goroutine and touches only atomics.
 func (s *Server) checkSchema(ctx context.Context) {
 	t := time.NewTicker(schemaCheckInterval)
 	defer t.Stop()
@@ -109,6 +110,9 @@ func (s *Server) checkSchema(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			if s.schemaOK.Load() && s.cfg.SiblingHub != nil {
+				continue // a sibling of --procs serves no /readyz: once ready, no more connections
+			}
 			_ = s.checkDatabase(ctx, schemaCheckInterval, false)
 		}
 	}
