@@ -19,7 +19,7 @@ import (
 	"github.com/pgsse/pgsse/store"
 )
 
-// SPEC §3 durable delivery guarantee: every committed event with id > cursor reaches every
+// docs/http.md's durable delivery guarantee: every committed event with id > cursor reaches every
 // connected client exactly once, in order, including events committed while the LISTEN
 // session was down.
 
@@ -408,9 +408,9 @@ func TestSSEFaultChannelRelisten(t *testing.T) {
 	}
 }
 
-// SPEC §3b: with PostgreSQL down a new subscriber is told so at once — ":database
-// unavailable", not ":over capacity" after ≈15 s (issue 11) — while connected clients keep
-// their connections and are caught up once it is back.
+// docs/http.md, Responses and errors: with PostgreSQL down a new subscriber is told so at once —
+// ":database unavailable", not ":over capacity" after ≈15 s (issue 11) — while connected clients
+// keep their connections and are caught up once it is back.
 func TestShedDatabaseUnavailable(t *testing.T) {
 	t.Parallel()
 	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{})
