@@ -14,8 +14,9 @@ import (
 
 // The database check: at start (Run, synchronously, so that a database that refuses us for
 // good ends the start with one line) and then every schemaCheckInterval for as long as the
-// server runs (Ready's schema half, /readyz: 200 only while the schema is at the expected
-// version, SPEC §4 — a schema dropped or rolled back under a running server turns it 503).
+// server runs (Ready's schema half; docs/operations.md: /readyz is 200 only while the schema
+// is at the expected version, so a schema dropped or rolled back under a running server
+// turns it 503).
 const (
 	schemaCheckInterval = 10 * time.Second // between checks, and one check's timeout
 	startCheckTimeout   = 5 * time.Second  // the check at start: an unreachable server does not hold the start longer

@@ -94,8 +94,9 @@ func TestSSENotReadyWithoutSchema(t *testing.T) {
 	assert.Contains(t, ts.NotReadyReason(), "migrate")
 }
 
-// SPEC §4: /readyz is 200 only while the schema is at the expected version — also when it
-// stops being so under a running server (a schema rolled back or dropped), not only at start.
+// docs/operations.md, Health: /readyz is 200 only while the schema is at the expected
+// version — also when it stops being so under a running server (a schema rolled back or
+// dropped), not only at start.
 func TestSSENotReadyWhenSchemaRollsBack(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
