@@ -12,8 +12,8 @@ import (
 	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
-// SPEC §3a: POST /streams/{stream} publishes one event; the answer comes after COMMIT and
-// names its id; subscribers get it like any pgsse.publish.
+// docs/http.md, Publishing over HTTP: POST /streams/{stream} publishes one event; the answer
+// comes after COMMIT and names its id; subscribers get it like any pgsse.publish.
 func TestPublishOneEvent(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
@@ -59,8 +59,8 @@ func TestPublishOneEvent(t *testing.T) {
 	assert.Equal(t, "keep-alive", r.Header.Get("Connection"))
 }
 
-// SPEC §3a: POST /publish is an NDJSON batch, all or nothing in one transaction; the answer
-// lists the ids in line order, null for ephemeral lines.
+// docs/http.md, Publishing over HTTP: POST /publish is an NDJSON batch, all or nothing in one
+// transaction; the answer lists the ids in line order, null for ephemeral lines.
 func TestPublishBatch(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
@@ -120,8 +120,8 @@ func TestPublishBatch(t *testing.T) {
 	assert.Equal(t, 415, r.Status, r.Body)
 }
 
-// SPEC §3a Authorization: a publish grant; subscribe grants do not allow publishing and
-// publish grants do not allow subscribing.
+// docs/http.md, Publishing over HTTP (authorization): a publish grant; subscribe grants do not
+// allow publishing and publish grants do not allow subscribing.
 func TestPublishAuthorization(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", func(c *Config) { c.PublicStreams = []string{"public/*"} })
@@ -167,7 +167,7 @@ func TestPublishAuthorization(t *testing.T) {
 	assert.Equal(t, 403, r.Status, r.Body)
 }
 
-// SPEC §3a errors: each one line naming what was wrong.
+// docs/http.md, Publishing over HTTP (errors): each one line naming what was wrong.
 func TestPublishErrors(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", func(c *Config) { c.MaxPublishBytes = 1000 })
