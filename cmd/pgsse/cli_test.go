@@ -570,7 +570,8 @@ func TestHelp(t *testing.T) {
 	r := pgsse(t, nil, "serve", "--help")
 	assert.Contains(t, r.stdout, "--max-connections N")
 	assert.Contains(t, r.stdout, "[PGSSE_MAX_CONNECTIONS]")
-	// SPEC §6 lists serve's flags, their defaults written as there, and their variables.
+	// docs/operations.md, Configuration, lists serve's flags with their defaults (as written there)
+	// and variables; the help says the same.
 	for flag, def := range map[string]string{
 		"database-url": "", "listen": ":8080", "admin-listen": "127.0.0.1:9090", "hub-socket": "",
 		"hub-socket-mode": "0600", "hub-worker-buffer": "1MiB", "jwt-secret": "", "jwt-secret-file": "",

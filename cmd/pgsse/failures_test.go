@@ -71,8 +71,8 @@ func TestServeDatabaseRefusedForGood(t *testing.T) {
 	assert.Contains(t, line, "(SQLSTATE 28000)")
 }
 
-// The one line names where the database came from (SPEC §6: --database-url, else DATABASE_URL,
-// else the libpq variables) and keeps PostgreSQL's reason when pgconn tried more than once — as
+// The one line names where the database came from (docs/operations.md, Configuration:
+// --database-url, else DATABASE_URL, else the libpq variables) and keeps PostgreSQL's reason when pgconn tried more than once — as
 // it does with the default sslmode=prefer (TLS first, then plain), whose error has a line per
 // attempt. Before, the line said "--database-url" whatever the source, and ended at
 // "failed to connect to `user=… database=…`:" with the reason cut off.
@@ -104,7 +104,7 @@ func TestServeDatabaseRefusedNamesItsSource(t *testing.T) {
 }
 
 // A short HS256 secret is warned about once pgsse serves, not before: a start that fails — bad
-// configuration, a database refused for good — says one line (SPEC §6), short secret or not.
+// configuration, a database refused for good — says one line (docs/operations.md), short secret or not.
 // Before, the warning came first and made it two.
 func TestServeShortSecret(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)

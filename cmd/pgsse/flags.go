@@ -328,8 +328,8 @@ func parseSize(v string) (int64, error) {
 	return n * mult, nil
 }
 
-// formatSize writes a byte count as SPEC §6 writes the defaults: whole GiB or MiB with the
-// suffix (1MiB), anything else in bytes (8192).
+// formatSize writes a byte count as docs/operations.md's flag table writes the defaults: whole
+// GiB or MiB with the suffix (1MiB), anything else in bytes (8192).
 func formatSize(n int64) string {
 	switch {
 	case n >= 1<<30 && n%(1<<30) == 0:

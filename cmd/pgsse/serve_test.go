@@ -162,7 +162,7 @@ func TestServeEndToEnd(t *testing.T) {
 }
 
 // TestServeAdminListenBusy: a taken admin address ends the start with one line naming the
-// flag (SPEC §6), as a taken --listen does; exit 1.
+// flag (docs/operations.md, Configuration), as a taken --listen does; exit 1.
 func TestServeAdminListenBusy(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

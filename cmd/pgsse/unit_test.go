@@ -52,7 +52,7 @@ func TestParseSize(t *testing.T) {
 		}
 	}
 	assert.Equal(t, "1MiB", formatSize(1<<20))
-	assert.Equal(t, "8192", formatSize(8192), "as SPEC §6 writes --max-header-bytes' default")
+	assert.Equal(t, "8192", formatSize(8192), "as docs/operations.md writes --max-header-bytes' default")
 	assert.Equal(t, "65540", formatSize(65540))
 }
 
