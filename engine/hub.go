@@ -292,7 +292,7 @@ func (h *hub) traffic(w *worker) {
 	if w.closing {
 		_, _ = w.c.Discard(-1)
 	} else {
-		_, _ = w.c.Discard(off)
+		discard(w.c, off) // a partial frame at the start stays for the next read
 	}
 	h.pump(w)
 }

@@ -280,6 +280,50 @@ func TestHubBadInput(t *testing.T) {
 	waitFor(t, 5*time.Second, "only the healthy worker left", func() bool { return metricValue(t, ts.metrics.hubWorkers) == 1 })
 }
 
+// TestHubFramesSplitAcrossReads: a socket is a byte stream, so a worker may write a frame in
+// pieces (header, then body; or a byte at a time) and the hub must join them. Before the fix
+// a read that held no complete frame was thrown away (gnet's Discard(0) drops everything):
+// HELLO written in two pieces got STATUS PROTOCOL_ERROR instead of READY.
+func TestHubFramesSplitAcrossReads(t *testing.T) {
+	ts := startHub(t, nil)
+	pub := connect(t, ts.DSN)
+	w := dialHub(t, ts.cfg.HubSocket)
+	// Each piece is a separate write with a pause between them so that the hub reads them
+	// separately (were two pieces read together, the test would merely prove less).
+	inPieces := func(frame []byte) {
+		t.Helper()
+		for i := range frame {
+			w.send(frame[i : i+1])
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	inPieces(framing.AppendHello(nil, 1, []byte("pieces")))
+	f := w.next(5 * time.Second)
+	require.Equal(t, framing.TypeStatus, f.Type)
+	require.Equal(t, framing.StatusReady, f.Status, "HELLO in pieces is answered READY: %s", f.Text)
+
+	inPieces(framing.AppendPing(nil, 0x0102030405060708))
+	f = w.next(5 * time.Second)
+	require.Equal(t, framing.TypePong, f.Type)
+	assert.Equal(t, uint64(0x0102030405060708), f.Token)
+
+	// A whole frame followed by the start of the next: the partial one is kept.
+	sub := framing.AppendSub(nil, 7, framing.ModeLossless, []byte("pieces"))
+	w.send(append(framing.AppendPing(nil, 1), sub[:3]...))
+	f = w.next(5 * time.Second)
+	require.Equal(t, framing.TypePong, f.Type)
+	inPieces(sub[3:])
+	f = w.next(10 * time.Second)
+	require.Equal(t, framing.TypeAck, f.Type)
+	require.Equal(t, uint32(7), f.Req)
+	require.Equal(t, framing.AckOK, f.Ack, "%s", f.Text)
+
+	pgNotify(t, pub, "pieces", []byte("joined"))
+	f = w.next(5 * time.Second)
+	require.Equal(t, framing.TypeNotify, f.Type)
+	assert.Equal(t, "joined", string(f.Text))
+}
+
 // TestHubWedgedWorker: with a 128 KiB ring, a lossless worker that stops reading is evicted
 // (the raw one sees EVICTED; the failover one switches to its own session), a wake-mode one is
 // not and gets RESYNC for its channel when it reads again, and a healthy worker on the same

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/panjf2000/gnet/v2"
+
 	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/names"
 	"github.com/pgsse/pgsse/sse"
@@ -201,7 +203,7 @@ func (s *Server) readBody(sc *sseConn) bool {
 	}
 	n, done, err := pub.body.Decode(in)
 	if err != nil {
-		discard(sc, n)
+		discard(sc.c, n)
 		var pe *sse.ParseError
 		if errors.As(err, &pe) && pe.Status == 413 {
 			s.closePublish(sc, 413, "request body is larger than --max-publish-bytes ("+strconv.FormatInt(s.cfg.MaxPublishBytes, 10)+" bytes)")
@@ -211,16 +213,16 @@ func (s *Server) readBody(sc *sseConn) bool {
 		return true
 	}
 	if !s.holdPublishBytes(pub, int64(cap(pub.body.Buffer()))-pub.held) {
-		discard(sc, n)
+		discard(sc.c, n)
 		s.closePublish(sc, 503, "too many publish bodies in flight; retry later")
 		return true
 	}
 	if !done {
-		discard(sc, n)
+		discard(sc.c, n)
 		return false
 	}
 	s.bodyRead(sc) // before discarding: the body may be a view into the input
-	discard(sc, n)
+	discard(sc.c, n)
 	switch {
 	case pub.status != 0:
 		s.answerPublishError(sc, pub.status, pub.reason)
@@ -232,9 +234,9 @@ func (s *Server) readBody(sc *sseConn) bool {
 
 // discard drops the first n bytes of the connection's input (gnet's Discard(0) would drop
 // all of it).
-func discard(sc *sseConn, n int) {
+func discard(c gnet.Conn, n int) {
 	if n > 0 {
-		_, _ = sc.c.Discard(n)
+		_, _ = c.Discard(n)
 	}
 }
 
