@@ -67,6 +67,7 @@ type hub struct {
 	pending                        []*worker // workers with ring bytes not yet handed to gnet
 	spare                          []*worker
 	dead                           []*worker // closed during an iteration; removed on the way out
+	leaving                        []*worker // sent a final STATUS during an iteration; unsubscribed on the way out
 	lingering                      []*worker // sent a final STATUS; closed once it is flushed (closeLingering)
 	iter                           int       // depth of iterations over workers or subscriptions (enter/leave)
 	buf                            []byte    // control frame scratch (ACK, STATUS, PONG)
@@ -134,6 +135,12 @@ func (h *hub) leave() {
 	h.iter--
 	if h.iter > 0 {
 		return
+	}
+	for len(h.leaving) > 0 {
+		w := h.leaving[len(h.leaving)-1]
+		h.leaving[len(h.leaving)-1] = nil
+		h.leaving = h.leaving[:len(h.leaving)-1]
+		h.unsubscribeAll(w)
 	}
 	for len(h.dead) > 0 {
 		w := h.dead[len(h.dead)-1]
@@ -229,13 +236,19 @@ func (h *hub) closed(w *worker) {
 
 // remove releases everything the worker held; only outside hub iterations.
 func (h *hub) remove(w *worker) {
+	h.unsubscribeAll(w)
+	h.workers = swapRemove(h.workers, w, workerIndex)
+	h.srv.log.Debug("hub: worker gone", "pid", w.pid, "name", w.name)
+}
+
+// unsubscribeAll drops every subscription of w (a channel nobody else holds is UNLISTENed);
+// only outside hub iterations.
+func (h *hub) unsubscribeAll(w *worker) {
 	for _, sub := range w.subs {
 		h.detach(sub)
 	}
 	w.subs = nil
 	w.marked = nil
-	h.workers = swapRemove(h.workers, w, workerIndex)
-	h.srv.log.Debug("hub: worker gone", "pid", w.pid, "name", w.name)
 }
 
 // detach removes sub from its channel and drops the channel hold; only outside hub
@@ -450,9 +463,15 @@ func (h *hub) evict(w *worker) {
 
 // final hands what the ring holds (whole frames) and then frame to gnet, stops reading and
 // queueing, and closes once gnet has flushed it all — or after a grace period if the worker
-// never reads it (gnet's close does not wait for a slow peer).
+// never reads it (gnet's close does not wait for a slow peer). The worker leaves its
+// channels now, not at the close: SPEC §5, the last subscriber leaving by eviction UNLISTENs.
 func (h *hub) final(w *worker, frame []byte, graceMS int64) {
 	w.closing = true
+	if h.iter > 0 {
+		h.leaving = append(h.leaving, w)
+	} else {
+		h.unsubscribeAll(w)
+	}
 	if !w.gone {
 		a, b := w.out.Peek()
 		h.iov = append(h.iov[:0], a, b, frame)

@@ -411,6 +411,34 @@ func TestHubWedgedWorker(t *testing.T) {
 	assert.Equal(t, 2.0, metricValue(t, ts.metrics.evictions))
 }
 
+// TestHubEvictionUnlistens: SPEC §5, "when the last subscriber of a channel leaves — by UNSUB,
+// disconnect or eviction — the hub UNLISTENs". An evicted worker that never reads keeps its
+// socket for hubFinalGraceMS (10 s) so that it may still read EVICTED; before the fix its
+// channels were released only when that socket closed, so the UNLISTEN came 10 s late.
+func TestHubEvictionUnlistens(t *testing.T) {
+	ts := startHub(t, func(c *Config) { c.HubWorkerBuffer = MinHubWorkerBuffer })
+	const ch = "evicted-alone"
+	raw := dialHub(t, ts.cfg.HubSocket)
+	raw.hello("never-reads")
+	require.Equal(t, framing.AckOK, raw.sub(1, framing.ModeLossless, ch).Ack)
+	require.Equal(t, []string{ch}, ts.channelNames())
+
+	pub := connect(t, ts.DSN)
+	big := bytes.Repeat([]byte("e"), 7900)
+	for sent := 0; metricValue(t, ts.metrics.evictions) < 1; sent++ {
+		require.Less(t, sent, 3000, "the worker that never reads was not evicted")
+		pgNotify(t, pub, ch, big)
+	}
+	waitFor(t, hubFinalGraceMS*time.Millisecond/2, "the evicted worker's channel released", func() bool {
+		return len(ts.channelNames()) == 0 && ts.listen.(*pglisten.Session).Channels() == 1
+	})
+
+	frames, err := raw.untilClosed(20 * time.Second)
+	require.NoError(t, err)
+	require.NotEmpty(t, frames)
+	assert.Equal(t, framing.StatusEvicted, frames[len(frames)-1].Status, "it still reads EVICTED last")
+}
+
 // The hub's share of the LISTEN session (issue 11: 3 workers × 4,096 SUBs took all 10,000
 // channels): one worker holds at most maxWorkerChannels, all workers together at most
 // maxChannels distinct channels; SUBs beyond get ACK LIMIT, and SSE clients still get theirs.
