@@ -2,10 +2,12 @@ package auth
 
 import (
 	"crypto"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/golang-jwt/jwt/v5"
 )
@@ -33,10 +35,96 @@ type wireClaims struct {
 }
 
 type wirePGSSE struct {
-	Streams  []string `json:"streams,omitempty"`
-	Channels []string `json:"channels,omitempty"`
-	Publish  []string `json:"publish,omitempty"`
-	Tags     []string `json:"tags,omitempty"`
+	Streams  claimStrings `json:"streams,omitempty"`
+	Channels claimStrings `json:"channels,omitempty"`
+	Publish  claimStrings `json:"publish,omitempty"`
+	Tags     claimStrings `json:"tags,omitempty"`
+}
+
+// claimStrings is a list of names in the "pgsse" claim, decoded faithfully: encoding/json
+// turns invalid UTF-8 and lone surrogate escapes into U+FFFD without a word, which would grant
+// a token tags and patterns it was never signed with. An entry whose JSON text does not spell
+// valid UTF-8 gets an invalid byte instead, so that Claims.Check refuses it and names the
+// claim (SPEC §3b).
+type claimStrings []string
+
+// notUTF8 marks an entry that was not valid UTF-8 on the wire.
+const notUTF8 = "\xff"
+
+func (l *claimStrings) UnmarshalJSON(b []byte) error {
+	var raw []json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	if raw == nil {
+		*l = nil
+		return nil
+	}
+	out := make([]string, len(raw))
+	for i, r := range raw {
+		if err := json.Unmarshal(r, &out[i]); err != nil {
+			return err
+		}
+		if !jsonStringIsUTF8(r) {
+			out[i] += notUTF8
+		}
+	}
+	*l = out
+	return nil
+}
+
+// jsonStringIsUTF8 reports whether the JSON string literal s (quotes included, already known
+// to be well-formed JSON) spells valid UTF-8: its bytes are UTF-8 and every \u escape of a
+// surrogate is half of a high-low pair.
+func jsonStringIsUTF8(s []byte) bool {
+	if !utf8.Valid(s) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			continue
+		}
+		i++ // the escaped byte
+		if i >= len(s) || s[i] != 'u' {
+			continue
+		}
+		r := hex4(s[i+1:])
+		i += 4
+		switch {
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return false // a low surrogate without its high half
+		case r >= 0xD800 && r <= 0xDBFF:
+			if i+6 >= len(s) || s[i+1] != '\\' || s[i+2] != 'u' {
+				return false
+			}
+			if lo := hex4(s[i+3:]); lo < 0xDC00 || lo > 0xDFFF {
+				return false
+			}
+			i += 6
+		}
+	}
+	return true
+}
+
+// hex4 is the value of the 4 hex digits at the start of s (-1 if there are none).
+func hex4(s []byte) rune {
+	if len(s) < 4 {
+		return -1
+	}
+	var r rune
+	for _, c := range s[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return -1
+		}
+	}
+	return r
 }
 
 // Verifier checks tokens against one configuration. It is safe for concurrent use.
