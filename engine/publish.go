@@ -126,6 +126,9 @@ func (s *Server) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	case s.pool == nil:
 		s.refusePublish(sc, 401, "token authentication is not configured")
 		return
+	case crossSiteCookie(req, cors):
+		s.refusePublish(sc, 403, "a publish authorised by the pgsse_token cookie must come from the same origin or one of --cors-origins")
+		return
 	}
 	seq := pub.seq
 	claims, err, verdict := s.checkToken(tok, func(claims *auth.Claims, err error) { s.onPublishVerdict(sc, seq, claims, err) })
