@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -88,7 +89,7 @@ func jsonStringIsUTF8(s []byte) bool {
 		if i >= len(s) || s[i] != 'u' {
 			continue
 		}
-		r := hex4(s[i+1:])
+		r := hex4(s[i+1 : i+5])
 		i += 4
 		switch {
 		case r >= 0xDC00 && r <= 0xDFFF:
@@ -97,7 +98,7 @@ func jsonStringIsUTF8(s []byte) bool {
 			if i+6 >= len(s) || s[i+1] != '\\' || s[i+2] != 'u' {
 				return false
 			}
-			if lo := hex4(s[i+3:]); lo < 0xDC00 || lo > 0xDFFF {
+			if lo := hex4(s[i+3 : i+7]); lo < 0xDC00 || lo > 0xDFFF {
 				return false
 			}
 			i += 6
@@ -106,25 +107,13 @@ func jsonStringIsUTF8(s []byte) bool {
 	return true
 }
 
-// hex4 is the value of the 4 hex digits at the start of s (-1 if there are none).
-func hex4(s []byte) rune {
-	if len(s) < 4 {
+// hex4 is the value of the 4 hex digits of a \u escape (-1 if they are not).
+func hex4(digits []byte) rune {
+	v, err := strconv.ParseUint(string(digits), 16, 16)
+	if err != nil {
 		return -1
 	}
-	var r rune
-	for _, c := range s[:4] {
-		switch {
-		case c >= '0' && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return -1
-		}
-	}
-	return r
+	return rune(v)
 }
 
 // Verifier checks tokens against one configuration. It is safe for concurrent use.
