@@ -548,7 +548,7 @@ func TestVerifyRejectsBadClaims(t *testing.T) {
 	assert.Len(t, c.Tags, MaxClaimEntries)
 }
 
-// TestVerifyRejectsClaimsNotUTF8: SPEC §3b, tags and patterns in a token are valid UTF-8, and
+// TestVerifyRejectsClaimsNotUTF8: docs/http.md, tags and patterns in a token are valid UTF-8, and
 // a token that breaks that is rejected naming the claim. encoding/json turns invalid UTF-8 and
 // lone surrogate escapes into U+FFFD without a word, so before the fix such a token was
 // accepted with tags it was never signed with ("\xff" and "\xfe" both became "\ufffd").

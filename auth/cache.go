@@ -9,7 +9,7 @@ import (
 
 // Cache remembers verification results so that a token is checked once,
 // not once per connection: a reconnect storm of browsers presenting the
-// tokens they already had costs one hash each (SPEC §3b).
+// tokens they already had costs one hash each (docs/http.md, Authorization).
 //
 // Entries are keyed by the SHA-256 of the exact token bytes, never by
 // anything the token claims, so a forged token can only ever find its own

@@ -13,7 +13,7 @@ import (
 // A Claims value is never modified after Verify returns it, so it may be shared.
 //
 // Subscribe grants (Streams, Channels) and publish grants (Publish) are
-// separate: neither implies the other (SPEC §3a).
+// separate: neither implies the other (docs/http.md, Publishing over HTTP).
 type Claims struct {
 	Streams  []string  // stream patterns a subscriber may read
 	Channels []string  // raw channel patterns (/channels/)
@@ -52,9 +52,9 @@ func (c *Claims) AllowsPublish(stream []byte) bool {
 }
 
 // InAudience reports whether a connection whose token carries tags may see an event
-// addressed to audience (SPEC §3 "Audience"): the audience is empty (everyone), or it
-// shares a tag with tags. It is the one rule for live delivery; replay applies the same
-// in SQL (pgsse.replay). It does not allocate.
+// addressed to audience (docs/http.md, Authorization: Audience): the audience is empty
+// (everyone), or it shares a tag with tags. It is the one rule for live delivery; replay applies
+// the same in SQL (pgsse.replay). It does not allocate.
 func InAudience(tags, audience []string) bool {
 	if len(audience) == 0 {
 		return true
@@ -126,7 +126,7 @@ func (e *ClaimError) Unwrap() error { return e.Err }
 
 var errTooManyEntries = errors.New("at most " + strconv.Itoa(MaxClaimEntries) + " entries")
 
-// Check applies the name rules to every grant and tag (SPEC §3b): stream
+// Check applies the name rules to every grant and tag (docs/http.md, Authorization): stream
 // and publish patterns follow names.CheckStreamPattern, channel patterns
 // names.CheckChannelPattern, tags names.CheckTag — so nothing a token
 // carries can reach SQL or a LISTEN that PostgreSQL would refuse — and

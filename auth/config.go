@@ -1,6 +1,6 @@
 package auth
 
-// Config selects how tokens are verified (SPEC §3 Authorization). Filled by cmd/pgsse
+// Config selects how tokens are verified (docs/http.md, Authorization). Filled by cmd/pgsse
 // from --jwt-secret/--jwt-secret-file/--jwt-public-key-file/--jwt-issuer/--jwt-audience/
 // --jwt-allow-no-exp.
 type Config struct {

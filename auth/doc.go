@@ -1,9 +1,9 @@
-// Package auth owns pgsse's bearer tokens (SPEC §3 Authorization, §3a, §3b): verifying
-// JWTs (HS256 with a shared secret; RS256, ES256 or EdDSA with a public key), extracting
-// the "pgsse" claims, checking them against the name rules, matching stream and channel
-// names against the granted patterns, the audience rule (InAudience: which events a
-// token's tags may see), verifying off the event loop (Pool) with a cache of results
-// (Cache), and minting tokens for `pgsse token`.
+// Package auth owns pgsse's bearer tokens (docs/http.md, Authorization; Publishing over HTTP):
+// verifying JWTs (HS256 with a shared secret; RS256, ES256 or EdDSA with a public key),
+// extracting the "pgsse" claims, checking them against the name rules, matching stream and
+// channel names against the granted patterns, the audience rule (InAudience: which events a
+// token's tags may see), verifying off the event loop (Pool) with a cache of results (Cache), and
+// minting tokens for `pgsse token`.
 //
 // Invariants:
 //   - a key accepts only its own algorithm family, so a token can never choose how it is

@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// Pool verifies tokens off the event loop (SPEC §3b "Token verification
-// never stalls the loop"): a fixed set of verifier goroutines takes jobs
+// Pool verifies tokens off the event loop (docs/http.md, Authorization:
+// signatures are checked off the event loop): a fixed set of verifier goroutines takes jobs
 // from a bounded queue, and a Cache answers tokens already seen.
 //
 // The loop calls Lookup first (one hash; a hit needs no goroutine hop) and

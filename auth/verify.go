@@ -46,7 +46,7 @@ type wirePGSSE struct {
 // turns invalid UTF-8 and lone surrogate escapes into U+FFFD without a word, which would grant
 // a token tags and patterns it was never signed with. An entry whose JSON text does not spell
 // valid UTF-8 gets an invalid byte instead, so that Claims.Check refuses it and names the
-// claim (SPEC §3b).
+// claim (docs/http.md, Authorization).
 type claimStrings []string
 
 // notUTF8 marks an entry that was not valid UTF-8 on the wire.

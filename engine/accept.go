@@ -17,16 +17,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Accepting connections (SPEC §3b "Descriptors"). gnet v2.9.7's acceptor treats an accept
-// error such as EMFILE as fatal (acceptor_unix.go: ErrAcceptSocket stops the loop and the
-// process exits), so pgsse owns its accepts: an acceptor per listening socket (the SSE
-// --listen socket, the hub's Unix socket) accepts with the net package on its own goroutine
-// and hands each connection to the loop with gnet.Engine.Register — which dups the
-// descriptor, closes ours and runs OnOpen on the loop — at most a window of connections in
-// flight, so the loop takes on at most that many new connections per pass; connections
-// accepted meanwhile wait in the acceptor's queue rather than in the kernel's backlog, which
-// drops SYNs once full (the clients then retry after 1 s, 3 s, 7 s…). gnet keeps only a
-// placeholder listener that accepts nothing (Register needs one).
+// Accepting connections (docs/operations.md, Many connections: limits and kernel settings). gnet
+// v2.9.7's acceptor treats an accept error such as EMFILE as fatal (acceptor_unix.go:
+// ErrAcceptSocket stops the loop and the process exits), so pgsse owns its accepts: an acceptor
+// per listening socket (the SSE --listen socket, the hub's Unix socket) accepts with the net
+// package on its own goroutine and hands each connection to the loop with gnet.Engine.Register —
+// which dups the descriptor, closes ours and runs OnOpen on the loop — at most a window of
+// connections in flight, so the loop takes on at most that many new connections per pass;
+// connections accepted meanwhile wait in the acceptor's queue rather than in the kernel's
+// backlog, which drops SYNs once full (the clients then retry after 1 s, 3 s, 7 s…). gnet keeps
+// only a placeholder listener that accepts nothing (Register needs one).
 //
 // When accept fails with EMFILE or ENFILE the server keeps serving what it has: the acceptor
 // closes its reserve descriptor, accepts the waiting connection and closes it at once (shed:

@@ -7,13 +7,14 @@ import (
 	"github.com/pgsse/pgsse/auth"
 )
 
-// Admission (SPEC §3b): what decides whether an authorised request becomes a subscriber, and
-// when. Authorised connections wait in a FIFO that the task drain services between rounds of
-// tasks (loop.go: taskQueue.drain), a round at a time: a round of admissions lasts at most
-// admitRoundShare of the task round before it (so deliveries slow down by at most that much
-// during a reconnect storm), at least admitMinRound (so a storm still moves when little else
-// runs), and admits at least admitMinPerRound. The decisions: draining, full
-// (--max-connections), the database unreachable, and --max-connections-per-subject.
+// Admission (docs/http.md, Responses and errors; Authorization: Per subject): what decides
+// whether an authorised request becomes a subscriber, and when. Authorised connections wait in a
+// FIFO that the task drain services between rounds of tasks (loop.go: taskQueue.drain), a round
+// at a time: a round of admissions lasts at most admitRoundShare of the task round before it (so
+// deliveries slow down by at most that much during a reconnect storm), at least admitMinRound (so
+// a storm still moves when little else runs), and admits at least admitMinPerRound. The
+// decisions: draining, full (--max-connections), the database unreachable, and
+// --max-connections-per-subject.
 
 // The size of an admission round. Each admission costs the loop roughly a response-head write
 // and a history read request (≈ 10–30 µs).
@@ -102,7 +103,11 @@ func (s *Server) overCapacity() (shedReason, bool) {
 // databaseUnavailable: the LISTEN session has been down for dbUnavailableAfterMS (or has not
 // come up that long after start).
 func (s *Server) databaseUnavailable() bool {
-	return !s.listenUp && s.nowMS-s.listenDownSinceMS >= dbUnavailableAfterMS
+	after := int64(dbUnavailableAfterMS)
+	if s.cfg.dbUnavailableAfterMS > 0 {
+		after = s.cfg.dbUnavailableAfterMS
+	}
+	return !s.listenUp && s.nowMS-s.listenDownSinceMS >= after
 }
 
 // subjectKey is whom a token's connections are counted against (--max-connections-per-subject):

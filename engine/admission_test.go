@@ -16,7 +16,8 @@ import (
 )
 
 // expectShed reads a shed response's body to EOF: 200 (checked by the caller's dial), a
-// retry field and the one comment that says why (SPEC §3b: never one reason for another).
+// retry field and the one comment that says why (docs/http.md, Responses and errors: never one
+// reason for another).
 func (c *sseClient) expectShed(why string) {
 	c.t.Helper()
 	require.Equal(c.t, 200, c.Status, c.Body)
@@ -102,8 +103,9 @@ func TestAdmitQueuedBoundedPerRound(t *testing.T) {
 	assert.Equal(t, n-1, s.active)
 }
 
-// SPEC §3b: signature checks run on the verifier pool, and a token seen before is answered
-// from its cache: a second connection with the same token costs no verification.
+// docs/http.md, Authorization: signatures are checked on the verifier pool, and a token seen
+// before is answered from its cache: a second connection with the same token costs no
+// verification.
 func TestTokenVerifiedOnPoolThenCached(t *testing.T) {
 	ts := startServer(t, "", nil)
 	addr := ts.Addr().String()
@@ -187,8 +189,9 @@ func TestConnectionStormWithFreshTokens(t *testing.T) {
 	assert.GreaterOrEqual(t, ts.pool.Stats().Verified.Load(), uint64(storm))
 }
 
-// SPEC §3b: --max-connections-per-subject caps the connections of one sub (or, without sub,
-// of one token); over it the client is shed with a comment saying why.
+// docs/http.md, Authorization (Per subject): --max-connections-per-subject caps the connections
+// of one sub (or, without sub, of one token); over it the client is shed with a comment saying
+// why.
 func TestSubjectLimit(t *testing.T) {
 	ts := startServer(t, "", func(c *Config) { c.MaxConnectionsPerSubject = 2 })
 	addr := ts.Addr().String()

@@ -11,7 +11,7 @@ import (
 	"github.com/pgsse/pgsse/store"
 )
 
-// The outbound memory budget (SPEC §3b "Outbound memory"): --max-outbound-memory bounds the
+// The outbound memory budget (docs/operations.md, Memory): --max-outbound-memory bounds the
 // bytes queued for all SSE connections together (outbound.total, kept exact by outbound.go;
 // with it, what the catch-up reads in flight may bring, outbound.reading: "used" below).
 // Nothing is refused while used is under a quarter of the budget: a durable subscriber takes
@@ -47,10 +47,10 @@ const (
 	minEphemeralBytes   = 4 << 10   // nor the ephemeral limit below this
 	replayMinBytes      = 16 << 10  // a catch-up read asks for at least this many bytes
 
-	// SPEC §3b: the server never holds more than a bounded number of large events at once.
-	// An event of largeEventBytes or more read from the table is shared by every connection
-	// that reads it while any queue holds it, and at most maxLargeEvents distinct ones are
-	// held: a read that would bring another one is repeated once one has left.
+	// docs/operations.md, Memory: the server never holds more than a bounded number of large
+	// events at once. An event of largeEventBytes or more read from the table is shared by every
+	// connection that reads it while any queue holds it, and at most maxLargeEvents distinct ones
+	// are held: a read that would bring another one is repeated once one has left.
 	largeEventBytes = 1 << 20
 	maxLargeEvents  = 4
 

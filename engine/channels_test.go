@@ -58,8 +58,8 @@ func TestChannelChurnKeepsSessionReferencesConsistent(t *testing.T) {
 }
 
 // TestChannelNotUTF8: a channel name PostgreSQL would refuse (not UTF-8) is a bad request,
-// 400 naming the rule (SPEC §3b; issue 11 saw 200 + ":over capacity"), and costs no one else
-// anything.
+// 400 naming the rule (docs/http.md's status table; issue 11 saw 200 + ":over capacity"), and
+// costs no one else anything.
 func TestChannelNotUTF8(t *testing.T) {
 	ts := startServer(t, "", nil)
 	tok := token(t, auth.Claims{Channels: []string{"*"}}, time.Hour)

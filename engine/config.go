@@ -18,8 +18,8 @@ import (
 	"github.com/pgsse/pgsse/sse"
 )
 
-// Config is everything `pgsse serve` configures (SPEC §6). cmd/pgsse fills it from flags
-// and PGSSE_* variables; New checks it and fills defaults for zero values.
+// Config is everything `pgsse serve` configures (docs/operations.md, Configuration). cmd/pgsse
+// fills it from flags and PGSSE_* variables; New checks it and fills defaults for zero values.
 type Config struct {
 	DatabaseURL string // "" = libpq environment (PGHOST, …)
 
@@ -33,8 +33,8 @@ type Config struct {
 	CORSOrigins   []string // exact origins allowed to read streams cross-origin
 
 	MaxConnections int // SSE-port connections (subscribers and publishers); default MaxConnectionsFor(FDLimit())
-	// MaxConnectionsPerSubject caps the SSE connections of one token subject (SPEC §3b);
-	// default DefaultMaxConnectionsPerSubject, NoLimit for none.
+	// MaxConnectionsPerSubject caps the SSE connections of one token subject (docs/http.md,
+	// Authorization: Per subject); default DefaultMaxConnectionsPerSubject, NoLimit for none.
 	MaxConnectionsPerSubject int
 	// MaxOutboundMemory bounds the bytes queued for all SSE connections together
 	// (--max-outbound-memory, default DefaultMaxOutboundMemory; budget.go).
@@ -63,20 +63,24 @@ type Config struct {
 	hubWorkers   int // the hub's worker cap, from the descriptor budget (withDefaults)
 	acceptWindow int // connections in flight to the loop per listener, from the budget
 
-	// SiblingHub makes this server a sibling process of --procs (SPEC §6 "Every core of a
-	// host"; cmd/pgsse/procs.go starts them): instead of a LISTEN session of its own it reads
-	// the first process's hub over this already-connected socket — one end of a socketpair
-	// the first process made, so no outside worker can present it — and fails over to a
-	// session of its own if the first process goes away (listenhub.go). The first process
-	// enrols the other end with AddSibling. A sibling sets ShareListen: the first process
-	// holds --listen already.
+	// SiblingHub makes this server a sibling process of --procs (docs/scaling.md, "Every core of
+	// a host"; cmd/pgsse/procs.go starts them): instead of a LISTEN session of its own it reads
+	// the first process's hub over this already-connected socket — one end of a socketpair the
+	// first process made, so no outside worker can present it — and fails over to a session of
+	// its own if the first process goes away (listenhub.go). The first process enrols the other
+	// end with AddSibling. A sibling sets ShareListen: the first process holds --listen already.
 	SiblingHub net.Conn
 
 	Logger   *slog.Logger          // default slog.Default()
 	Registry prometheus.Registerer // where metrics are registered; nil = a private registry
+
+	// dbUnavailableAfterMS overrides the constant of that name (tests only: a test that holds
+	// the LISTEN session down on purpose must not race the shed on a busy machine); 0 = it.
+	dbUnavailableAfterMS int64
 }
 
-// Defaults (SPEC §6): the CLI's flag defaults, and what New fills in for a zero field.
+// Defaults (docs/operations.md, Configuration): the CLI's flag defaults, and what New fills in
+// for a zero field.
 const (
 	DefaultListen                        = ":8080"
 	DefaultHubSocketMode     os.FileMode = 0o600
@@ -87,7 +91,7 @@ const (
 	DefaultRetention                     = 24 * time.Hour
 	DefaultReplayPoolSize                = 4
 	DefaultMaxOutboundMemory             = 256 << 20                  // bytes queued for all SSE connections together
-	DefaultMaxPublishBytes               = sse.DefaultMaxPublishBytes // SPEC §3a: 1 MiB
+	DefaultMaxPublishBytes               = sse.DefaultMaxPublishBytes // docs/http.md: 1 MiB
 	// DefaultMaxConnectionsPerSubject is --max-connections-per-subject's default (0 on the
 	// command line is NoLimit).
 	DefaultMaxConnectionsPerSubject = 256
@@ -118,12 +122,12 @@ const (
 // ProcsAuto is --procs auto: one process per CPU this process may run on, at most MaxProcs.
 func ProcsAuto() int { return min(max(runtime.NumCPU(), 1), MaxProcs) }
 
-// The descriptor budget (SPEC §3b "Descriptors"). Every consumer of file descriptors gets its
-// share of RLIMIT_NOFILE at start-up and SSE connections get what is left: Config.FDBudget
-// computes it (the one place), New derives the default --max-connections and the hub's worker
-// cap from it, `pgsse serve` checks --max-connections against it and `pgsse doctor` prints it.
-// Should accept still meet EMFILE (another process's descriptors, ENFILE), the acceptors shed
-// (accept.go).
+// The descriptor budget (docs/operations.md, Many connections: limits and kernel settings). Every
+// consumer of file descriptors gets its share of RLIMIT_NOFILE at start-up and SSE connections
+// get what is left: Config.FDBudget computes it (the one place), New derives the default
+// --max-connections and the hub's worker cap from it, `pgsse serve` checks --max-connections
+// against it and `pgsse doctor` prints it. Should accept still meet EMFILE (another process's
+// descriptors, ENFILE), the acceptors shed (accept.go).
 const (
 	// fdRuntime: standard streams, Go's and gnet's pollers and their wake-up descriptors,
 	// /proc and log files, DNS lookups.

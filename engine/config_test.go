@@ -8,8 +8,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The descriptor budget (SPEC §3b): every consumer has its share of RLIMIT_NOFILE and SSE
-// connections get exactly what is left, so the shares never add up to more than the limit.
+// The descriptor budget (docs/operations.md, Many connections): every consumer has its share of
+// RLIMIT_NOFILE and SSE connections get exactly what is left, so the shares never add up to more
+// than the limit.
 func TestFDBudget(t *testing.T) {
 	noHub := Config{}.FDBudget(20000)
 	reserved := noHub.Reserved()

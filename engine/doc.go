@@ -1,7 +1,7 @@
 // Package engine is pgsse's server: one gnet event loop that serves SSE clients
-// (SPEC §3), HTTP publishers (SPEC §3a) and hub workers (SPEC §5), fed by one LISTEN
-// session (pglisten) and a small pool of replay connections (store); publish requests go
-// to store's group-commit Publisher.
+// (docs/http.md), HTTP publishers (docs/http.md) and hub workers (docs/hub-protocol.md), fed by
+// one LISTEN session (pglisten) and a small pool of replay connections (store); publish requests
+// go to store's group-commit Publisher.
 //
 // The parts, one file (or two) each:
 //
@@ -30,7 +30,7 @@
 //	budget.go            --max-outbound-memory: the limits that shrink with the queued total,
 //	                     large events held at most maxLargeEvents at once, Go's memory limit
 //
-// Invariants (DESIGN.md):
+// Invariants (docs/architecture.md):
 //   - One owner: every connection, stream, channel and worker is touched only on the loop
 //     goroutine. Other goroutines hand work over through taskQueue, a FIFO that gnet's
 //     Execute merely wakes, so order is ours, not gnet's.
@@ -42,8 +42,8 @@
 //     and the per-connection limits shrink as they fill (budget.go): a live durable subscriber
 //     over its high watermark stops taking live writes (lagging) and is caught up from the
 //     ring or the table once it drains below the low one; an ephemeral or channel subscriber
-//     over its limit is closed; a hub worker's ring follows SPEC §5; rings, pending lists,
-//     notification batches waiting for the loop and large events held are capped.
+//     over its limit is closed; a hub worker's ring follows docs/hub-protocol.md; rings, pending
+//     lists, notification batches waiting for the loop and large events held are capped.
 //   - No lost wake: a subscriber is registered before any history is read, the response
 //     head goes out only once the subscription is live (sseconn.go: respond), and live vs
 //     replayed events are deduplicated by id (per-connection cursor). After the LISTEN

@@ -16,8 +16,8 @@ import (
 	"github.com/pgsse/pgsse/ring"
 )
 
-// The hub (SPEC §5): worker processes on the host connect to a Unix socket served by the same
-// gnet loop as the SSE port and share its one LISTEN session.
+// The hub (docs/hub-protocol.md): worker processes on the host connect to a Unix socket served by
+// the same gnet loop as the SSE port and share its one LISTEN session.
 //
 // Everything here runs on the loop goroutine. A worker's outbound frames go through its own
 // preallocated ring (--hub-worker-buffer) in PostgreSQL's delivery order; bytes move from the
@@ -202,7 +202,8 @@ func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 		subs:     make(map[string]*hubSub),
 		idx:      int32(len(h.workers)),
 	}
-	// Wake policy (SPEC §5): coalesce above half full, owe the RESYNCs below a quarter.
+	// Wake policy (docs/hub-protocol.md, Modes and backpressure): coalesce above half full, owe
+	// the RESYNCs below a quarter.
 	w.out.SetWatermarks(w.out.Cap()/4, w.out.Cap()/2)
 	h.workers = append(h.workers, w)
 	h.open++
@@ -380,7 +381,8 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 			" channels together, their share of the LISTEN session (the rest is kept for SSE clients)")
 		return
 	}
-	// Register before LISTEN (DESIGN invariant 4); ACK once it completed on this session.
+	// Register before LISTEN (docs/architecture.md, invariant 4); ACK once it completed on this
+	// session.
 	ch := s.holdChannel(string(channel))
 	if !w.sibling {
 		if ch.hub.workers == 0 {
@@ -464,7 +466,7 @@ func (h *hub) evict(w *worker) {
 // final hands what the ring holds (whole frames) and then frame to gnet, stops reading and
 // queueing, and closes once gnet has flushed it all — or after a grace period if the worker
 // never reads it (gnet's close does not wait for a slow peer). The worker leaves its
-// channels now, not at the close: SPEC §5, the last subscriber leaving by eviction UNLISTENs.
+// channels now, not at the close (docs/hub-protocol.md: eviction releases them like a disconnect).
 func (h *hub) final(w *worker, frame []byte, graceMS int64) {
 	w.closing = true
 	if h.iter > 0 {

@@ -411,10 +411,10 @@ func TestHubWedgedWorker(t *testing.T) {
 	assert.Equal(t, 2.0, metricValue(t, ts.metrics.evictions))
 }
 
-// TestHubEvictionUnlistens: SPEC §5, "when the last subscriber of a channel leaves — by UNSUB,
-// disconnect or eviction — the hub UNLISTENs". An evicted worker that never reads keeps its
-// socket for hubFinalGraceMS (10 s) so that it may still read EVICTED; before the fix its
-// channels were released only when that socket closed, so the UNLISTEN came 10 s late.
+// TestHubEvictionUnlistens: docs/hub-protocol.md, when the last holder of a channel leaves — by
+// UNSUB, disconnect or eviction — the hub UNLISTENs it. An evicted worker that never reads
+// keeps its socket for hubFinalGraceMS (10 s) so that it may still read EVICTED; before the
+// fix its channels were released only when that socket closed, so the UNLISTEN came 10 s late.
 func TestHubEvictionUnlistens(t *testing.T) {
 	ts := startHub(t, func(c *Config) { c.HubWorkerBuffer = MinHubWorkerBuffer })
 	const ch = "evicted-alone"

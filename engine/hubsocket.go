@@ -8,9 +8,9 @@ import (
 	"syscall"
 )
 
-// hubSocket is the hub's Unix socket file (SPEC §5): it never exists with a looser mode than
-// --hub-socket-mode, even briefly; a path another live process serves is refused and a stale
-// file is replaced.
+// hubSocket is the hub's Unix socket file (docs/hub-protocol.md): it never exists with a looser
+// mode than --hub-socket-mode, even briefly; a path another live process serves is refused and a
+// stale file is replaced.
 type hubSocket struct {
 	path    string
 	mode    os.FileMode

@@ -42,9 +42,9 @@ type sessionEvents struct{ s *Server }
 var _ pglisten.Events = sessionEvents{}
 
 // Notifications hands a batch to the loop. At most listenBatchesQueued batches wait for the
-// loop at once (DESIGN invariant 3): beyond that the session's goroutine waits here, the
-// session stops reading, and PostgreSQL's notification queue holds the rest — a loop busy
-// writing to thousands of slow sockets does not pile up read buffers.
+// loop at once (docs/architecture.md, invariant 3): beyond that the session's goroutine waits
+// here, the session stops reading, and PostgreSQL's notification queue holds the rest — a loop
+// busy writing to thousands of slow sockets does not pile up read buffers.
 func (e sessionEvents) Notifications(b *pglisten.Batch) {
 	select {
 	case e.s.batchSlots <- struct{}{}:
@@ -122,8 +122,8 @@ func (s *Server) onDown(err error) {
 }
 
 // onResynced: the session is (back) up with every channel LISTENed again. Raw channels go
-// live, every stream is caught up from the table (DESIGN invariant 4) and, after a loss,
-// workers are told to RESYNC.
+// live, every stream is caught up from the table (docs/architecture.md, invariant 4) and, after a
+// loss, workers are told to RESYNC.
 func (s *Server) onResynced() {
 	s.enter()
 	defer s.leave()

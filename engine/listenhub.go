@@ -9,7 +9,7 @@ import (
 	"github.com/pgsse/pgsse/pglisten"
 )
 
-// The LISTEN source of a sibling process of --procs (SPEC §6 "Every core of a host"): the
+// The LISTEN source of a sibling process of --procs (docs/scaling.md, Every core of a host): the
 // first process's hub, read over the socket it handed this process at start
 // (Config.SiblingHub), through a pglisten.Failover — so that if the first process goes away
 // this process switches, once and for good, to a LISTEN session of its own and keeps
@@ -18,19 +18,20 @@ import (
 // What the loop relies on, and how each holds here:
 //   - done(nil) for a Listen only once the LISTEN completed on the session that feeds us:
 //     Failover.Listen returns once the hub's ACK arrived, and the hub ACKs only after the
-//     LISTEN completed on its session (SPEC §5 "ACK after LISTEN"), or after the direct
-//     session's LISTEN once switched. done and the notifications travel on two goroutines, so
-//     one committed just after the LISTEN may reach the loop before done does; it then finds
-//     the channel's SSE clients still pending and passes them by — harmless, as their response
-//     head goes out only after done, and SPEC §3 promises what commits after the head was read.
+//     LISTEN completed on its session (docs/hub-protocol.md, Conversation: ACK after LISTEN), or
+//     after the direct session's LISTEN once switched. done and the notifications travel on two
+//     goroutines, so one committed just after the LISTEN may reach the loop before done does; it
+//     then finds the channel's SSE clients still pending and passes them by — harmless, as their
+//     response head goes out only after done, and docs/http.md promises what commits after the
+//     head was read.
 //   - Resynced only when every channel held is LISTENed: the first one once the Listens
 //     queued before Start completed; later ones are the hub's RESYNC (its session came back)
 //     or the switch's resync (after every recorded channel was LISTENed on the direct session).
 //   - Down while notifications may be missed: the hub's LISTENER_DOWN, or the hub gone
 //     (the switch), so that a /channels/ client does not get its response head in between.
 //   - Notifications in the order the hub sent them, batched per loop entry so that a
-//     subscriber gets one write for what arrived together (DESIGN invariant 2), and no more
-//     of them queued for the loop than from an own session (listenBatchesQueued).
+//     subscriber gets one write for what arrived together (docs/architecture.md, invariant 2),
+//     and no more of them queued for the loop than from an own session (listenBatchesQueued).
 //
 // Durable streams need nothing more: after every Resynced the loop reads each stream from
 // the table (resyncStreams), and ids deduplicate whatever arrives twice.
@@ -269,7 +270,8 @@ func (h *hubSource) deliver(batch []pglisten.Event) {
 		}
 		// The same bound as the own session's batches (listenBatchesQueued): beyond it this
 		// goroutine waits, the hub client stops reading, and the first process's hub applies
-		// its policy to this sibling's ring (SPEC §5) — nothing piles up here.
+		// its policy to this sibling's ring (docs/hub-protocol.md, Modes and backpressure) —
+		// nothing piles up here.
 		select {
 		case h.s.batchSlots <- struct{}{}:
 		case <-h.s.stopping:

@@ -14,8 +14,8 @@ import (
 // written, only counted, and the next one that is written says how many were left out
 // ("repeated"). Lines below warning pass untouched.
 
-// logRepeatEvery: the same warning (message and cause) at most this often (SPEC §6: an
-// unreachable PostgreSQL is reported once per 30 s).
+// logRepeatEvery: the same warning (message and cause) at most this often (docs/operations.md,
+// Health, metrics and logs; an unreachable PostgreSQL is reported once per 30 s).
 const logRepeatEvery = 30 * time.Second
 
 // logRepeatKeys bounds the causes remembered; when full, the table starts over.

@@ -115,10 +115,11 @@ func (s *Server) tick() {
 // taskQueue hands work from other goroutines (the LISTEN session, replay reads, the
 // verifier pool, the ticker, shutdown) to the loop goroutine, strictly in push order.
 //
-// gnet's Execute queue may reorder low-priority tasks under load (DESIGN invariant 1), so
-// Execute is used only as a wake-up: the loop drains this FIFO, which alone fixes order.
-// Between rounds of tasks the drain services the admission FIFO (between), so new
-// connections are set up a bounded number at a time with deliveries in between.
+// gnet's Execute queue may reorder low-priority tasks under load (docs/architecture.md,
+// invariant 1), so Execute is used only as a wake-up: the loop drains this FIFO, which alone
+// fixes order.
+// Between rounds of tasks the drain services the admission FIFO (between), so new connections are
+// set up a bounded number at a time with deliveries in between.
 type taskQueue struct {
 	mu        sync.Mutex
 	tasks     []func()

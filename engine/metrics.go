@@ -10,9 +10,9 @@ import (
 	"github.com/pgsse/pgsse/store"
 )
 
-// metrics are the Prometheus series of SPEC §4. Counters are updated from the loop in
-// batches (one Add per fan-out, not per delivery), and every label value is bound once
-// here: no call site looks a series up by its labels.
+// metrics are the Prometheus series of docs/operations.md, Health, metrics and logs. Counters are
+// updated from the loop in batches (one Add per fan-out, not per delivery), and every label value
+// is bound once here: no call site looks a series up by its labels.
 //
 // A new metric: a field here, its registration in newMetrics, and its call site.
 type metrics struct {
@@ -50,8 +50,9 @@ type metrics struct {
 	rejected      map[int]prometheus.Counter
 	rejectedOther *prometheus.CounterVec
 
-	// Publishing (SPEC §3a). pgsse_publish_requests_total{status} counts the answers to
-	// POST /streams/… and POST /publish (their refusals are not in pgsse_rejected_total).
+	// Publishing (docs/http.md, Publishing over HTTP). pgsse_publish_requests_total{status}
+	// counts the answers to POST /streams/… and POST /publish (their refusals are not in
+	// pgsse_rejected_total).
 	publishConns         prometheus.Gauge
 	publishRequests      map[int]prometheus.Counter
 	publishRequestsOther *prometheus.CounterVec
@@ -59,10 +60,11 @@ type metrics struct {
 	publishCommit        prometheus.Histogram // seconds from sending a transaction to its COMMIT's answer
 }
 
-// rejectedStatuses are the error statuses the SSE port answers (SPEC §3).
+// rejectedStatuses are the error statuses the SSE port answers (docs/http.md's status table).
 var rejectedStatuses = []int{400, 401, 403, 404, 405, 431}
 
-// publishStatuses are the statuses publish requests are answered with (SPEC §3a).
+// publishStatuses are the statuses publish requests are answered with (docs/http.md, Publishing
+// over HTTP).
 var publishStatuses = []int{200, 400, 401, 403, 408, 411, 413, 415, 417, 431, 500, 501, 503}
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -86,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		outboundBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_outbound_bytes",
 			Help: "Bytes queued for SSE connections that their sockets have not taken yet (shared event encodings counted once); bounded by --max-outbound-memory."}),
 		outboundWatermark: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_outbound_watermark_bytes",
-			Help: "The queued bytes over which a live durable subscriber stops taking live writes; shrinks from 256 KiB as pgsse_outbound_bytes passes half the budget."}),
+			Help: "The queued bytes over which a live durable subscriber stops taking live writes; shrinks from 256 KiB once pgsse_outbound_bytes passes a quarter of the budget, to its floor at half."}),
 		droppedSlowClient:    dropped.WithLabelValues("slow_client"),
 		droppedBadPayload:    dropped.WithLabelValues("bad_payload"),
 		droppedWakeCoalesced: dropped.WithLabelValues("hub_wake_coalesced"),

@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The write path to SSE clients (DESIGN invariants 2 and 3). Every byte for an SSE
+// The write path to SSE clients (docs/architecture.md, invariants 2 and 3). Every byte for an SSE
 // connection leaves through Server.send, in one writev per connection per call, straight to
 // the socket: gnet's outbound buffer is never used for SSE connections. Whatever the kernel
 // does not take at once stays in the connection's own queue (outQueue), and it is kept by

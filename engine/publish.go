@@ -15,7 +15,7 @@ import (
 	"github.com/pgsse/pgsse/store"
 )
 
-// Publishing over HTTP (SPEC §3a): POST /streams/{stream} publishes one event (the body is
+// Publishing over HTTP (docs/http.md): POST /streams/{stream} publishes one event (the body is
 // its data) and POST /publish an NDJSON batch, through the group-commit Publisher
 // (store.Publisher). A publisher connection carries one request at a time (sseconn.go:
 // publish-body → publish-commit → idle, HTTP/1.1 keep-alive): its body is read into the
@@ -434,7 +434,8 @@ func statusOf(err error) int {
 	return 400
 }
 
-// publishErrorStatus maps the Publisher's errors to SPEC §3a's statuses.
+// publishErrorStatus maps the Publisher's errors to the statuses of docs/http.md, Publishing over
+// HTTP.
 func publishErrorStatus(err error) (int, string) {
 	var ee *store.EventError
 	switch {

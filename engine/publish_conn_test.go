@@ -18,8 +18,8 @@ import (
 	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
-// The publisher connection (SPEC §3a): keep-alive, pipelining in order, Expect:
-// 100-continue, CORS, the body deadline, capacity, and the metrics.
+// The publisher connection (docs/http.md, Publishing over HTTP): keep-alive, pipelining in order,
+// Expect: 100-continue, CORS, the body deadline, capacity, and the metrics.
 
 // Pipelined requests are answered in order, each after its COMMIT; a GET after them on the
 // same connection turns it into an event stream.
@@ -165,7 +165,8 @@ func TestPublishOverCapacity(t *testing.T) {
 	require.Equal(t, 503, r.Status, r.Body)
 	assert.NotEmpty(t, r.Header.Get("Retry-After"))
 	assertErrorBody(t, r)
-	// A subscriber is shed too (200 + retry: SPEC §3), while the publishers hold the places.
+	// A subscriber is shed too (200 + retry: docs/http.md's status table), while the publishers
+	// hold the places.
 	s := dial(t, addr, "/streams/cap", bearerH(allStreams(t)))
 	require.Equal(t, 200, s.Status)
 	s.expectRetryEOF(10 * time.Second)
@@ -178,8 +179,8 @@ func TestPublishOverCapacity(t *testing.T) {
 	})
 }
 
-// The publish metrics (SPEC §4 names): requests by status, batch size, commit time, and the
-// publisher connections.
+// The publish metrics (docs/operations.md's metric names): requests by status, batch size, commit
+// time, and the publisher connections.
 func TestPublishMetrics(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
@@ -223,9 +224,10 @@ func TestPublishMetrics(t *testing.T) {
 	assert.Zero(t, got["pgsse_rejected_total{status=403}"], "publish refusals are counted as publish requests")
 }
 
-// SPEC §3a group commit, end to end: 64 concurrent keep-alive publishers × n events over 4
-// streams → each stream's ids are exactly 1..(its events), each publisher's ids of a stream
-// rise, and each subscriber sees all of its stream's events once, in order.
+// Group commit (docs/http.md, Publishing over HTTP), end to end: 64 concurrent keep-alive
+// publishers × n events over 4 streams → each stream's ids are exactly 1..(its events), each
+// publisher's ids of a stream rise, and each subscriber sees all of its stream's events once, in
+// order.
 func TestPublishConcurrentKeepAlive(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)

@@ -18,9 +18,9 @@ import (
 	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
-// SPEC §3a: PostgreSQL stopped mid-run → 503 with Retry-After and nothing published for
-// those requests (a batch all or nothing), publishing resumes when it returns, and a
-// subscriber sees every event that was published, once, in order.
+// docs/http.md, Publishing over HTTP: PostgreSQL stopped mid-run → 503 with Retry-After and
+// nothing published for those requests (a batch all or nothing), publishing resumes when it
+// returns, and a subscriber sees every event that was published, once, in order.
 func TestPublishPostgresStopped(t *testing.T) {
 	t.Parallel()
 	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{})

@@ -13,8 +13,8 @@ import (
 	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
-// SPEC §3a: POST /streams/{stream} publishes one event; the answer comes after COMMIT and
-// names its id; subscribers get it like any pgsse.publish.
+// docs/http.md, Publishing over HTTP: POST /streams/{stream} publishes one event; the answer
+// comes after COMMIT and names its id; subscribers get it like any pgsse.publish.
 func TestPublishOneEvent(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
@@ -60,8 +60,8 @@ func TestPublishOneEvent(t *testing.T) {
 	assert.Equal(t, "keep-alive", r.Header.Get("Connection"))
 }
 
-// SPEC §3a: POST /publish is an NDJSON batch, all or nothing in one transaction; the answer
-// lists the ids in line order, null for ephemeral lines.
+// docs/http.md, Publishing over HTTP: POST /publish is an NDJSON batch, all or nothing in one
+// transaction; the answer lists the ids in line order, null for ephemeral lines.
 func TestPublishBatch(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
@@ -121,8 +121,8 @@ func TestPublishBatch(t *testing.T) {
 	assert.Equal(t, 415, r.Status, r.Body)
 }
 
-// SPEC §3a Authorization: a publish grant; subscribe grants do not allow publishing and
-// publish grants do not allow subscribing.
+// docs/http.md, Publishing over HTTP (authorization): a publish grant; subscribe grants do not
+// allow publishing and publish grants do not allow subscribing.
 func TestPublishAuthorization(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", func(c *Config) { c.PublicStreams = []string{"public/*"} })
@@ -170,8 +170,8 @@ func TestPublishAuthorization(t *testing.T) {
 
 // TestPublishCookieCrossSite: a browser attaches the pgsse_token cookie to a POST from any
 // site, so a publish authorised by the cookie alone must come from the same origin or one of
-// --cors-origins (SPEC §3a takes the token "as in §3", cookie included; Mercure refuses such
-// cross-site publishes the same way). Before the fix any web page could publish as a visitor
+// --cors-origins (docs/http.md: the publisher's token is taken like a subscriber's, cookie
+// included; Mercure refuses such cross-site publishes the same way). Before the fix any web page could publish as a visitor
 // holding a publish cookie.
 func TestPublishCookieCrossSite(t *testing.T) {
 	t.Parallel()
@@ -209,7 +209,7 @@ func TestPublishCookieCrossSite(t *testing.T) {
 		"a refused publish stored nothing")
 }
 
-// SPEC §3a errors: each one line naming what was wrong.
+// docs/http.md, Publishing over HTTP (errors): each one line naming what was wrong.
 func TestPublishErrors(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", func(c *Config) { c.MaxPublishBytes = 1000 })

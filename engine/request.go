@@ -12,7 +12,7 @@ import (
 	"github.com/pgsse/pgsse/sse"
 )
 
-// HTTP request handling on the SSE port (SPEC §3, §3a): a connection in state head is read
+// HTTP request handling on the SSE port (docs/http.md): a connection in state head is read
 // until its request head is complete, the head is parsed (sse.Parser) and routed; route has
 // one case per endpoint and method, so a new endpoint is one case there and its handler
 // (subscribe here, publish in publish.go).
@@ -270,8 +270,9 @@ func (s *Server) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
 }
 
 // authorized continues a subscription once its token's check is known (claims, or err; both
-// nil for an anonymous request on a public stream): 401 or 403 as SPEC §3 says, the public
-// stream rule (auth.OnPublicStream), the per-subject cap, and then the admission FIFO.
+// nil for an anonymous request on a public stream): 401 or 403 as docs/http.md's status table
+// says, the public stream rule (auth.OnPublicStream), the per-subject cap, and then the admission
+// FIFO.
 func (s *Server) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims, err error) {
 	var tags []string
 	var expiresMS int64
@@ -307,15 +308,15 @@ func (s *Server) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims, e
 	s.queueAdmission(sc, sub, tags, expiresMS)
 }
 
-// unauthorized answers 401 with the challenge SPEC §3 names exactly ("Bearer"); the body
+// unauthorized answers 401 with the challenge docs/http.md names exactly ("Bearer"); the body
 // says what was wrong.
 func (s *Server) unauthorized(sc *sseConn, reason string) {
 	s.metrics.rejectedFor(401).Inc()
 	s.finish(sc, sse.AppendUnauthorized(s.scratch[:0], reason, false, s.connCORS(sc)))
 }
 
-// requestToken is the request's token (SPEC §3): Authorization: Bearer, else ?token=, else
-// the pgsse_token cookie; nil if there is none. A view into the request.
+// requestToken is the request's token (docs/http.md, Authorization): Authorization: Bearer, else
+// ?token=, else the pgsse_token cookie; nil if there is none. A view into the request.
 func requestToken(req *sse.Request) []byte {
 	if tok := bearer(req.Authorization); tok != nil {
 		return tok

@@ -26,8 +26,8 @@ const (
 var errSchemaMissing = errors.New("schema pgsse missing: run `pgsse migrate`")
 
 // refusedForGood reports whether PostgreSQL refused the connection for a reason retrying cannot
-// fix (SPEC §6): SQLSTATE class 28 (invalid authorization: wrong password, role may not log in,
-// no pg_hba entry) or 3D (the database does not exist).
+// fix (docs/operations.md, Health, metrics and logs): SQLSTATE class 28 (invalid authorization:
+// wrong password, role may not log in, no pg_hba entry) or 3D (the database does not exist).
 func refusedForGood(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {

@@ -32,7 +32,7 @@ const (
 // the LISTEN session, the replay pool and the retention job.
 //
 // Every field below the "loop-owned" line is touched only on the loop goroutine
-// (DESIGN invariant 1); other goroutines hand work over through tasks.
+// (docs/architecture.md, invariant 1); other goroutines hand work over through tasks.
 type Server struct {
 	cfg      Config
 	log      *slog.Logger
@@ -143,8 +143,8 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Run serves until ctx is cancelled, then shuts down gracefully (SPEC §3 "Shutdown") and
-// returns nil; it returns an error if the server cannot start or fails.
+// Run serves until ctx is cancelled, then shuts down gracefully (docs/http.md, Responses and
+// errors: SIGTERM) and returns nil; it returns an error if the server cannot start or fails.
 func (s *Server) Run(ctx context.Context) error {
 	// Bind first, each socket under its own flag's name: nothing else has started if one fails.
 	sseLn, err := listenSSE(s.cfg.Listen, s.cfg.ShareListen)

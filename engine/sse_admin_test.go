@@ -11,8 +11,9 @@ import (
 	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
-// SPEC §4 through the engine API (cmd/pgsse serves it over HTTP): readiness follows the
-// LISTEN session and the schema version; the metrics count what clients see.
+// docs/operations.md, Health, metrics and logs, through the engine API (cmd/pgsse serves it over
+// HTTP): readiness follows the LISTEN session and the schema version; the metrics count what
+// clients see.
 func TestSSEReadinessAndMetrics(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()

@@ -14,7 +14,7 @@ import (
 	"github.com/pgsse/pgsse/auth"
 )
 
-// SPEC §3 Authorization: header, else ?token=, else cookie pgsse_token.
+// docs/http.md, Authorization: header, else ?token=, else cookie pgsse_token.
 func TestSSETokenSources(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
@@ -85,7 +85,8 @@ func TestSSEPublicStreams(t *testing.T) {
 	assert.Equal(t, 401, r.Status, r.Body)
 }
 
-// SPEC §3: a stream closes (retry + close, as at shutdown) when its token's exp passes.
+// docs/http.md, Authorization: a stream closes (retry + close, as at shutdown) when its token's
+// exp passes.
 func TestSSETokenExpiryCloses(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", func(c *Config) { c.Retry = 1234 * time.Millisecond })
@@ -119,9 +120,9 @@ func TestSSETokenExpiryCloses(t *testing.T) {
 	assert.Equal(t, 401, r.Status)
 }
 
-// SPEC §3b Token contents: a token whose tags or grants break the name rules is refused with
-// 401 naming the claim; a tag holding NUL (which made every replay read fail in PostgreSQL,
-// issue 11) never reaches a replay query.
+// docs/http.md, Authorization (token contents): a token whose tags or grants break the name rules
+// is refused with 401 naming the claim; a tag holding NUL (which made every replay read fail in
+// PostgreSQL, issue 11) never reaches a replay query.
 func TestSSETokenContentsRules(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", func(c *Config) { c.PublicStreams = []string{"open/*"} })

@@ -17,7 +17,7 @@ import (
 	"github.com/pgsse/pgsse/store"
 )
 
-// SPEC §3 body and cursor rules, live and replayed, over raw TCP.
+// docs/http.md's body and cursor rules, live and replayed, over raw TCP.
 
 func TestSSELiveDelivery(t *testing.T) {
 	t.Parallel()
@@ -162,7 +162,8 @@ func TestSSELargeEvents(t *testing.T) {
 	ts := startServer(t, "", nil)
 	addr := ts.Addr().String()
 	pub := connect(t, ts.DSN)
-	// Above the 1 MiB default of pgsse.max_event_bytes (SPEC §3b), as a database can allow.
+	// Above the 1 MiB default of pgsse.max_event_bytes (docs/sql.md, The functions), as a
+	// database can allow.
 	_, err := pub.Exec(context.Background(), "SET pgsse.max_event_bytes = 4194304").ReadAll()
 	require.NoError(t, err)
 	tok := bearerH(allStreams(t))
@@ -212,7 +213,8 @@ func TestSSEEphemeral(t *testing.T) {
 	assert.Equal(t, sseEvent{Data: "after"}, c.mustNextData(5*time.Second))
 }
 
-// SPEC §3 Audience: live and replay alike, hidden events skipped silently (no gap).
+// docs/http.md, Authorization (Audience): live and replay alike, hidden events skipped silently
+// (no gap).
 func TestSSEAudience(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
@@ -316,7 +318,7 @@ func TestSSEAudience(t *testing.T) {
 	})
 }
 
-// SPEC §3: /channels/{channel} bridges raw NOTIFY; the head arrives only once LISTEN has
+// docs/http.md: /channels/{channel} bridges raw NOTIFY; the head arrives only once LISTEN has
 // completed, so a NOTIFY sent right after reading the head must arrive.
 func TestSSEChannelBridge(t *testing.T) {
 	t.Parallel()
@@ -403,7 +405,8 @@ func TestSSEChannelBridge(t *testing.T) {
 
 func url(s string) string { return strings.ReplaceAll(s, " ", "%20") }
 
-// SPEC §3 gap: a cursor whose next events were pruned, and a cursor newer than the head.
+// docs/http.md, Cursors and gaps: a cursor whose next events were pruned, and a cursor newer than
+// the head.
 func TestSSEGap(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
@@ -490,7 +493,7 @@ func TestSSEHeartbeat(t *testing.T) {
 }
 
 // Race: connecting with since=<head> while a publisher runs flat out must yield ids
-// contiguous from cursor+1, no duplicates, no gaps (DESIGN invariant 4).
+// contiguous from cursor+1, no duplicates, no gaps (docs/architecture.md, invariant 4).
 func TestSSESubscribeRace(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
@@ -573,7 +576,7 @@ func TestSSESubscribeRace(t *testing.T) {
 	keeper.readIDs(first.id()+1, head, 30*time.Second)
 }
 
-// SPEC §3: "everything committed after the client has read the head reaches it" — for a
+// docs/http.md: "everything committed after the client has read the head reaches it" — for a
 // client without a cursor, on a stream new to the server and on one it already follows.
 func TestSSEHeadMeansLive(t *testing.T) {
 	t.Parallel()

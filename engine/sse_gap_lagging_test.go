@@ -14,8 +14,8 @@ import (
 )
 
 // A durable client that is too slow for live writes is caught up from the table; if the
-// events it has not read yet are pruned meanwhile, SPEC §3 still promises that no id is
-// skipped unless announced by pgsse:gap.
+// events it has not read yet are pruned meanwhile, docs/http.md's delivery guarantee still
+// promises that no id is skipped unless announced by pgsse:gap.
 func TestSSEGapWhileLagging(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)

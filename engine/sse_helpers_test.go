@@ -76,7 +76,7 @@ func get(t testing.TB, addr, target string, headers ...string) httpResult {
 	return exchange(t, addr, "GET", request("GET", target, headers...))
 }
 
-// assertErrorBody checks SPEC §3 "Error bodies are one text/plain line".
+// assertErrorBody checks docs/http.md's "Every error body is one text/plain line".
 func assertErrorBody(t testing.TB, r httpResult) {
 	t.Helper()
 	assert.True(t, strings.HasPrefix(r.Header.Get("Content-Type"), "text/plain"), "Content-Type %q", r.Header.Get("Content-Type"))
@@ -155,7 +155,7 @@ func (c *sseClient) retryBeforeEOF(timeout time.Duration, events bool) int64 {
 	}
 }
 
-// assertJitteredRetry checks SPEC §3's "retry: <2000–10000 ms, jittered>".
+// assertJitteredRetry checks docs/http.md's "retry: <2000–10000 ms, jittered>".
 func assertJitteredRetry(t testing.TB, retry int64) {
 	t.Helper()
 	assert.GreaterOrEqual(t, retry, int64(2000), "retry field before close")

@@ -15,7 +15,7 @@ import (
 	"github.com/pgsse/pgsse/auth"
 )
 
-// One test per row of SPEC §3's response table, against a real server and raw TCP.
+// One test per row of docs/http.md's status table, against a real server and raw TCP.
 
 func TestSSEResponse200(t *testing.T) {
 	t.Parallel()
@@ -33,7 +33,8 @@ func TestSSEResponse200(t *testing.T) {
 		assert.Equal(t, []string{"no"}, c.Header.Values("X-Accel-Buffering"))
 		assert.Empty(t, c.Header.Get("Access-Control-Allow-Origin"), "no CORS headers without Origin")
 		assert.Empty(t, c.Header.Get("Content-Length"), "an event stream has no length")
-		// SPEC §3 Body: first `retry: <ms>` (exactly --retry) and a comment, flushed at once.
+		// docs/http.md, The response body: first `retry: <ms>` (exactly --retry) and a comment,
+		// flushed at once.
 		blk, err := c.readBlock(2 * time.Second)
 		require.NoError(t, err)
 		lines := strings.Split(strings.TrimSuffix(blk, "\n"), "\n")
@@ -206,8 +207,8 @@ func TestSSEResponse400(t *testing.T) {
 	assert.Equal(t, 200, c.Status)
 }
 
-// SPEC §3 Cursor: decimal digits only — "?since=+1" (a space once '+' is decoded) is not a
-// cursor — and the error names the field that was wrong (issues 11 and 15).
+// docs/http.md, Cursors and gaps: decimal digits only — "?since=+1" (a space once '+' is decoded)
+// is not a cursor — and the error names the field that was wrong (issues 11 and 15).
 func TestSSECursorErrorNamesField(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
@@ -283,7 +284,7 @@ func TestSSEResponse405(t *testing.T) {
 	for _, path := range []string{"/streams/s", "/channels/c", "/publish"} {
 		for _, m := range []string{"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "CONNECTX", "TRACE"} {
 			if m == "POST" && path != "/channels/c" || m == "GET" && path != "/publish" {
-				continue // served (SPEC §3, §3a)
+				continue // served (docs/http.md)
 			}
 			t.Run(m+" "+path, func(t *testing.T) {
 				r := exchange(t, addr, m, request(m, path, tok))
@@ -416,7 +417,8 @@ func TestSSEResponseOverCapacity(t *testing.T) {
 	})
 }
 
-// SPEC §3: a client that has not sent a complete request head within 10 s is closed.
+// docs/http.md, Responses and errors: a client that has not sent a complete request head within
+// 10 s is closed.
 func TestSSEHeadDeadline(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
@@ -471,8 +473,8 @@ func TestSSEHeadDeadline(t *testing.T) {
 	}
 }
 
-// SPEC §3: "Nothing in a request can crash the server, leak another stream's events, or
-// make it buffer without bound."
+// The contract (docs/http.md): "Nothing in a request can crash the server, leak another stream's
+// events, or make it buffer without bound."
 func TestSSERequestRobustness(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)

@@ -10,7 +10,7 @@ import (
 	"github.com/pgsse/pgsse/sse"
 )
 
-// The connection state machine of the SSE port (SPEC §3, §3a). A subscriber moves through
+// The connection state machine of the SSE port (docs/http.md). A subscriber moves through
 //
 //	head ─► verifying ─► queued ─► pending ─► catch-up ◄─► live
 //	  └────────────────►┘                        ▲    ╲     │
@@ -72,7 +72,7 @@ const (
 
 // Time rules of the states.
 const (
-	headTimeoutMS    = 10_000 // a complete request head within this (SPEC §3)
+	headTimeoutMS    = 10_000 // a complete request head within this (docs/http.md, Responses and errors)
 	verifyTimeoutMS  = 10_000 // a token check that takes longer (the pool is swamped) is shed
 	pendingTimeoutMS = 30_000 // a subscription whose LISTEN or head read takes longer is shed
 	keepAliveIdleMS  = 30_000 // a keep-alive connection without a new request for this long is closed
@@ -86,7 +86,8 @@ const (
 )
 
 // shedReason says why a connection without a response head was sent away; its comment is
-// the one line the client sees (SPEC §3b: never one reason for another).
+// the one line the client sees (docs/http.md, Responses and errors: never one reason for
+// another).
 type shedReason uint8
 
 const (
@@ -104,8 +105,8 @@ var shedComments = [shedReasons][]byte{
 	shedSubjectLimit:        []byte("too many connections for this subject"),
 }
 
-// The retry: value a client gets when it is sent away (SPEC §3: 2000–10000 ms, jittered, so
-// that clients told to go away do not come back in one herd).
+// The retry: value a client gets when it is sent away (docs/http.md, Responses and errors:
+// 2000–10000 ms, jittered, so that clients told to go away do not come back in one herd).
 const (
 	retryJitterMinMS = 2_000
 	retryJitterMaxMS = 10_000
@@ -197,7 +198,7 @@ func (s *Server) admit(sc *sseConn) {
 }
 
 // respond writes the response head — 200, the retry field and a comment, at once — once the
-// subscription is live (SPEC §3): pending → catch-up or live.
+// subscription is live (docs/http.md, Cursors and gaps): pending → catch-up or live.
 func (s *Server) respond(sc *sseConn, next connState) {
 	b := sse.AppendStreamHead(s.scratch[:0], s.connCORS(sc))
 	b = sse.AppendRetry(b, s.cfg.Retry.Milliseconds())

@@ -9,7 +9,7 @@ import (
 	"github.com/pgsse/pgsse/store"
 )
 
-// event is one event encoded once for every subscriber (DESIGN invariant 2).
+// event is one event encoded once for every subscriber (docs/architecture.md, invariant 2).
 type event struct {
 	id       int64    // durable id; 0 for ephemeral events
 	enc      []byte   // SSE bytes, shared by every write (and by the queues that hold them)
@@ -41,8 +41,8 @@ type stream struct {
 	dirty    bool
 }
 
-// Limits of the stream state (DESIGN invariant 3). The backpressure policy — how much a
-// connection may have queued — is the outbound budget's (budget.go).
+// Limits of the stream state (docs/architecture.md, invariant 3). The backpressure policy — how
+// much a connection may have queued — is the outbound budget's (budget.go).
 const (
 	ringMaxEvents     = 512     // recent events a stream keeps for joining connections
 	ringMaxBytes      = 1 << 20 // and their encoded bytes (a larger event is not kept)

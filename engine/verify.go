@@ -7,11 +7,11 @@ import (
 	"github.com/pgsse/pgsse/auth"
 )
 
-// Token checks off the loop (SPEC §3b "Token verification never stalls the loop"). A request
-// head is parsed on the loop; its token is answered from the verifier pool's cache when it
-// can be (one SHA-256, no goroutine hop), and otherwise verified on the pool's goroutines,
-// the answer coming back as a loop task. Every endpoint that takes a token goes through
-// checkToken, so no signature check ever runs on the loop.
+// Token checks off the loop (docs/http.md, Authorization: signatures are checked off the event
+// loop). A request head is parsed on the loop; its token is answered from the verifier pool's
+// cache when it can be (one SHA-256, no goroutine hop), and otherwise verified on the pool's
+// goroutines, the answer coming back as a loop task. Every endpoint that takes a token goes
+// through checkToken, so no signature check ever runs on the loop.
 
 // tokenVerdict is what checkToken could say at once.
 type tokenVerdict uint8

@@ -1,4 +1,4 @@
-// Package framing encodes and decodes the hub's binary wire protocol (SPEC §5):
+// Package framing encodes and decodes the hub's binary wire protocol (docs/hub-protocol.md):
 // a big-endian u32 body length N (1 ≤ N ≤ MaxBody), then N body bytes whose
 // first byte is the frame type.
 //

@@ -60,8 +60,8 @@ func IsWorkerType(t Type) bool { return t >= TypeHello && t <= TypePing }
 func IsHubType(t Type) bool { return t >= TypeAck && t <= TypePong }
 
 // Mode is how the hub delivers a channel's notifications to one worker: the SUB frame's mode
-// byte (SPEC §5). It is the one name for this idea: the hub (engine) and the worker client
-// (pglisten.HubConfig.Mode) both use it.
+// byte (docs/hub-protocol.md). It is the one name for this idea: the hub (engine) and the worker
+// client (pglisten.HubConfig.Mode) both use it.
 type Mode uint8
 
 // SUB modes.
@@ -139,7 +139,7 @@ func unknown(kind string, v uint8) string {
 }
 
 // Decode errors. Every error except ErrIncomplete means the byte stream is
-// not the hub protocol and the connection must be closed (SPEC §5). Channel
+// not the hub protocol and the connection must be closed (docs/hub-protocol.md). Channel
 // rule violations are reported with the errors of package names
 // (names.ErrChannelEmpty, names.ErrChannelLength, names.ErrChannelNUL).
 var (

@@ -15,8 +15,8 @@ import (
 	"github.com/pgsse/pgsse/framing"
 )
 
-// FuzzHubServer drives the hub's server side (engine, SPEC §5) with arbitrary byte streams,
-// delivered in two pieces: the server never panics, only ever answers with well-formed
+// FuzzHubServer drives the hub's server side (engine, docs/hub-protocol.md) with arbitrary byte
+// streams, delivered in two pieces: the server never panics, only ever answers with well-formed
 // hub-to-worker frames, closes the connection (at the latest when the peer stops sending), and
 // keeps serving another worker throughout.
 //

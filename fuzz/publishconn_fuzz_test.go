@@ -15,11 +15,11 @@ import (
 	"github.com/pgsse/pgsse/engine"
 )
 
-// FuzzPublishConn drives the engine's publisher connection (SPEC §3a: POST /streams/…,
-// POST /publish, keep-alive, pipelining, chunked bodies, Expect: 100-continue) with
-// arbitrary byte streams delivered in two pieces: the server never panics, answers only
-// with well-formed HTTP/1.1 responses, and keeps serving a well-behaved keep-alive
-// publisher on another connection throughout.
+// FuzzPublishConn drives the engine's publisher connection (docs/http.md, Publishing over HTTP:
+// POST /streams/…, POST /publish, keep-alive, pipelining, chunked bodies, Expect: 100-continue)
+// with arbitrary byte streams delivered in two pieces: the server never panics, answers only with
+// well-formed HTTP/1.1 responses, and keeps serving a well-behaved keep-alive publisher on
+// another connection throughout.
 //
 // As FuzzHubServer, the server runs against an unreachable PostgreSQL: everything up to
 // the Publisher (heads, bodies, tokens, grants, batches) works without a database, and a

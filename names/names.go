@@ -108,7 +108,7 @@ func CheckChannel[T Text](s T) error {
 // CheckChannelUTF8 is CheckChannel plus valid UTF-8: the rule for a channel
 // a client names in /channels/{channel} or a token grants. PostgreSQL (UTF8
 // server encoding) refuses to LISTEN on anything else, so such a name is a
-// bad request, not a failed subscription. The hub protocol (SPEC §5) keeps
+// bad request, not a failed subscription. The hub protocol (docs/hub-protocol.md) keeps
 // the looser CheckChannel and lets PostgreSQL answer.
 func CheckChannelUTF8[T Text](s T) error {
 	if err := CheckChannel(s); err != nil {
@@ -196,8 +196,8 @@ func CheckChannelPattern[T Text](p T) error {
 
 // ParseCursor parses a replay cursor (Last-Event-ID or ?since=): decimal
 // digits only, no sign, no spaces, no prefix, value 0 … 2^63−1. Leading
-// zeros are digits and accepted ("007" is 7): SPEC §3 says "decimal digits
-// only", and a client that pads its cursor means the same number. Any
+// zeros are digits and accepted ("007" is 7): docs/http.md says "decimal
+// digits", and a client that pads its cursor means the same number. Any
 // non-digit yields ErrCursorSyntax (whitespace too: callers must not trim
 // what the client sent), a value above 2^63−1 yields ErrCursorRange.
 func ParseCursor[T Text](s T) (int64, error) {

@@ -18,11 +18,11 @@
 // order, never concurrently. Callers' goroutines never do I/O.
 //
 // Invariants: a Listen's done(nil) is reported only once PostgreSQL answered a LISTEN for that
-// channel on the current connection (SPEC §5 "ACK after LISTEN", DESIGN invariant 4); after any
-// loss the session reconnects with capped, jittered exponential backoff, re-LISTENs every
-// channel with a live reference, and only then reports Resynced. Liveness: an empty query is
-// sent after PingInterval without input; no answer within PingTimeout ends the session.
-// Nothing grows without bound: messages over MaxMessage end the session, channels are capped by
-// MaxChannels, a Direct listener's event queue by EventBuffer (overflow drops notifications and
-// delivers one KindResync instead).
+// channel on the current connection (docs/hub-protocol.md, Conversation: ACK after LISTEN;
+// docs/architecture.md, invariant 4); after any loss the session reconnects with capped, jittered
+// exponential backoff, re-LISTENs every channel with a live reference, and only then reports
+// Resynced. Liveness: an empty query is sent after PingInterval without input; no answer within
+// PingTimeout ends the session. Nothing grows without bound: messages over MaxMessage end the
+// session, channels are capped by MaxChannels, a Direct listener's event queue by EventBuffer
+// (overflow drops notifications and delivers one KindResync instead).
 package pglisten

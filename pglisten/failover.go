@@ -18,10 +18,11 @@ type FailoverConfig struct {
 	Logger *slog.Logger // default slog.Default(); also used for Hub and Direct when they have none
 }
 
-// Failover is the Listener of SPEC §5: hub first; on connect refused (or no socket), ACK
-// timeout, EOF, eviction, protocol error, keepalive or write timeout, or SHUTDOWN it switches
-// once and for good to a direct session, re-LISTENs every recorded channel, and then delivers
-// one KindResync with Channel "" (everything may have been missed during the switch).
+// Failover is the Listener of docs/hub-protocol.md, What to do on each STATUS: hub first; on
+// connect refused (or no socket), ACK timeout, EOF, eviction, protocol error, keepalive or write
+// timeout, or SHUTDOWN it switches once and for good to a direct session, re-LISTENs every
+// recorded channel, and then delivers one KindResync with Channel "" (everything may have been
+// missed during the switch).
 //
 // Events from the hub are all delivered before the switch. A switch away from a hub that was
 // connected is reported as a loss: one KindDown (unless the hub's last word was already

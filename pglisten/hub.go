@@ -119,7 +119,7 @@ type pendingAck struct {
 	abandoned bool
 }
 
-// hubClient is a Listener over the host's pgsse hub socket (SPEC §5).
+// hubClient is a Listener over the host's pgsse hub socket (docs/hub-protocol.md).
 //
 // One reader goroutine decodes frames (framing.Decoder) and delivers events to a bounded
 // channel; when the application stops reading, the reader blocks, the socket fills and the hub

@@ -1,5 +1,5 @@
 // Package ring is a preallocated byte ring: the outbound queue of one hub
-// worker (SPEC §5, --hub-worker-buffer).
+// worker (docs/hub-protocol.md, Modes and backpressure; --hub-worker-buffer).
 //
 // A Ring owns one buffer allocated by New and never grows or allocates
 // again. Pushes are all or nothing, so a frame is either queued whole or

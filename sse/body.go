@@ -67,7 +67,7 @@ const (
 	MaxTrailerBytes    = 4096 // trailer-section bytes, CRLFs included
 )
 
-// DefaultMaxPublishBytes is SPEC §3a's default --max-publish-bytes.
+// DefaultMaxPublishBytes is the default --max-publish-bytes (docs/operations.md, Configuration).
 const DefaultMaxPublishBytes = 1 << 20
 
 // maxBodyLimit caps the limit Start accepts, so that chunk-size arithmetic

@@ -1,5 +1,5 @@
 // Package sse owns pgsse's HTTP/1.1 and Server-Sent Events wire format for
-// the SSE port (SPEC §3, §3a): encoding SSE events, comments, retry and gap
+// the SSE port (docs/http.md): encoding SSE events, comments, retry and gap
 // notices; parsing request heads strictly; decoding publish bodies; and
 // writing every response of the status tables. It does no I/O.
 //

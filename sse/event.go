@@ -109,7 +109,7 @@ func AppendRetry(dst []byte, ms int64) []byte {
 	return append(dst, '\n')
 }
 
-// AppendGap appends the pgsse:gap event of SPEC §3:
+// AppendGap appends the pgsse:gap event of docs/http.md, Cursors and gaps:
 //
 //	event: pgsse:gap
 //	data: {"stream":"<stream>","after":<after>,"resume":<resume>}

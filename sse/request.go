@@ -49,7 +49,7 @@ const (
 	RouteChannel       // /channels/{channel}
 	RouteRoot          // "/", the demo page
 	RouteOther         // anything else: 404
-	RoutePublish       // /publish: POST an NDJSON batch (SPEC §3a)
+	RoutePublish       // /publish: POST an NDJSON batch (docs/http.md, Publishing over HTTP)
 )
 
 func (r Route) String() string {
@@ -138,9 +138,9 @@ type Request struct {
 	ContentType   []byte // the raw Content-Type value, nil if absent
 	Media         Media  // ContentType classified
 
-	// Publish parameters (SPEC §3a), parsed from the query of a POST only,
-	// percent-decoded with '+' as space. Not validated here: callers run
-	// names.CheckEvent / names.CheckTag on them.
+	// Publish parameters (docs/http.md, Publishing over HTTP), parsed from the query of a POST
+	// only, percent-decoded with '+' as space. Not validated here: callers run names.CheckEvent /
+	// names.CheckTag on them.
 	Event     []byte   // ?event=
 	HasEvent  bool     // ?event was present, even if blank
 	Audience  [][]byte // ?audience=, in order, at most names.MaxAudience; backed by the Parser
@@ -156,15 +156,15 @@ type ParseError struct {
 
 func (e *ParseError) Error() string { return e.Reason }
 
-// DefaultMaxHead is SPEC §3's default --max-header-bytes.
+// DefaultMaxHead is the default --max-header-bytes (docs/operations.md, Configuration).
 const DefaultMaxHead = 8192
 
 // Cursor returns the replay cursor the client sent and which field it came
-// from, applying SPEC §3: Last-Event-ID wins over ?since=; a blank value
+// from, applying docs/http.md, Cursors and gaps: Last-Event-ID wins over ?since=; a blank value
 // (empty, or only spaces and tabs) counts as absent; an invalid header does
 // not fall back to since. value is returned exactly as sent — not trimmed —
-// so names.ParseCursor rejects "?since=+1" (" 1" once '+' is decoded) as the
-// SPEC's "decimal digits only" demands. field is "Last-Event-ID" or "since",
+// so names.ParseCursor rejects "?since=+1" (" 1" once '+' is decoded) as
+// docs/http.md's "decimal digits" demands. field is "Last-Event-ID" or "since",
 // for the error message ("since: cursor must be decimal digits"). ok is false
 // when there is no cursor: the subscription starts live.
 func (r *Request) Cursor() (value []byte, field string, ok bool) {
@@ -234,7 +234,7 @@ var (
 	errDupACRMethod  = badRequest("duplicate Access-Control-Request-Method header")
 	errDupACRHeaders = badRequest("duplicate Access-Control-Request-Headers header")
 
-	// Bodies and publishing (SPEC §3a).
+	// Bodies and publishing (docs/http.md, Publishing over HTTP).
 	errDupCL        = badRequest("duplicate Content-Length header")
 	errCLTooLarge   = &ParseError{Status: 413, Reason: "Content-Length is larger than any body this server accepts"}
 	errDupTE        = badRequest("duplicate Transfer-Encoding header")

@@ -234,7 +234,7 @@ func TestParseAudienceReuse(t *testing.T) {
 	assert.Equal(t, "z", string(req.Audience[0]))
 }
 
-// TestCursor: SPEC §3's precedence, and nothing trimmed away: issue #11
+// TestCursor: docs/http.md's precedence (Cursors and gaps), and nothing trimmed away: issue #11
 // saw ?since=+1 accepted as cursor 1 because the value was trimmed.
 func TestCursor(t *testing.T) {
 	cases := []struct {

@@ -15,7 +15,7 @@ type CORS struct {
 // AppendStreamHead appends the 200 response head that starts an event
 // stream. The body is close-delimited (no Content-Length, no chunked): the
 // caller writes raw SSE bytes and ends the response by closing. Load
-// shedding (SPEC §3) is this head followed by AppendRetry and a close.
+// shedding (docs/http.md, Responses and errors) is this head followed by AppendRetry and a close.
 func AppendStreamHead(dst []byte, cors CORS) []byte {
 	dst = append(dst, "HTTP/1.1 200 OK\r\n"+
 		"Content-Type: text/event-stream; charset=utf-8\r\n"+
@@ -62,7 +62,7 @@ func appendError(dst []byte, status int, reason string, cors CORS, challenge str
 // predates publishing; AppendReply's default is AllowStream.
 const allowGET = "GET, OPTIONS"
 
-// Allow header values for 405 answers (SPEC §3, §3a).
+// Allow header values for 405 answers (docs/http.md, Responses and errors; Publishing over HTTP).
 const (
 	AllowStream  = "GET, POST, OPTIONS" // /streams/{stream}
 	AllowPublish = "POST, OPTIONS"      // /publish

@@ -4,13 +4,13 @@
 // AppendPayload), publishing from Go with group commit (Publisher, ParseBatch for NDJSON
 // batches), the replay reader (Replayer) and the retention job (RunRetention).
 //
-// Invariant (DESIGN §5): durable ids of a stream are assigned in commit order, with no
-// gap left by rolled-back publishes, so a reader whose cursor only moves forward never
-// skips an event that commits late. pgsse.publish takes the next number from the
-// stream's row in pgsse.streams with INSERT … ON CONFLICT DO UPDATE SET head = head+1;
-// the row stays locked until the transaction ends, so a second publisher to the same
-// stream waits for the first to commit (or roll back, returning the number) and
-// publishers to different streams never wait on each other.
+// Invariant (docs/architecture.md, invariant 5): durable ids of a stream are assigned in commit
+// order, with no gap left by rolled-back publishes, so a reader whose cursor only moves forward
+// never skips an event that commits late. pgsse.publish takes the next number from the stream's
+// row in pgsse.streams with INSERT … ON CONFLICT DO UPDATE SET head = head+1; the row stays
+// locked until the transaction ends, so a second publisher to the same stream waits for the first
+// to commit (or roll back, returning the number) and publishers to different streams never wait
+// on each other.
 //
 // # Schema (version 2)
 //

@@ -43,8 +43,8 @@ func (e *JSONSyntaxError) Error() string {
 	return "invalid JSON at byte " + strconv.Itoa(e.Offset) + ": " + e.What
 }
 
-// ParseBatch parses an NDJSON batch (SPEC §3a: POST /publish, pgsse publish --ndjson):
-// one JSON object per line (LF or CRLF),
+// ParseBatch parses an NDJSON batch (docs/http.md, Publishing over HTTP: POST /publish, pgsse
+// publish --ndjson): one JSON object per line (LF or CRLF),
 //
 //	{"stream":"orders/42","data":"…","event":"created","audience":["user:7"],"ephemeral":false}
 //

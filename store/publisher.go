@@ -114,9 +114,10 @@ type PublisherConfig struct {
 }
 
 // Publisher publishes events for the engine (POST /streams, POST /publish) and the CLI
-// with group commit (SPEC §3a): requests that arrive while a transaction is in flight
-// are committed together in the next one, as one call of pgsse.publish_many (one NOTIFY
-// per stream per transaction), and each request's callback runs only after COMMIT.
+// with group commit (docs/http.md, Publishing over HTTP): requests that arrive while a
+// transaction is in flight are committed together in the next one, as one call of
+// pgsse.publish_many (one NOTIFY per stream per transaction), and each request's callback runs
+// only after COMMIT.
 //
 // Submit never blocks: it checks the request (names, sizes against pgsse.max_event_bytes
 // as the publishing session sees it), queues it within a count and byte budget and

@@ -177,10 +177,10 @@ func TestPublisherRejectsBadRequests(t *testing.T) {
 	assert.Equal(t, "0", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.events"))
 }
 
-// SPEC §3a, issue 13: 64 concurrent submitters over 4 streams through one Publisher:
-// each stream's ids are exactly 1..n, in the order its notifications arrive (commit
-// order), each submitter sees its ids of a stream rise, and transactions hold several
-// requests.
+// docs/http.md, Publishing over HTTP (group commit), issue 13: 64 concurrent submitters over 4
+// streams through one Publisher: each stream's ids are exactly 1..n, in the order its
+// notifications arrive (commit order), each submitter sees its ids of a stream rise, and
+// transactions hold several requests.
 func TestPublisherGroupCommit(t *testing.T) {
 	dsn := migrated(t)
 	l := listen(t, dsn)

@@ -402,7 +402,8 @@ func TestDoctor(t *testing.T) {
 	assert.Contains(t, lines[2], "0.0% in use")
 	assert.Contains(t, lines[5], "6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing); no hub configured, so 12 workers (--workers) hold 12 LISTEN sessions of their own (--hub-socket shares one)")
 	assert.Contains(t, lines[5], "max_connections")
-	// SPEC §3b: doctor prints the descriptor budget, each consumer's share, after fd limit.
+	// docs/operations.md, pgsse doctor: doctor prints the descriptor budget, each consumer's
+	// share, after fd limit.
 	require.NotEmpty(t, table)
 	assert.Regexp(t, `^ +descriptor budget of RLIMIT_NOFILE \d+:$`, table[0])
 	assert.Regexp(t, `(?m)^ +64  admin connections \(--admin-max-connections\)$`, strings.Join(table, "\n"))

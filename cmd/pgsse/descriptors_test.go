@@ -189,11 +189,11 @@ func flood(network, addr string, n int) (opened int, closeAll func()) {
 	}
 }
 
-// SPEC §3b Descriptors (issue 11): pgsse started with a low RLIMIT_NOFILE survives being driven
-// past it through the admin port, the hub and the SSE port — an already-connected subscriber
-// keeps receiving, new subscribers are accepted once descriptors free up, the process never
-// exits, and pgsse_accept_errors_total counts what accept refused. On gnet's own acceptor the
-// first EMFILE stopped the loop and the process exited.
+// docs/operations.md, Many connections (issue 11): pgsse started with a low RLIMIT_NOFILE
+// survives being driven past it through the admin port, the hub and the SSE port — an
+// already-connected subscriber keeps receiving, new subscribers are accepted once descriptors
+// free up, the process never exits, and pgsse_accept_errors_total counts what accept refused. On
+// gnet's own acceptor the first EMFILE stopped the loop and the process exited.
 func TestServeSurvivesDescriptorExhaustion(t *testing.T) {
 	const nofile = 1024
 	dsn := pgtest.NewDatabase(t)

@@ -1,11 +1,11 @@
 // Command pgsse serves PostgreSQL notifications as Server-Sent Events and to local
-// worker processes over one LISTEN session (SPEC §6).
+// worker processes over one LISTEN session (docs/operations.md, docs/scaling.md).
 //
 // This package owns the command line: subcommands, flags with their PGSSE_* variables
 // (flags win), the database source (--database-url, DATABASE_URL, libpq variables),
-// signals, the admin HTTP server (SPEC §4), the supervision of --procs siblings and the sum
-// of their metrics (procs.go, procsmetrics.go) and the wiring of engine.Config. It holds no
-// business logic.
+// signals, the admin HTTP server (docs/operations.md, Health, metrics and logs), the supervision
+// of --procs siblings and the sum of their metrics (procs.go, procsmetrics.go) and the wiring of
+// engine.Config. It holds no business logic.
 //
 // Invariant: every bad configuration is found before anything starts and reported as
 // exactly one line on stderr naming the flag or variable and the problem, exit status 2;

@@ -19,9 +19,9 @@ import (
 	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
-// Issue 11 / SPEC §6: failures that say what happened. One test per bad input; each failed on
-// the code before (pgsse logged "pgsse serving" and retried forever, named the wrong flag,
-// logged dozens of lines, or served the secrets).
+// Issue 11 / docs/operations.md, Configuration: failures that say what happened. One test per bad
+// input; each failed on the code before (pgsse logged "pgsse serving" and retried forever, named
+// the wrong flag, logged dozens of lines, or served the secrets).
 
 const failSecret = "0123456789abcdef0123456789abcdef"
 

@@ -25,11 +25,11 @@ import (
 	"github.com/pgsse/pgsse/engine"
 )
 
-// --procs N (SPEC §6 "Every core of a host"). The first process is an ordinary pgsse serve —
-// it owns the LISTEN session, the hub and the admin endpoint — that also starts N−1 copies of
-// itself, its siblings, on the same --listen address (SO_REUSEPORT in every process: the kernel
-// spreads new connections over them). Each sibling runs its own loop and replay pool and takes
-// its notifications from the first process's hub (engine/listenhub.go).
+// --procs N (docs/scaling.md, Every core of a host). The first process is an ordinary pgsse
+// serve — it owns the LISTEN session, the hub and the admin endpoint — that also starts N−1
+// copies of itself, its siblings, on the same --listen address (SO_REUSEPORT in every process:
+// the kernel spreads new connections over them). Each sibling runs its own loop and replay pool
+// and takes its notifications from the first process's hub (engine/listenhub.go).
 //
 // How a sibling is told what it is, and why no outside worker can pose as one: the first
 // process makes a socketpair per sibling, enrols one end in its hub as a sibling

@@ -16,7 +16,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 )
 
-// The first process's /metrics with --procs (SPEC §6: "metrics summed over all processes").
+// The first process's /metrics with --procs (docs/scaling.md, Every core of a host: metrics are
+// summed over the processes).
 //
 // Every pgsse_* series is the sum over the first process and each live sibling (scraped from
 // the sibling's private socket at each scrape, in parallel, siblingScrapeTimeout each; a

@@ -298,8 +298,8 @@ type probe interface {
 // notReadyReason is optional: an engine that can say why it is not ready.
 type notReadyReason interface{ NotReadyReason() string }
 
-// adminHandler serves SPEC §4: /metrics, /healthz, /readyz and, with pprof, /debug/pprof/
-// (whose cmdline is redacted with red).
+// adminHandler serves docs/operations.md, Health, metrics and logs: /metrics, /healthz, /readyz
+// and, with pprof, /debug/pprof/ (whose cmdline is redacted with red).
 func adminHandler(p probe, g prometheus.Gatherer, withPprof bool, red *redactor) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))

@@ -1,7 +1,7 @@
 // Package ssetest gives tests an EventSource-like client that outlives the server it talks to:
 // a Reader reads the durable events of one stream and, whenever its connection ends, connects
 // again with Last-Event-ID — wherever a load balancer or the kernel (SO_REUSEPORT) sends it.
-// Tests of process and host failures use it to check SPEC §3's durable delivery guarantee
+// Tests of process and host failures use it to check docs/http.md's durable delivery guarantee
 // end to end: every event once, in id order, across reconnects.
 //
 // Events published with PublishRange carry Data(id) as their data, so that a Reader can tell
