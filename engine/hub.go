@@ -41,6 +41,7 @@ const (
 	hubHelloTimeoutMS       = 10_000                // a worker must say HELLO within this
 	hubFinalGraceMS         = 10_000                // an evicted or failed worker has this long to read its last STATUS
 	hubControlTextMaxLen    = 1024                  // bytes of text in an ACK or STATUS frame we send
+	hubWaitingSubsMax       = 64                    // repeated SUBs of one channel waiting for its LISTEN, per worker
 	hubRefusedLogEveryMS    = 10_000                // "refusing workers" at most this often
 	// hubSiblingBufferBytes is the least outbound ring a sibling process gets (it takes every
 	// stream notification of the host, in bursts while its own loop is busy fanning out).
@@ -358,9 +359,12 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	s := h.srv
 	if sub := w.subs[string(channel)]; sub != nil {
 		sub.mode = mode // idempotent: the mode is updated, the subscription kept
-		if sub.acked {
+		switch {
+		case sub.acked:
 			h.ack(w, req, framing.AckOK, "")
-		} else {
+		case len(sub.reqs) >= hubWaitingSubsMax: // nothing a worker sends is kept without bound
+			h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(hubWaitingSubsMax)+" SUBs of one channel wait for its LISTEN")
+		default:
 			sub.reqs = append(sub.reqs, req) // answered with the LISTEN in flight
 		}
 		return

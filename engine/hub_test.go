@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/panjf2000/gnet/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -437,6 +440,63 @@ func TestHubEvictionUnlistens(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, frames)
 	assert.Equal(t, framing.StatusEvicted, frames[len(frames)-1].Status, "it still reads EVICTED last")
+}
+
+// frameSink is a sinkConn that keeps what the hub wrote.
+type frameSink struct {
+	sinkConn
+	got []byte
+}
+
+func (c *frameSink) Write(b []byte) (int, error) { c.got = append(c.got, b...); return len(b), nil }
+func (c *frameSink) Writev(bs [][]byte) (int, error) {
+	n := len(c.got)
+	for _, b := range bs {
+		c.got = append(c.got, b...)
+	}
+	return len(c.got) - n, nil
+}
+
+// TestHubRepeatedSubWhileListenPending: a SUB repeated while its channel's LISTEN is in flight
+// waits for it (answered OK once the LISTEN completes), but only hubWaitingSubsMax of them:
+// the rest are answered LIMIT at once. Before the fix every repeat was kept, so a worker
+// repeating a SUB through a PostgreSQL outage grew the hub's memory without bound (30 MB of
+// SUB frames: +47 MB RSS).
+func TestHubRepeatedSubWhileListenPending(t *testing.T) {
+	s, err := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	conn := &frameSink{}
+	_, action := s.hub.accept(conn, false)
+	require.Equal(t, gnet.None, action)
+	w := conn.ctx.(*worker)
+	w.hello = true
+	const repeats = 1000
+	for req := uint32(1); req <= repeats; req++ {
+		s.hub.sub(w, req, framing.ModeLossless, []byte("pending"))
+	}
+	ch := s.channels["pending"]
+	require.NotNil(t, ch)
+	assert.Equal(t, hubWaitingSubsMax, len(w.subs["pending"].reqs), "SUBs kept while the LISTEN is in flight")
+	s.listenUp = true
+	s.channelLive(ch) // the LISTEN completed
+	s.hub.flush()
+
+	codes := map[framing.AckCode]int{}
+	var dec framing.Decoder
+	dec.Feed(conn.got)
+	for {
+		f, err := dec.Next()
+		if err == framing.ErrIncomplete {
+			break
+		}
+		require.NoError(t, err)
+		require.Equal(t, framing.TypeAck, f.Type)
+		codes[f.Ack]++
+	}
+	assert.Equal(t, map[framing.AckCode]int{framing.AckOK: hubWaitingSubsMax, framing.AckLimit: repeats - hubWaitingSubsMax}, codes,
+		"every SUB answered: the waiting ones OK once the LISTEN completed, the others LIMIT")
+	s.hub.sub(w, repeats+1, framing.ModeLossless, []byte("pending"))
+	assert.True(t, w.subs["pending"].acked, "a SUB after the LISTEN completed is just acknowledged")
 }
 
 // The hub's share of the LISTEN session (issue 11: 3 workers × 4,096 SUBs took all 10,000
