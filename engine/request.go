@@ -133,10 +133,20 @@ func (s *Server) route(sc *sseConn, req *sse.Request) {
 			s.finish(sc, demoResponse)
 			return
 		}
-		s.reject(sc, 404, "not found", cors)
+		s.notFound(sc, req, cors)
 	default:
-		s.reject(sc, 404, "not found", cors)
+		s.notFound(sc, req, cors)
 	}
+}
+
+// notFound answers 404 (a HEAD request gets the head only: RFC 9110 §9.3.2).
+func (s *Server) notFound(sc *sseConn, req *sse.Request, cors sse.CORS) {
+	if req.Method == sse.MethodHEAD {
+		s.metrics.rejectedFor(404).Inc()
+		s.finish(sc, sse.AppendErrorHead(s.scratch[:0], 404, "not found", cors))
+		return
+	}
+	s.reject(sc, 404, "not found", cors)
 }
 
 // allowedMethods is the Allow header (405) and the preflight's

@@ -13,10 +13,12 @@ import (
 )
 
 // The database check: at start (Run, synchronously, so that a database that refuses us for
-// good ends the start with one line) and then every schemaCheckInterval until the schema is at
-// the expected version (Ready's schema half, /readyz).
+// good ends the start with one line) and then every schemaCheckInterval for as long as the
+// server runs (Ready's schema half; docs/operations.md: /readyz is 200 only while the schema
+// is at the expected version, so a schema dropped or rolled back under a running server
+// turns it 503).
 const (
-	schemaCheckInterval = 10 * time.Second // between checks while not ready, and one check's timeout
+	schemaCheckInterval = 10 * time.Second // between checks, and one check's timeout
 	startCheckTimeout   = 5 * time.Second  // the check at start: an unreachable server does not hold the start longer
 	// schemaLogEvery: a schema that is not ready is logged at most this often.
 	schemaLogEvery = 30 * time.Second
@@ -73,6 +75,8 @@ func (s *Server) checkDatabase(ctx context.Context, timeout time.Duration, atSta
 	v, err := store.Version(cctx, conn)
 	var msg string
 	switch {
+	case err != nil && s.schemaOK.Load():
+		return nil // no answer: readiness stays what the last answer made it
 	case err != nil:
 		msg = "cannot check schema: " + oneLineError(err)
 	case v == 0:
@@ -97,8 +101,8 @@ func (s *Server) checkDatabase(ctx context.Context, timeout time.Duration, atSta
 }
 
 // checkSchema keeps Ready's schema half up to date (/readyz) after the check at start: every
-// schemaCheckInterval until the schema matches. It runs on its own goroutine and touches only
-// atomics.
+// schemaCheckInterval, ready or not (a sibling process of --procs, which serves no /readyz,
+// only until it is ready). It runs on its own goroutine and touches only atomics.
 func (s *Server) checkSchema(ctx context.Context) {
 	t := time.NewTicker(schemaCheckInterval)
 	defer t.Stop()
@@ -107,9 +111,10 @@ func (s *Server) checkSchema(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if !s.schemaOK.Load() {
-				_ = s.checkDatabase(ctx, schemaCheckInterval, false)
+			if s.schemaOK.Load() && s.cfg.SiblingHub != nil {
+				continue // a sibling of --procs serves no /readyz: once ready, no more connections
 			}
+			_ = s.checkDatabase(ctx, schemaCheckInterval, false)
 		}
 	}
 }

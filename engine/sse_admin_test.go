@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/store"
 )
 
 // docs/operations.md, Health, metrics and logs, through the engine API (cmd/pgsse serves it over
@@ -90,4 +92,19 @@ func TestSSENotReadyWithoutSchema(t *testing.T) {
 	})
 	assert.False(t, ts.Ready(), "the schema was checked and found missing")
 	assert.Contains(t, ts.NotReadyReason(), "migrate")
+}
+
+// docs/operations.md, Health: /readyz is 200 only while the schema is at the expected
+// version — also when it stops being so under a running server (a schema rolled back or
+// dropped), not only at start.
+func TestSSENotReadyWhenSchemaRollsBack(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", nil)
+	waitFor(t, 10*time.Second, "ready", ts.Ready)
+	version := strconv.Itoa(store.SchemaVersion)
+	pgtest.Exec(t, ts.DSN, "DELETE FROM pgsse.schema_version WHERE version = "+version)
+	waitFor(t, 3*schemaCheckInterval, "not ready once the schema is behind", func() bool { return !ts.Ready() })
+	assert.Contains(t, ts.NotReadyReason(), "run `pgsse migrate`")
+	pgtest.Exec(t, ts.DSN, "INSERT INTO pgsse.schema_version (version) VALUES ("+version+")")
+	waitFor(t, 3*schemaCheckInterval, "ready again", ts.Ready)
 }

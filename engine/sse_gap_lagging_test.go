@@ -65,3 +65,48 @@ func TestSSEGapWhileLagging(t *testing.T) {
 	}
 	assert.Equal(t, 1, gaps, "one gap announced")
 }
+
+// The same promise for a connection whose cursor is still 0 when it falls behind: it
+// subscribed without a cursor to a stream that had no events yet, so every event was
+// committed while it was connected. "0 means everything retained" is the rule for a cursor
+// the client sends, not a licence to skip events pruned while the connection lagged.
+func TestSSEGapWhileLaggingFromCursorZero(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", nil)
+	c := dial(t, ts.Addr().String(), "/streams/lag0", bearerH(allStreams(t)))
+	require.Equal(t, 200, c.Status)
+	sub := func() (found *sseConn) {
+		for _, sc := range ts.conns {
+			if sc.stream != nil && sc.stream.name == "lag0" {
+				found = sc
+			}
+		}
+		return found
+	}
+	waitFor(t, 10*time.Second, "subscriber live at head 0", func() bool {
+		live := false
+		ts.onLoop(t, func() { sc := sub(); live = sc != nil && sc.state == stateLive && sc.cursor == 0 })
+		return live
+	})
+	// More events than the stream's ring keeps, so that catching up reads the table, which
+	// has been pruned by then. All of it happens while the loop is held, before the next tick
+	// could resume the connection.
+	const total, kept = 2 * ringMaxEvents, 3
+	ts.onLoop(t, func() {
+		ts.pause(sub()) // as deliver does over the high watermark
+		pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.publish('lag0', g::text) FROM generate_series(1, %d) g", total))
+		pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.prune('0 seconds', %d)", kept))
+	})
+	ev := c.mustNextData(15 * time.Second)
+	assert.Equal(t, "pgsse:gap", ev.Event, "the pruned events are announced: %v", ev)
+	assert.Equal(t, fmt.Sprintf(`{"stream":"lag0","after":0,"resume":%d}`, total-kept), ev.Data)
+	if ev.Event == "pgsse:gap" {
+		ev = c.mustNextData(15 * time.Second)
+	}
+	for id := int64(total - kept + 1); id <= total; id++ {
+		assert.Equal(t, strconv.FormatInt(id, 10), ev.IDValue)
+		if id < total {
+			ev = c.mustNextData(15 * time.Second)
+		}
+	}
+}

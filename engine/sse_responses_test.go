@@ -273,6 +273,11 @@ func TestSSEResponse404(t *testing.T) {
 	}
 	r := exchange(t, addr, "POST", request("POST", "/nope", tok))
 	assert.Equal(t, 404, r.Status, "unknown path with another method: %s", r.Body)
+	for _, target := range []string{"/", "/nope"} {
+		r = exchange(t, addr, "HEAD", request("HEAD", target, tok))
+		assert.Equal(t, 404, r.Status)
+		assert.Empty(t, r.Body, "a HEAD response carries no body (RFC 9110 §9.3.2)")
+	}
 }
 
 func TestSSEResponse405(t *testing.T) {

@@ -334,7 +334,7 @@ func (s *Server) subscribeStream(sc *sseConn, name string, cursor int64, hasCurs
 		return
 	}
 	sc.cursor = cursor
-	sc.gapChecked = cursor == 0
+	sc.gapChecked = false
 	s.respond(sc, stateCatchUp)
 	s.replay(sc)
 }
@@ -407,9 +407,10 @@ func (s *Server) onReplay(sc *sseConn, res store.ReadResult) {
 		// The client's own cursor is newer than the head.
 		items = append(items, outItem{b: sse.AppendGap(s.scratch[:0], []byte(sc.stream.name), c, res.Head), transient: true})
 		sc.cursor = res.Head
-	case c > 0 && c+1 < res.Oldest:
+	case (c > 0 || sc.gapChecked) && c+1 < res.Oldest:
 		// The next events were pruned: before this client connected, or while it was
-		// too slow to take live writes. A cursor of 0 asks for whatever is retained.
+		// too slow to take live writes. A cursor of 0 the client sent asks for whatever is
+		// retained; a cursor still 0 later (no events yet when it subscribed) does not.
 		items = append(items, outItem{b: sse.AppendGap(s.scratch[:0], []byte(sc.stream.name), c, res.Oldest-1), transient: true})
 		sc.cursor = res.Oldest - 1
 	}
