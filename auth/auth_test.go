@@ -8,8 +8,10 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"math/big"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -544,6 +546,52 @@ func TestVerifyRejectsBadClaims(t *testing.T) {
 	c, err := v.Verify(ok, t0)
 	require.NoError(t, err)
 	assert.Len(t, c.Tags, MaxClaimEntries)
+}
+
+// TestVerifyRejectsClaimsNotUTF8: docs/http.md, tags and patterns in a token are valid UTF-8, and
+// a token that breaks that is rejected naming the claim. encoding/json turns invalid UTF-8 and
+// lone surrogate escapes into U+FFFD without a word, so before the fix such a token was
+// accepted with tags it was never signed with ("\xff" and "\xfe" both became "\ufffd").
+func TestVerifyRejectsClaimsNotUTF8(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	v, err := NewVerifier(Config{Secret: secret})
+	require.NoError(t, err)
+	// signRaw signs payload as it is: json.Marshal would already have replaced the bad bytes.
+	signRaw := func(pgsse string) []byte {
+		enc := base64.RawURLEncoding
+		unsigned := enc.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`)) + "." +
+			enc.EncodeToString([]byte(`{"exp":`+strconv.FormatInt(t0.Add(time.Hour).Unix(), 10)+`,"pgsse":`+pgsse+`}`))
+		sig, err := jwt.SigningMethodHS256.Sign(unsigned, secret)
+		require.NoError(t, err)
+		return []byte(unsigned + "." + enc.EncodeToString(sig))
+	}
+	// In the cases below <FF> and <FE> stand for those raw bytes (Go source cannot hold them).
+	rawBytes := strings.NewReplacer("<FF>", "\xff", "<FE>", "\xfe")
+	for _, tc := range []struct{ name, pgsse, want string }{
+		{"invalid byte in a tag", `{"tags":["a","<FF>"]}`, "token claim pgsse.tags[1]: audience tag must be valid UTF-8"},
+		{"lone low surrogate in a tag", `{"tags":["\udcff"]}`, "token claim pgsse.tags[0]: audience tag must be valid UTF-8"},
+		{"lone high surrogate at a tag's end", `{"tags":["x\ud83d"]}`, "token claim pgsse.tags[0]: audience tag must be valid UTF-8"},
+		{"high surrogate before a non-surrogate", `{"tags":["\ud83d\u0041"]}`, "token claim pgsse.tags[0]: audience tag must be valid UTF-8"},
+		{"invalid byte in a channel pattern", `{"channels":["jobs","j<FE>*"]}`, "token claim pgsse.channels[1]: channel name must be valid UTF-8"},
+		{"lone surrogate in a channel pattern", `{"channels":["\ud800"]}`, "token claim pgsse.channels[0]: channel name must be valid UTF-8"},
+		{"invalid byte in a stream pattern", `{"streams":["s<FF>"]}`,
+			"token claim pgsse.streams[0]: stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -"},
+		{"lone surrogate in a publish pattern", `{"publish":["\udc00x"]}`,
+			"token claim pgsse.publish[0]: stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := v.Verify(signRaw(rawBytes.Replace(tc.pgsse)), t0)
+			assert.Nil(t, c)
+			require.ErrorIs(t, err, ErrClaims)
+			assert.Equal(t, tc.want, err.Error())
+		})
+	}
+	// Escapes that spell valid UTF-8 are fine: a pair, U+FFFD itself (escaped or not), an
+	// escaped backslash before "u".
+	c, err := v.Verify(signRaw(`{"tags":["\ud83d\udc18","\ufffd","\uFFFD","`+"\ufffd"+`","\\udcff","€"],"channels":["é*"]}`), t0)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"🐘", "\ufffd", "\ufffd", "\ufffd", `\udcff`, "€"}, c.Tags)
+	assert.Equal(t, []string{"é*"}, c.Channels)
 }
 
 func TestPublishGrants(t *testing.T) {

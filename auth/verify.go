@@ -2,10 +2,13 @@ package auth
 
 import (
 	"crypto"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/golang-jwt/jwt/v5"
 )
@@ -33,10 +36,84 @@ type wireClaims struct {
 }
 
 type wirePGSSE struct {
-	Streams  []string `json:"streams,omitempty"`
-	Channels []string `json:"channels,omitempty"`
-	Publish  []string `json:"publish,omitempty"`
-	Tags     []string `json:"tags,omitempty"`
+	Streams  claimStrings `json:"streams,omitempty"`
+	Channels claimStrings `json:"channels,omitempty"`
+	Publish  claimStrings `json:"publish,omitempty"`
+	Tags     claimStrings `json:"tags,omitempty"`
+}
+
+// claimStrings is a list of names in the "pgsse" claim, decoded faithfully: encoding/json
+// turns invalid UTF-8 and lone surrogate escapes into U+FFFD without a word, which would grant
+// a token tags and patterns it was never signed with. An entry whose JSON text does not spell
+// valid UTF-8 gets an invalid byte instead, so that Claims.Check refuses it and names the
+// claim (docs/http.md, Authorization).
+type claimStrings []string
+
+// notUTF8 marks an entry that was not valid UTF-8 on the wire.
+const notUTF8 = "\xff"
+
+func (l *claimStrings) UnmarshalJSON(b []byte) error {
+	var raw []json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	if raw == nil {
+		*l = nil
+		return nil
+	}
+	out := make([]string, len(raw))
+	for i, r := range raw {
+		if err := json.Unmarshal(r, &out[i]); err != nil {
+			return err
+		}
+		if !jsonStringIsUTF8(r) {
+			out[i] += notUTF8
+		}
+	}
+	*l = out
+	return nil
+}
+
+// jsonStringIsUTF8 reports whether the JSON string literal s (quotes included, already known
+// to be well-formed JSON) spells valid UTF-8: its bytes are UTF-8 and every \u escape of a
+// surrogate is half of a high-low pair.
+func jsonStringIsUTF8(s []byte) bool {
+	if !utf8.Valid(s) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			continue
+		}
+		i++ // the escaped byte
+		if i >= len(s) || s[i] != 'u' {
+			continue
+		}
+		r := hex4(s[i+1 : i+5])
+		i += 4
+		switch {
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return false // a low surrogate without its high half
+		case r >= 0xD800 && r <= 0xDBFF:
+			if i+6 >= len(s) || s[i+1] != '\\' || s[i+2] != 'u' {
+				return false
+			}
+			if lo := hex4(s[i+3 : i+7]); lo < 0xDC00 || lo > 0xDFFF {
+				return false
+			}
+			i += 6
+		}
+	}
+	return true
+}
+
+// hex4 is the value of the 4 hex digits of a \u escape (-1 if they are not).
+func hex4(digits []byte) rune {
+	v, err := strconv.ParseUint(string(digits), 16, 16)
+	if err != nil {
+		return -1
+	}
+	return rune(v)
 }
 
 // Verifier checks tokens against one configuration. It is safe for concurrent use.

@@ -41,6 +41,7 @@ const (
 	hubHelloTimeoutMS       = 10_000                // a worker must say HELLO within this
 	hubFinalGraceMS         = 10_000                // an evicted or failed worker has this long to read its last STATUS
 	hubControlTextMaxLen    = 1024                  // bytes of text in an ACK or STATUS frame we send
+	hubWaitingSubsMax       = 64                    // repeated SUBs of one channel waiting for its LISTEN, per worker
 	hubRefusedLogEveryMS    = 10_000                // "refusing workers" at most this often
 	// hubSiblingBufferBytes is the least outbound ring a sibling process gets (it takes every
 	// stream notification of the host, in bursts while its own loop is busy fanning out).
@@ -67,6 +68,7 @@ type hub struct {
 	pending                        []*worker // workers with ring bytes not yet handed to gnet
 	spare                          []*worker
 	dead                           []*worker // closed during an iteration; removed on the way out
+	leaving                        []*worker // sent a final STATUS during an iteration; unsubscribed on the way out
 	lingering                      []*worker // sent a final STATUS; closed once it is flushed (closeLingering)
 	iter                           int       // depth of iterations over workers or subscriptions (enter/leave)
 	buf                            []byte    // control frame scratch (ACK, STATUS, PONG)
@@ -134,6 +136,12 @@ func (h *hub) leave() {
 	h.iter--
 	if h.iter > 0 {
 		return
+	}
+	for len(h.leaving) > 0 {
+		w := h.leaving[len(h.leaving)-1]
+		h.leaving[len(h.leaving)-1] = nil
+		h.leaving = h.leaving[:len(h.leaving)-1]
+		h.unsubscribeAll(w)
 	}
 	for len(h.dead) > 0 {
 		w := h.dead[len(h.dead)-1]
@@ -230,13 +238,19 @@ func (h *hub) closed(w *worker) {
 
 // remove releases everything the worker held; only outside hub iterations.
 func (h *hub) remove(w *worker) {
+	h.unsubscribeAll(w)
+	h.workers = swapRemove(h.workers, w, workerIndex)
+	h.srv.log.Debug("hub: worker gone", "pid", w.pid, "name", w.name)
+}
+
+// unsubscribeAll drops every subscription of w (a channel nobody else holds is UNLISTENed);
+// only outside hub iterations.
+func (h *hub) unsubscribeAll(w *worker) {
 	for _, sub := range w.subs {
 		h.detach(sub)
 	}
 	w.subs = nil
 	w.marked = nil
-	h.workers = swapRemove(h.workers, w, workerIndex)
-	h.srv.log.Debug("hub: worker gone", "pid", w.pid, "name", w.name)
 }
 
 // detach removes sub from its channel and drops the channel hold; only outside hub
@@ -293,7 +307,7 @@ func (h *hub) traffic(w *worker) {
 	if w.closing {
 		_, _ = w.c.Discard(-1)
 	} else {
-		_, _ = w.c.Discard(off)
+		discard(w.c, off) // a partial frame at the start stays for the next read
 	}
 	h.pump(w)
 }
@@ -345,9 +359,12 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	s := h.srv
 	if sub := w.subs[string(channel)]; sub != nil {
 		sub.mode = mode // idempotent: the mode is updated, the subscription kept
-		if sub.acked {
+		switch {
+		case sub.acked:
 			h.ack(w, req, framing.AckOK, "")
-		} else {
+		case len(sub.reqs) >= hubWaitingSubsMax: // nothing a worker sends is kept without bound
+			h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(hubWaitingSubsMax)+" SUBs of one channel wait for its LISTEN")
+		default:
 			sub.reqs = append(sub.reqs, req) // answered with the LISTEN in flight
 		}
 		return
@@ -452,9 +469,15 @@ func (h *hub) evict(w *worker) {
 
 // final hands what the ring holds (whole frames) and then frame to gnet, stops reading and
 // queueing, and closes once gnet has flushed it all — or after a grace period if the worker
-// never reads it (gnet's close does not wait for a slow peer).
+// never reads it (gnet's close does not wait for a slow peer). The worker leaves its
+// channels now, not at the close (docs/hub-protocol.md: eviction releases them like a disconnect).
 func (h *hub) final(w *worker, frame []byte, graceMS int64) {
 	w.closing = true
+	if h.iter > 0 {
+		h.leaving = append(h.leaving, w)
+	} else {
+		h.unsubscribeAll(w)
+	}
 	if !w.gone {
 		a, b := w.out.Peek()
 		h.iov = append(h.iov[:0], a, b, frame)

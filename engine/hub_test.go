@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/panjf2000/gnet/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -280,6 +283,50 @@ func TestHubBadInput(t *testing.T) {
 	waitFor(t, 5*time.Second, "only the healthy worker left", func() bool { return metricValue(t, ts.metrics.hubWorkers) == 1 })
 }
 
+// TestHubFramesSplitAcrossReads: a socket is a byte stream, so a worker may write a frame in
+// pieces (header, then body; or a byte at a time) and the hub must join them. Before the fix
+// a read that held no complete frame was thrown away (gnet's Discard(0) drops everything):
+// HELLO written in two pieces got STATUS PROTOCOL_ERROR instead of READY.
+func TestHubFramesSplitAcrossReads(t *testing.T) {
+	ts := startHub(t, nil)
+	pub := connect(t, ts.DSN)
+	w := dialHub(t, ts.cfg.HubSocket)
+	// Each piece is a separate write with a pause between them so that the hub reads them
+	// separately (were two pieces read together, the test would merely prove less).
+	inPieces := func(frame []byte) {
+		t.Helper()
+		for i := range frame {
+			w.send(frame[i : i+1])
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	inPieces(framing.AppendHello(nil, 1, []byte("pieces")))
+	f := w.next(5 * time.Second)
+	require.Equal(t, framing.TypeStatus, f.Type)
+	require.Equal(t, framing.StatusReady, f.Status, "HELLO in pieces is answered READY: %s", f.Text)
+
+	inPieces(framing.AppendPing(nil, 0x0102030405060708))
+	f = w.next(5 * time.Second)
+	require.Equal(t, framing.TypePong, f.Type)
+	assert.Equal(t, uint64(0x0102030405060708), f.Token)
+
+	// A whole frame followed by the start of the next: the partial one is kept.
+	sub := framing.AppendSub(nil, 7, framing.ModeLossless, []byte("pieces"))
+	w.send(append(framing.AppendPing(nil, 1), sub[:3]...))
+	f = w.next(5 * time.Second)
+	require.Equal(t, framing.TypePong, f.Type)
+	inPieces(sub[3:])
+	f = w.next(10 * time.Second)
+	require.Equal(t, framing.TypeAck, f.Type)
+	require.Equal(t, uint32(7), f.Req)
+	require.Equal(t, framing.AckOK, f.Ack, "%s", f.Text)
+
+	pgNotify(t, pub, "pieces", []byte("joined"))
+	f = w.next(5 * time.Second)
+	require.Equal(t, framing.TypeNotify, f.Type)
+	assert.Equal(t, "joined", string(f.Text))
+}
+
 // TestHubWedgedWorker: with a 128 KiB ring, a lossless worker that stops reading is evicted
 // (the raw one sees EVICTED; the failover one switches to its own session), a wake-mode one is
 // not and gets RESYNC for its channel when it reads again, and a healthy worker on the same
@@ -365,6 +412,91 @@ func TestHubWedgedWorker(t *testing.T) {
 	assert.Equal(t, "notify", l.Ev)
 	assert.Equal(t, "after", string(l.Payload))
 	assert.Equal(t, 2.0, metricValue(t, ts.metrics.evictions))
+}
+
+// TestHubEvictionUnlistens: docs/hub-protocol.md, when the last holder of a channel leaves — by
+// UNSUB, disconnect or eviction — the hub UNLISTENs it. An evicted worker that never reads
+// keeps its socket for hubFinalGraceMS (10 s) so that it may still read EVICTED; before the
+// fix its channels were released only when that socket closed, so the UNLISTEN came 10 s late.
+func TestHubEvictionUnlistens(t *testing.T) {
+	ts := startHub(t, func(c *Config) { c.HubWorkerBuffer = MinHubWorkerBuffer })
+	const ch = "evicted-alone"
+	raw := dialHub(t, ts.cfg.HubSocket)
+	raw.hello("never-reads")
+	require.Equal(t, framing.AckOK, raw.sub(1, framing.ModeLossless, ch).Ack)
+	require.Equal(t, []string{ch}, ts.channelNames())
+
+	pub := connect(t, ts.DSN)
+	big := bytes.Repeat([]byte("e"), 7900)
+	for sent := 0; metricValue(t, ts.metrics.evictions) < 1; sent++ {
+		require.Less(t, sent, 3000, "the worker that never reads was not evicted")
+		pgNotify(t, pub, ch, big)
+	}
+	waitFor(t, hubFinalGraceMS*time.Millisecond/2, "the evicted worker's channel released", func() bool {
+		return len(ts.channelNames()) == 0 && ts.listen.(*pglisten.Session).Channels() == 1
+	})
+
+	frames, err := raw.untilClosed(20 * time.Second)
+	require.NoError(t, err)
+	require.NotEmpty(t, frames)
+	assert.Equal(t, framing.StatusEvicted, frames[len(frames)-1].Status, "it still reads EVICTED last")
+}
+
+// frameSink is a sinkConn that keeps what the hub wrote.
+type frameSink struct {
+	sinkConn
+	got []byte
+}
+
+func (c *frameSink) Write(b []byte) (int, error) { c.got = append(c.got, b...); return len(b), nil }
+func (c *frameSink) Writev(bs [][]byte) (int, error) {
+	n := len(c.got)
+	for _, b := range bs {
+		c.got = append(c.got, b...)
+	}
+	return len(c.got) - n, nil
+}
+
+// TestHubRepeatedSubWhileListenPending: a SUB repeated while its channel's LISTEN is in flight
+// waits for it (answered OK once the LISTEN completes), but only hubWaitingSubsMax of them:
+// the rest are answered LIMIT at once. Before the fix every repeat was kept, so a worker
+// repeating a SUB through a PostgreSQL outage grew the hub's memory without bound (30 MB of
+// SUB frames: +47 MB RSS).
+func TestHubRepeatedSubWhileListenPending(t *testing.T) {
+	s, err := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	conn := &frameSink{}
+	_, action := s.hub.accept(conn, false)
+	require.Equal(t, gnet.None, action)
+	w := conn.ctx.(*worker)
+	w.hello = true
+	const repeats = 1000
+	for req := uint32(1); req <= repeats; req++ {
+		s.hub.sub(w, req, framing.ModeLossless, []byte("pending"))
+	}
+	ch := s.channels["pending"]
+	require.NotNil(t, ch)
+	assert.Equal(t, hubWaitingSubsMax, len(w.subs["pending"].reqs), "SUBs kept while the LISTEN is in flight")
+	s.listenUp = true
+	s.channelLive(ch) // the LISTEN completed
+	s.hub.flush()
+
+	codes := map[framing.AckCode]int{}
+	var dec framing.Decoder
+	dec.Feed(conn.got)
+	for {
+		f, err := dec.Next()
+		if err == framing.ErrIncomplete {
+			break
+		}
+		require.NoError(t, err)
+		require.Equal(t, framing.TypeAck, f.Type)
+		codes[f.Ack]++
+	}
+	assert.Equal(t, map[framing.AckCode]int{framing.AckOK: hubWaitingSubsMax, framing.AckLimit: repeats - hubWaitingSubsMax}, codes,
+		"every SUB answered: the waiting ones OK once the LISTEN completed, the others LIMIT")
+	s.hub.sub(w, repeats+1, framing.ModeLossless, []byte("pending"))
+	assert.True(t, w.subs["pending"].acked, "a SUB after the LISTEN completed is just acknowledged")
 }
 
 // The hub's share of the LISTEN session (issue 11: 3 workers × 4,096 SUBs took all 10,000

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"sync"
 
+	"github.com/panjf2000/gnet/v2"
+
 	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/names"
 	"github.com/pgsse/pgsse/sse"
@@ -124,6 +126,9 @@ func (s *Server) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	case s.pool == nil:
 		s.refusePublish(sc, 401, "token authentication is not configured")
 		return
+	case crossSiteCookie(req, cors):
+		s.refusePublish(sc, 403, "a publish authorised by the pgsse_token cookie must come from the same origin or one of --cors-origins")
+		return
 	}
 	seq := pub.seq
 	claims, err, verdict := s.checkToken(tok, func(claims *auth.Claims, err error) { s.onPublishVerdict(sc, seq, claims, err) })
@@ -201,7 +206,7 @@ func (s *Server) readBody(sc *sseConn) bool {
 	}
 	n, done, err := pub.body.Decode(in)
 	if err != nil {
-		discard(sc, n)
+		discard(sc.c, n)
 		var pe *sse.ParseError
 		if errors.As(err, &pe) && pe.Status == 413 {
 			s.closePublish(sc, 413, "request body is larger than --max-publish-bytes ("+strconv.FormatInt(s.cfg.MaxPublishBytes, 10)+" bytes)")
@@ -211,16 +216,16 @@ func (s *Server) readBody(sc *sseConn) bool {
 		return true
 	}
 	if !s.holdPublishBytes(pub, int64(cap(pub.body.Buffer()))-pub.held) {
-		discard(sc, n)
+		discard(sc.c, n)
 		s.closePublish(sc, 503, "too many publish bodies in flight; retry later")
 		return true
 	}
 	if !done {
-		discard(sc, n)
+		discard(sc.c, n)
 		return false
 	}
 	s.bodyRead(sc) // before discarding: the body may be a view into the input
-	discard(sc, n)
+	discard(sc.c, n)
 	switch {
 	case pub.status != 0:
 		s.answerPublishError(sc, pub.status, pub.reason)
@@ -232,9 +237,9 @@ func (s *Server) readBody(sc *sseConn) bool {
 
 // discard drops the first n bytes of the connection's input (gnet's Discard(0) would drop
 // all of it).
-func discard(sc *sseConn, n int) {
+func discard(c gnet.Conn, n int) {
 	if n > 0 {
-		_, _ = sc.c.Discard(n)
+		_, _ = c.Discard(n)
 	}
 }
 

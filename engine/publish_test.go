@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -165,6 +166,47 @@ func TestPublishAuthorization(t *testing.T) {
 	// A publish grant does not allow subscribing.
 	r := get(t, addr, "/streams/p/1", bearerH(pubTok))
 	assert.Equal(t, 403, r.Status, r.Body)
+}
+
+// TestPublishCookieCrossSite: a browser attaches the pgsse_token cookie to a POST from any
+// site, so a publish authorised by the cookie alone must come from the same origin or one of
+// --cors-origins (docs/http.md: the publisher's token is taken like a subscriber's, cookie
+// included; Mercure refuses such cross-site publishes the same way). Before the fix any web page could publish as a visitor
+// holding a publish cookie.
+func TestPublishCookieCrossSite(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", func(c *Config) { c.CORSOrigins = []string{"https://app.example"} })
+	addr := ts.Addr().String()
+	tok := publishToken(t, "csrf/*")
+	cookie := "Cookie: pgsse_token=" + tok
+	cases := []struct {
+		name    string
+		headers []string
+		status  int
+	}{
+		{"cookie from another site", []string{cookie, "Origin: https://evil.example"}, 403},
+		{"cookie from an opaque origin", []string{cookie, "Origin: null"}, 403},
+		{"cookie from an allowed origin", []string{cookie, "Origin: https://app.example"}, 200},
+		{"cookie from the same origin", []string{cookie, "Origin: http://pgsse.test"}, 200},
+		{"cookie without Origin (not a browser)", []string{cookie}, 200},
+		{"bearer from another site", []string{bearerH(tok), "Origin: https://evil.example"}, 200},
+	}
+	published := 0
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialPub(t, addr)
+			r := c.do(post("/streams/csrf/1", "x", tc.headers...))
+			require.Equal(t, tc.status, r.Status, r.Body)
+			if tc.status == 200 {
+				published++
+			} else {
+				assertErrorBody(t, r)
+				assert.Contains(t, r.Body, "--cors-origins")
+			}
+		})
+	}
+	assert.Equal(t, strconv.Itoa(published), pgtest.QueryValue(t, ts.DSN, "SELECT count(*) FROM pgsse.events WHERE stream = 'csrf/1'"),
+		"a refused publish stored nothing")
 }
 
 // docs/http.md, Publishing over HTTP (errors): each one line naming what was wrong.

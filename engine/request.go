@@ -340,6 +340,19 @@ func requestToken(req *sse.Request) []byte {
 	return nil
 }
 
+// crossSiteCookie reports whether req is authorised only by the pgsse_token cookie and comes
+// from a page of another site: an Origin that is neither one of --cors-origins (cors) nor the
+// request's own Host. A browser attaches the cookie to any site's POST, so publishing on it
+// would let every web page publish as the visitor (cross-site request forgery; Mercure's hub
+// refuses it the same way). Clients that are not browsers send no Origin.
+func crossSiteCookie(req *sse.Request, cors sse.CORS) bool {
+	if len(req.Origin) == 0 || cors.Origin != nil || bearer(req.Authorization) != nil || len(req.Token) > 0 {
+		return false
+	}
+	_, host, ok := bytes.Cut(req.Origin, []byte("://"))
+	return !ok || len(req.Host) == 0 || !bytes.EqualFold(host, req.Host)
+}
+
 func bearer(h []byte) []byte {
 	h = bytes.TrimSpace(h)
 	if len(h) > 7 && bytes.EqualFold(h[:7], []byte("Bearer ")) {
