@@ -27,6 +27,11 @@ const (
 // errSchemaMissing is the one line for a database pgsse has not been installed in.
 var errSchemaMissing = errors.New("schema pgsse missing: run `pgsse migrate`")
 
+// ErrDatabaseRefused starts the error Run returns when PostgreSQL refused the connection for
+// good (refusedForGood). The caller, which knows where the connection string came from
+// (--database-url, DATABASE_URL, the libpq variables), puts that name in front.
+var ErrDatabaseRefused = errors.New("PostgreSQL refused the connection")
+
 // refusedForGood reports whether PostgreSQL refused the connection for a reason retrying cannot
 // fix (docs/operations.md, Health, metrics and logs): SQLSTATE class 28 (invalid authorization:
 // wrong password, role may not log in, no pg_hba entry) or 3D (the database does not exist).
@@ -62,7 +67,7 @@ func (s *Server) checkDatabase(ctx context.Context, timeout time.Duration, atSta
 	conn, err := pgconn.Connect(cctx, s.cfg.DatabaseURL)
 	if err != nil {
 		if refusedForGood(err) {
-			return fmt.Errorf("--database-url: PostgreSQL refused the connection: %s", oneLineError(err))
+			return fmt.Errorf("%w: %s", ErrDatabaseRefused, oneLineError(err))
 		}
 		s.schemaMsg.Store("cannot reach PostgreSQL: " + oneLineError(err))
 		if atStart {
@@ -119,8 +124,24 @@ func (s *Server) checkSchema(ctx context.Context) {
 	}
 }
 
-// oneLineError is err's text on one line (PostgreSQL's DETAIL and HINT follow on others).
-func oneLineError(err error) string { return firstLine(err.Error()) }
+// oneLineError is err's text on one line. pgconn puts each connection attempt on a line of its
+// own (sslmode=prefer, the default, makes two: TLS, then plain) after a first line that names
+// only the user and database; the reason is in the attempts, so they are kept, "; " apart.
+func oneLineError(err error) string {
+	lines := strings.Split(err.Error(), "\n")
+	out := strings.TrimSpace(lines[0])
+	for _, l := range lines[1:] {
+		if l = strings.TrimSpace(l); l == "" {
+			continue
+		}
+		if strings.HasSuffix(out, ":") {
+			out += " " + l
+		} else {
+			out += "; " + l
+		}
+	}
+	return out
+}
 
 func firstLine(s string) string {
 	if i := strings.IndexByte(s, '\n'); i >= 0 {

@@ -570,6 +570,25 @@ func TestHelp(t *testing.T) {
 	r := pgsse(t, nil, "serve", "--help")
 	assert.Contains(t, r.stdout, "--max-connections N")
 	assert.Contains(t, r.stdout, "[PGSSE_MAX_CONNECTIONS]")
+	// docs/operations.md, Configuration, lists serve's flags with their defaults (as written there)
+	// and variables; the help says the same.
+	for flag, def := range map[string]string{
+		"database-url": "", "listen": ":8080", "admin-listen": "127.0.0.1:9090", "hub-socket": "",
+		"hub-socket-mode": "0600", "hub-worker-buffer": "1MiB", "jwt-secret": "", "jwt-secret-file": "",
+		"jwt-public-key-file": "", "jwt-issuer": "", "jwt-audience": "", "jwt-allow-no-exp": "",
+		"public-streams": "", "cors-origins": "", "max-connections": "", "max-header-bytes": "8192",
+		"heartbeat": "15s", "retry": "2s", "retention": "24h", "pprof": "", "log-level": "",
+		"log-format": "text", "procs": "1",
+	} {
+		line := regexp.MustCompile(`(?m)^  --` + flag + `\b.*$`).FindString(r.stdout)
+		if !assert.NotEmpty(t, line, "--%s is listed", flag) {
+			continue
+		}
+		assert.Contains(t, line, "["+envName(flag)+"]")
+		if def != "" {
+			assert.Contains(t, line, "(default "+def+")")
+		}
+	}
 	r = pgsse(t, nil, "token", "--help")
 	for _, want := range []string{"--stream PATTERN ", "--channel PATTERN ", "--tag TAG ", "--jwt-secret-file FILE ", "--ttl DURATION "} {
 		assert.Contains(t, r.stdout, want)

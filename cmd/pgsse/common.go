@@ -25,7 +25,7 @@ func (c *cli) dbFlag() *string {
 
 // database resolves the connection string: --database-url / PGSSE_DATABASE_URL, else
 // DATABASE_URL, else "" (libpq variables). It is parsed here so a bad one fails as
-// configuration, naming where it came from.
+// configuration, naming where it came from (c.dbSource, also for later errors).
 func (c *cli) database(flagValue string) (dsn string, cfg *pgconn.Config, err error) {
 	dsn, src := flagValue, c.source("database-url")
 	if dsn == "" {
@@ -35,6 +35,7 @@ func (c *cli) database(flagValue string) (dsn string, cfg *pgconn.Config, err er
 			src = "libpq environment (PGHOST, PGPORT, …)"
 		}
 	}
+	c.dbSource = src
 	cfg, err = pgconn.ParseConfig(dsn)
 	if err != nil {
 		return "", nil, configErrorf("%s: %s", src, oneLine(err.Error()))

@@ -71,6 +71,56 @@ func TestServeDatabaseRefusedForGood(t *testing.T) {
 	assert.Contains(t, line, "(SQLSTATE 28000)")
 }
 
+// The one line names where the database came from (docs/operations.md, Configuration:
+// --database-url, else DATABASE_URL, else the libpq variables) and keeps PostgreSQL's reason when pgconn tried more than once — as
+// it does with the default sslmode=prefer (TLS first, then plain), whose error has a line per
+// attempt. Before, the line said "--database-url" whatever the source, and ended at
+// "failed to connect to `user=… database=…`:" with the reason cut off.
+func TestServeDatabaseRefusedNamesItsSource(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	u, err := url.Parse(pgtest.WithDatabase(t, dsn, "pgsse_no_such_database"))
+	require.NoError(t, err)
+	q := u.Query()
+	q.Del("sslmode") // libpq's default, prefer: two attempts against a server without TLS
+	u.RawQuery = q.Encode()
+	missing := u.String()
+	const reason = `database \"pgsse_no_such_database\" does not exist (SQLSTATE 3D000)`
+
+	line := oneLogLine(t, serveOnce(t, []string{"PGSSE_JWT_SECRET=" + failSecret, "DATABASE_URL=" + missing}))
+	assert.Contains(t, line, "DATABASE_URL: PostgreSQL refused the connection")
+	assert.Contains(t, line, reason)
+	assert.NotContains(t, line, "--database-url")
+
+	line = oneLogLine(t, serveOnce(t, []string{"PGSSE_JWT_SECRET=" + failSecret, "PGSSE_DATABASE_URL=" + missing}))
+	assert.Contains(t, line, "PGSSE_DATABASE_URL: PostgreSQL refused the connection")
+	assert.Contains(t, line, reason)
+
+	pw, _ := u.User.Password()
+	libpq := []string{"PGSSE_JWT_SECRET=" + failSecret, "PGHOST=" + u.Hostname(), "PGPORT=" + u.Port(),
+		"PGUSER=" + u.User.Username(), "PGPASSWORD=" + pw, "PGDATABASE=pgsse_no_such_database"}
+	line = oneLogLine(t, serveOnce(t, libpq))
+	assert.Contains(t, line, "libpq environment (PGHOST, PGPORT, …): PostgreSQL refused the connection")
+	assert.Contains(t, line, reason)
+}
+
+// A short HS256 secret is warned about once pgsse serves, not before: a start that fails — bad
+// configuration, a database refused for good — says one line (docs/operations.md), short secret or not.
+// Before, the warning came first and made it two.
+func TestServeShortSecret(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	r := pgsse(t, []string{"DATABASE_URL=" + dsn}, "serve", "--jwt-secret", "short", "--cors-origins", "https://A.example")
+	assert.Contains(t, errorLine(t, r, 2), "--cors-origins")
+
+	missing := pgtest.WithDatabase(t, dsn, "pgsse_no_such_database")
+	line := oneLogLine(t, serveOnce(t, []string{"PGSSE_JWT_SECRET=short"}, "--database-url", missing))
+	assert.Contains(t, line, "(SQLSTATE 3D000)")
+
+	p := startServe(t, 0, []string{"PGSSE_JWT_SECRET=short", "DATABASE_URL=" + dsn})
+	waitFor(t, "the warning", 10*time.Second, func() bool {
+		return strings.Contains(p.stderr.String(), "the HS256 secret is short; use at least 32 random bytes")
+	})
+}
+
 // An unreachable PostgreSQL is retried while /readyz answers 503, and the log says so once
 // (per cause, per 30 s) — not at every reconnect attempt.
 func TestServeDatabaseUnreachable(t *testing.T) {

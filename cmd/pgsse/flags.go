@@ -46,6 +46,7 @@ type cli struct {
 	fromEnv  map[string]string // flag → environment variable it was taken from
 	groups   [][]string        // flags where a command-line value masks the others' env values
 	envSplit map[string]bool   // repeatable flags whose env value is comma-separated
+	dbSource string            // where database() took the connection string from, for errors
 }
 
 func newCLI(name, synopsis string, env func(string) (string, bool)) *cli {
@@ -327,14 +328,14 @@ func parseSize(v string) (int64, error) {
 	return n * mult, nil
 }
 
+// formatSize writes a byte count as docs/operations.md's flag table writes the defaults: whole
+// GiB or MiB with the suffix (1MiB), anything else in bytes (8192).
 func formatSize(n int64) string {
 	switch {
 	case n >= 1<<30 && n%(1<<30) == 0:
 		return strconv.FormatInt(n>>30, 10) + "GiB"
 	case n >= 1<<20 && n%(1<<20) == 0:
 		return strconv.FormatInt(n>>20, 10) + "MiB"
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return strconv.FormatInt(n>>10, 10) + "KiB"
 	}
 	return strconv.FormatInt(n, 10)
 }

@@ -39,6 +39,8 @@ type serveSetup struct {
 	redactor    *redactor // the secrets to keep out of logs and /debug/pprof/cmdline
 	fdLimit     uint64
 	algorithms  []string
+	dbSource    string         // where the connection string came from: --database-url, DATABASE_URL, …
+	shortSecret int            // bytes of an HS256 secret shorter than shortSecret, warned about once serving
 	procs       int            // --procs: processes serving --listen (procs.go)
 	sibling     *siblingMarker // this process is a sibling of --procs (set by asSibling)
 }
@@ -119,6 +121,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	if err != nil {
 		return nil, err
 	}
+	s.dbSource = c.dbSource
 	s.redactor.add(pgcfg.Password)
 	if u, err := url.Parse(dsn); err == nil && u.User != nil {
 		if pw, ok := u.User.Password(); ok {
@@ -230,7 +233,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		s.algorithms = v.Algorithms()
 	}
 	if secret != nil && len(secret) < shortSecret {
-		s.logger.Warn("the HS256 secret is short; use at least 32 random bytes", "bytes", len(secret))
+		s.shortSecret = len(secret) // warned once serving: a start that fails says one line only
 	}
 	for _, o := range *corsOrigins {
 		if err := checkOrigin(o); err != nil {
@@ -382,7 +385,12 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 	if s.adminListen != "" {
 		ln, err := net.Listen("tcp", s.adminListen)
 		if err != nil {
-			log.Error("admin server cannot listen", "addr", s.adminListen, "err", err)
+			// One line naming the flag, as the engine's for --listen and --hub-socket.
+			var op *net.OpError
+			if errors.As(err, &op) {
+				err = op.Err // "bind: address already in use", without net's "listen tcp ADDR: "
+			}
+			log.Error("pgsse cannot start", "err", fmt.Sprintf("--admin-listen %s: admin server cannot listen: %v", s.adminListen, err))
 			return errReported
 		}
 		adminAddr = ln.Addr().String()
@@ -424,6 +432,9 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			"max_outbound_memory", s.cfg.MaxOutboundMemory, "go_memory_limit", memoryLimitSource(s.cfg.GoMemoryLimit),
 			"heartbeat", s.cfg.Heartbeat.String(), "retry", s.cfg.Retry.String(), "retention", s.cfg.Retention.String(),
 			"jwt", strings.Join(s.algorithms, ","), "public_streams", len(s.cfg.PublicStreams))
+		if s.shortSecret > 0 && s.sibling == nil {
+			log.Warn("the HS256 secret is short; use at least 32 random bytes", "bytes", s.shortSecret)
+		}
 		if sup != nil {
 			sup.start(srv, siblingListen(s.cfg.Listen, srv.Addr()))
 		}
@@ -457,6 +468,9 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = admin.Shutdown(sctx)
 		cancel()
+	}
+	if errors.Is(runErr, engine.ErrDatabaseRefused) {
+		runErr = fmt.Errorf("%s: %w", s.dbSource, runErr) // the one line names where the database came from
 	}
 	if runErr != nil {
 		msg := "pgsse stopped"

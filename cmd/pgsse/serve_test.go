@@ -161,7 +161,8 @@ func TestServeEndToEnd(t *testing.T) {
 	assert.Error(t, err, "admin server closed")
 }
 
-// TestServeAdminListenBusy: a taken admin address is a runtime error, logged, exit 1.
+// TestServeAdminListenBusy: a taken admin address ends the start with one line naming the
+// flag (docs/operations.md, Configuration), as a taken --listen does; exit 1.
 func TestServeAdminListenBusy(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -175,6 +176,9 @@ func TestServeAdminListenBusy(t *testing.T) {
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee)
 	assert.Equal(t, 1, ee.ExitCode())
-	assert.Contains(t, string(out), "level=ERROR")
-	assert.Contains(t, string(out), "admin server cannot listen")
+	line := strings.TrimSuffix(string(out), "\n")
+	assert.NotContains(t, line, "\n", "one line")
+	assert.Contains(t, line, "level=ERROR")
+	assert.Contains(t, line, "pgsse cannot start")
+	assert.Contains(t, line, "--admin-listen "+ln.Addr().String()+": admin server cannot listen: bind: address already in use")
 }
