@@ -17,6 +17,10 @@ import (
 // server runs (Ready's schema half; docs/operations.md: /readyz is 200 only while the schema
 // is at the expected version, so a schema dropped or rolled back under a running server
 // turns it 503).
+// SchemaCheckAppName is the application_name of the schema check's short-lived connection
+// (one every schemaCheckInterval, open for one query).
+const SchemaCheckAppName = "pgsse-check"
+
 const (
 	schemaCheckInterval = 10 * time.Second // between checks, and one check's timeout
 	startCheckTimeout   = 5 * time.Second  // the check at start: an unreachable server does not hold the start longer
@@ -64,7 +68,12 @@ func schemaMissing(err error) bool {
 func (s *Server) checkDatabase(ctx context.Context, timeout time.Duration, atStart bool) error {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	conn, err := pgconn.Connect(cctx, s.cfg.DatabaseURL)
+	var conn *pgconn.PgConn
+	cfg, err := pgconn.ParseConfig(s.cfg.DatabaseURL)
+	if err == nil {
+		cfg.RuntimeParams["application_name"] = SchemaCheckAppName
+		conn, err = pgconn.ConnectConfig(cctx, cfg)
+	}
 	if err != nil {
 		if refusedForGood(err) {
 			return fmt.Errorf("%w: %s", ErrDatabaseRefused, oneLineError(err))
