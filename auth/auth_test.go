@@ -649,3 +649,17 @@ func TestOnPublicStream(t *testing.T) {
 		})
 	}
 }
+
+// An exp far in the future (here 1.8e16 s, past int64 milliseconds) is capped at maxExpires,
+// so that the engine's millisecond deadline and the cache's nanosecond one do not overflow
+// into the past and end the connection at once.
+func TestVerifyCapsFarExp(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	v, err := NewVerifier(Config{Secret: secret})
+	require.NoError(t, err)
+	c, err := v.Verify(sign(t, jwt.SigningMethodHS256, secret, jwt.MapClaims{"exp": 1.8e16}), t0)
+	require.NoError(t, err)
+	assert.Equal(t, maxExpires, c.Expires)
+	assert.Greater(t, c.Expires.UnixMilli(), t0.UnixMilli())
+	assert.Greater(t, c.Expires.UnixNano(), t0.UnixNano())
+}

@@ -215,12 +215,19 @@ func (v *Verifier) Verify(token []byte, now time.Time) (*Claims, error) {
 	}
 	if wc.ExpiresAt != nil {
 		c.Expires = wc.ExpiresAt.Time
+		if c.Expires.After(maxExpires) {
+			c.Expires = maxExpires // beyond it, UnixNano (the cache) and UnixMilli would overflow
+		}
 	}
 	if wc.NotBefore != nil {
 		c.NotBefore = wc.NotBefore.Time
 	}
 	return c, nil
 }
+
+// maxExpires caps a token's exp: a later one is treated as this (still centuries away), so
+// that every clock comparison in nanoseconds or milliseconds stays in int64's range.
+var maxExpires = time.Date(2200, time.January, 1, 0, 0, 0, 0, time.UTC)
 
 func classify(err error) error {
 	switch {
