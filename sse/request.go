@@ -252,7 +252,7 @@ var (
 	errExpect       = &ParseError{Status: 417, Reason: "the only expectation supported is Expect: 100-continue"}
 	errDupEvent     = badRequest("duplicate event query parameter")
 	errDupEphemeral = badRequest("duplicate ephemeral query parameter")
-	errEphemeral    = badRequest("ephemeral must be 1 or 0")
+	errEphemeral    = badRequest("ephemeral must be 1, 0, true or false")
 	errAudienceMax  = badRequest(names.ErrAudienceCount.Error())
 )
 
