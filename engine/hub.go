@@ -373,6 +373,12 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 		h.ack(w, req, framing.AckBadChannel, errReservedChannel.Error())
 		return
 	}
+	// The rule the SSE side answers 400 with: PostgreSQL refuses to LISTEN on a name that is
+	// not UTF-8 (22021), so asking it would only cost a round trip on the one session.
+	if err := names.CheckChannelUTF8(channel); err != nil {
+		h.ack(w, req, framing.AckBadChannel, err.Error())
+		return
+	}
 	// The caps are the hub's share of the LISTEN session for outside workers. A sibling's
 	// channels are its SSE clients' (capped per subject there), bounded like the first
 	// process's own by the session's limit.
