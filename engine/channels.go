@@ -14,6 +14,18 @@ var errReservedChannel = errors.New("channel " + storeChannel + " is reserved fo
 // reservedChannel reports whether name may not be subscribed to as a raw channel.
 func reservedChannel(name []byte) bool { return string(name) == storeChannel }
 
+// channelShares is how the LISTEN session's channels are shared out (docs/hub-protocol.md,
+// Channel shares): its limit, and the caps derived from it.
+type channelShares struct {
+	session int // channels the session holds at most: listenMaxChannels (Config.listenChannels in tests)
+}
+
+// shareChannels derives the caps from the session's channel limit n (New).
+func (s *Server) shareChannels(n int) {
+	s.shares.session = n
+	s.hub.maxChannels, s.hub.maxWorkerChannels = n/2, n/5 // hubMaxChannels, hubMaxChannelsPerWorker
+}
+
 // channel is one raw PostgreSQL channel with holders on this server: SSE /channels/
 // clients and hub workers share one LISTEN (one session reference) per channel.
 type channel struct {

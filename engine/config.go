@@ -77,6 +77,10 @@ type Config struct {
 	// dbUnavailableAfterMS overrides the constant of that name (tests only: a test that holds
 	// the LISTEN session down on purpose must not race the shed on a busy machine); 0 = it.
 	dbUnavailableAfterMS int64
+	// listenChannels overrides listenMaxChannels, the LISTEN session's channel limit, and with
+	// it the shares derived from it (tests only: filling 10,000 channels takes 20,000
+	// descriptors); 0 = it.
+	listenChannels int
 }
 
 // Defaults (docs/operations.md, Configuration): the CLI's flag defaults, and what New fills in

@@ -33,7 +33,7 @@ func (s *Server) newListenSource() listenSource {
 	if s.cfg.SiblingHub != nil {
 		return s.newHubSource()
 	}
-	return pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log, MaxChannels: listenMaxChannels}, sessionEvents{s})
+	return pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log, MaxChannels: s.shares.session}, sessionEvents{s})
 }
 
 // sessionEvents hands the LISTEN source's callbacks to the loop, in order.

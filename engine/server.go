@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -77,6 +78,7 @@ type Server struct {
 	active        int // admitted SSE connections
 	streams       map[string]*stream
 	channels      map[string]*channel
+	shares        channelShares // how the LISTEN session's channels are shared out (channels.go)
 	dirtyStreams  []*stream
 	dirtyChannels []*channel
 	lagging       []*sseConn
@@ -123,7 +125,7 @@ func New(cfg Config) (*Server, error) {
 	s.publishBudget = max(publishMemoryBytes, 2*cfg.MaxPublishBytes)
 	s.publishBodyTimeoutMS = publishBodyTimeoutMS
 	s.hub.srv = s
-	s.hub.maxChannels, s.hub.maxWorkerChannels = hubMaxChannels, hubMaxChannelsPerWorker
+	s.shareChannels(cmp.Or(cfg.listenChannels, listenMaxChannels))
 	s.out.epfd = -1
 	s.tasks.enter, s.tasks.leave = s.enter, s.leave
 	s.tasks.between = s.admitRound
