@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 
+	"github.com/pgsse/pgsse/framing"
 	"github.com/pgsse/pgsse/pglisten"
 	"github.com/pgsse/pgsse/sse"
 )
@@ -15,15 +16,47 @@ var errReservedChannel = errors.New("channel " + storeChannel + " is reserved fo
 func reservedChannel(name []byte) bool { return string(name) == storeChannel }
 
 // channelShares is how the LISTEN session's channels are shared out (docs/hub-protocol.md,
-// Channel shares): its limit, and the caps derived from it.
+// Channel shares): the stream channel, the hub workers' share (hub.channels, hub.maxChannels)
+// and the SSE side's — this process's /channels/ clients and, through the hub, those of sibling
+// processes (--procs). Each side counts the distinct channels it holds, a channel both hold
+// counting on both, so the session never holds more than 1 + the two shares: a LISTEN never
+// fails for want of room, and neither side can take the other's.
 type channelShares struct {
 	session int // channels the session holds at most: listenMaxChannels (Config.listenChannels in tests)
+	sse     int // distinct channels the SSE side holds (channel.clients > 0)
+	sseMax  int // its share: session − the hub's − the stream channel
+	// loggedMS: when a full share was last logged (logChannelLimit)
+	loggedMS int64
 }
 
 // shareChannels derives the caps from the session's channel limit n (New).
 func (s *Server) shareChannels(n int) {
 	s.shares.session = n
 	s.hub.maxChannels, s.hub.maxWorkerChannels = n/2, n/5 // hubMaxChannels, hubMaxChannelsPerWorker
+	s.shares.sseMax = n - s.hub.maxChannels - 1
+}
+
+// sseShareFull reports whether the SSE side may not take channel name: it holds its share
+// and not that channel already.
+func (s *Server) sseShareFull(name []byte) bool {
+	if ch := s.channels[string(name)]; ch != nil && ch.clients > 0 {
+		return false
+	}
+	return s.shares.sse >= s.shares.sseMax
+}
+
+// holdClient and releaseClient count one SSE-side holder of ch (a /channels/ connection, or
+// a sibling process's subscription) in the SSE share.
+func (s *Server) holdClient(ch *channel) {
+	if ch.clients++; ch.clients == 1 {
+		s.shares.sse++
+	}
+}
+
+func (s *Server) releaseClient(ch *channel) {
+	if ch.clients--; ch.clients == 0 {
+		s.shares.sse--
+	}
 }
 
 // channel is one raw PostgreSQL channel with holders on this server: SSE /channels/
@@ -32,6 +65,7 @@ type channel struct {
 	name      string
 	sse       []*sseConn
 	holders   int  // SSE connections + hub workers holding the channel
+	clients   int  // of them, the SSE side's (SSE connections, sibling processes): channelShares
 	listening bool // LISTEN completed on the current session
 	ref       sessionRef
 	out       []*event // notifications of this loop pass, each encoded once
@@ -133,13 +167,14 @@ func (s *Server) channelLive(ch *channel) {
 	s.hub.channelLive(ch)
 }
 
-// channelFailed: the LISTEN failed. Waiting SSE clients are shed — over capacity when the
-// session holds all the channels it may, else the database is unavailable — and waiting hub
-// SUBs answered.
+// channelFailed: the LISTEN failed. Waiting SSE clients are shed — for the channel limit when
+// the session (or, in a sibling process, the first process's hub) holds all the channels it
+// may, else the database is unavailable — and waiting hub SUBs answered.
 func (s *Server) channelFailed(ch *channel, err error) {
 	why := shedDatabaseUnavailable
-	if errors.Is(err, pglisten.ErrTooManyChannels) {
-		why = shedOverCapacity
+	var refused *pglisten.AckError
+	if errors.Is(err, pglisten.ErrTooManyChannels) || errors.As(err, &refused) && refused.Code == framing.AckLimit {
+		why = shedChannelLimit
 	}
 	for _, sc := range append([]*sseConn(nil), ch.sse...) {
 		if sc.state == statePending {
@@ -150,15 +185,47 @@ func (s *Server) channelFailed(ch *channel, err error) {
 }
 
 // subscribeChannel registers an admitted (pending) connection on its channel; the response
-// head goes out once the LISTEN has completed (here, or in channelLive).
+// head goes out once the LISTEN has completed (here, or in channelLive). Over the SSE side's
+// share of channels it is shed, saying so: 200 and retry (docs/http.md, Responses and errors),
+// as for any capacity — a limit of the server that frees up as others leave, not an error of
+// the request, which EventSource would take as final.
 func (s *Server) subscribeChannel(sc *sseConn, name string) {
+	if s.sseShareFull([]byte(name)) {
+		s.logChannelLimit("SSE clients", s.shares.sseMax)
+		s.shed(sc, shedChannelLimit)
+		return
+	}
 	ch := s.holdChannel(name)
+	s.holdClient(ch)
 	sc.ch = ch
 	sc.subIdx = int32(len(ch.sse))
 	ch.sse = append(ch.sse, sc)
 	if ch.listening && s.listenUp {
 		s.respond(sc, stateLive)
 	}
+}
+
+// unsubscribeChannel takes a closed connection off its channel (removeConn).
+func (s *Server) unsubscribeChannel(sc *sseConn) {
+	ch := sc.ch
+	ch.sse = swapRemove(ch.sse, sc, subIndex)
+	sc.ch = nil
+	s.releaseClient(ch)
+	s.releaseChannel(ch)
+}
+
+// channelLimitLogEveryMS: "share of channels full" at most this often.
+const channelLimitLogEveryMS = 10_000
+
+// logChannelLimit says, at most every channelLimitLogEveryMS, that a side's share of the
+// LISTEN session's channels is full.
+func (s *Server) logChannelLimit(side string, limit int) {
+	if s.nowMS-s.shares.loggedMS < channelLimitLogEveryMS {
+		return
+	}
+	s.shares.loggedMS = s.nowMS
+	s.log.Warn("refusing new channels: "+side+" hold their share of the LISTEN session's channels (docs/hub-protocol.md, Channel shares)",
+		"limit", limit, "sse_channels", s.shares.sse, "hub_channels", s.hub.channels)
 }
 
 // onChannelNotify queues a raw notification for the channel's SSE clients (encoded once)

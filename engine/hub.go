@@ -29,10 +29,10 @@ import (
 // A new frame type: framing (the type, its encoder and decoder) and hub.frame below.
 
 const (
-	// The hub's share of the LISTEN session's channels (listenMaxChannels): the workers
-	// together hold at most half of them, one worker at most a fifth, so SSE clients (whose
-	// /channels/ subscriptions are capped per subject) always keep half, and no single worker
-	// takes the whole share. A SUB beyond either gets ACK LIMIT.
+	// The hub's share of the LISTEN session's channels (listenMaxChannels; channels.go,
+	// channelShares): the workers together hold at most half of them, one worker at most a
+	// fifth, so no single worker takes the whole share; SSE clients have the other half but the
+	// stream channel. A SUB beyond either gets ACK LIMIT.
 	hubMaxChannels          = listenMaxChannels / 2 // distinct channels all workers together
 	hubMaxChannelsPerWorker = listenMaxChannels / 5 // channels one worker
 	hubWriteChunkBytes      = 64 << 10              // bytes handed to gnet per write
@@ -108,6 +108,7 @@ type hubSub struct {
 	idx     int32    // in ch.hub.subs
 	marked  bool     // wake mode: notifications coalesced, RESYNC owed
 	dropped bool
+	client  bool // a sibling's subscription, counted in the SSE side's share (channels.go)
 }
 
 // hubChannel is a channel's hub side: its worker subscriptions, in a compact slice for fan-out.
@@ -271,6 +272,9 @@ func (h *hub) detach(sub *hubSub) {
 			h.channels--
 		}
 	}
+	if sub.client {
+		h.srv.releaseClient(ch)
+	}
 	h.srv.releaseChannel(ch)
 }
 
@@ -380,13 +384,22 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 		return
 	}
 	// The caps are the hub's share of the LISTEN session for outside workers. A sibling's
-	// channels are its SSE clients' (capped per subject there), bounded like the first
-	// process's own by the session's limit.
+	// channels are its SSE clients' (capped per subject there): they count in the SSE side's
+	// share (channels.go, channelShares), like this process's own clients', the stream channel
+	// in neither.
+	client := w.sibling && !reservedChannel(channel)
+	if client && s.sseShareFull(channel) {
+		s.logChannelLimit("SSE clients (with sibling processes')", s.shares.sseMax)
+		h.ack(w, req, framing.AckLimit, "SSE clients hold "+strconv.Itoa(s.shares.sseMax)+
+			" channels together, their share of the LISTEN session")
+		return
+	}
 	if len(w.subs) >= h.maxWorkerChannels && !w.sibling {
 		h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(h.maxWorkerChannels)+" channels per worker")
 		return
 	}
 	if existing := s.channels[string(channel)]; (existing == nil || existing.hub.workers == 0) && h.channels >= h.maxChannels && !w.sibling {
+		s.logChannelLimit("hub workers", h.maxChannels)
 		h.ack(w, req, framing.AckLimit, "the hub's workers hold "+strconv.Itoa(h.maxChannels)+
 			" channels together, their share of the LISTEN session (the rest is kept for SSE clients)")
 		return
@@ -403,7 +416,10 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	if ch.hub.name == nil {
 		ch.hub.name = []byte(ch.name)
 	}
-	sub := &hubSub{w: w, ch: ch, mode: mode, idx: int32(len(ch.hub.subs))}
+	if client {
+		s.holdClient(ch)
+	}
+	sub := &hubSub{w: w, ch: ch, mode: mode, client: client, idx: int32(len(ch.hub.subs))}
 	ch.hub.subs = append(ch.hub.subs, sub)
 	w.subs[ch.name] = sub
 	if ch.listening && s.listenUp {

@@ -101,6 +101,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for why, label := range [shedReasons]string{
 		shedOverCapacity: "over_capacity", shedDraining: "draining",
 		shedDatabaseUnavailable: "database_unavailable", shedSubjectLimit: "subject_limit",
+		shedChannelLimit: "channel_limit",
 	} {
 		m.shed[why] = dropped.WithLabelValues(label)
 	}

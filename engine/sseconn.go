@@ -95,6 +95,7 @@ const (
 	shedDraining                              // the server is shutting down
 	shedDatabaseUnavailable                   // PostgreSQL cannot be reached (or is not migrated)
 	shedSubjectLimit                          // --max-connections-per-subject
+	shedChannelLimit                          // the SSE side's share of the LISTEN session's channels (channels.go)
 	shedReasons
 )
 
@@ -103,6 +104,7 @@ var shedComments = [shedReasons][]byte{
 	shedDraining:            []byte("draining"),
 	shedDatabaseUnavailable: []byte("database unavailable"),
 	shedSubjectLimit:        []byte("too many connections for this subject"),
+	shedChannelLimit:        []byte("too many channels"),
 }
 
 // The retry: value a client gets when it is sent away (docs/http.md, Responses and errors:
@@ -382,10 +384,7 @@ func (s *Server) removeConn(sc *sseConn) {
 		sc.stream = nil
 		s.maybeDropStream(st)
 	case sc.ch != nil:
-		ch := sc.ch
-		ch.sse = swapRemove(ch.sse, sc, subIndex)
-		sc.ch = nil
-		s.releaseChannel(ch)
+		s.unsubscribeChannel(sc)
 	}
 	s.conns = swapRemove(s.conns, sc, connIndex)
 	s.sseOpen.Store(int64(len(s.conns)))
