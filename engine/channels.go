@@ -253,8 +253,7 @@ func (s *Server) flushChannels() {
 				continue
 			}
 			if sc.pending() > s.limits().ephemeral {
-				s.metrics.droppedSlowClient.Inc()
-				s.closeWithRetry(sc)
+				s.evictSlow(sc)
 				continue
 			}
 			sc.writeEvents(s, ch.out)

@@ -320,7 +320,7 @@ func (s *Server) flushQueue(sc *sseConn) {
 	if q.bytes == 0 {
 		s.emptied(sc)
 		if sc.state == stateClosing && !sc.closed {
-			_ = sc.c.Close() // its last bytes have left (finish)
+			s.closeSent(sc) // its last bytes have left (finish)
 		}
 	}
 }

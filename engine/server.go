@@ -149,7 +149,7 @@ func New(cfg Config) (*Server, error) {
 // errors: SIGTERM) and returns nil; it returns an error if the server cannot start or fails.
 func (s *Server) Run(ctx context.Context) error {
 	// Bind first, each socket under its own flag's name: nothing else has started if one fails.
-	sseLn, err := listenSSE(s.cfg.Listen, s.cfg.ShareListen)
+	sseLn, err := listenSSE(s.cfg.Listen, s.cfg.ShareListen, s.cfg.SSESendBuffer)
 	if err != nil {
 		return fmt.Errorf("--listen %s: %w", s.cfg.Listen, bindError(err))
 	}

@@ -83,6 +83,10 @@ const (
 	// that has no response head yet is shed with ":database unavailable" rather than left
 	// waiting (a PostgreSQL restart that is over within it costs nobody their connection).
 	dbUnavailableAfterMS = 2_000
+	// slowCloseGraceMS: a subscriber sent away for not reading (evictSlow) gets this long to
+	// take its last bytes before it is aborted with what it did not read (docs/operations.md,
+	// Memory: the host's memory is given back within 2 s of an eviction).
+	slowCloseGraceMS = 500
 )
 
 // shedReason says why a connection without a response head was sent away; its comment is
@@ -127,6 +131,7 @@ type sseConn struct {
 	counted    bool  // counted in Server.active (admitted)
 	retries    uint8 // consecutive failed history reads
 	watched    bool  // registered in the writability set (outbound.go)
+	slow       bool  // sent away for not reading (evictSlow): closing, aborted after slowCloseGraceMS
 
 	all    int32 // index in Server.conns
 	subIdx int32 // index in stream.subs or channel.sse (a connection is on one of them at most)
@@ -236,9 +241,53 @@ func (s *Server) finish(sc *sseConn, last []byte) {
 	if len(last) > 0 {
 		sc.write(s, last)
 	}
-	if sc.pending() == 0 {
-		_ = sc.c.Close()
+	if sc.pending() == 0 && !sc.closed {
+		s.closeSent(sc)
 	}
+}
+
+// abort closes a connection that does not read, with what it has not taken: pgsse's queue
+// and the kernel's send buffer, which a close would otherwise keep trying to deliver long
+// after (SO_LINGER 0: the peer gets a reset) — so that a client sent away for not reading
+// holds no memory from that moment (docs/operations.md, Memory): → closing. Never for a close
+// whose last bytes the client should still get (finish).
+func (s *Server) abort(sc *sseConn) {
+	if sc.closed {
+		return
+	}
+	sc.to(stateClosing, s.nowMS)
+	s.dropQueue(sc)
+	_ = unix.SetsockoptLinger(sc.c.Fd(), unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	_ = sc.c.Close()
+}
+
+// evictSlow sends away an ephemeral or channel subscriber over its outbound limit
+// (budget.go) with a retry field, like any streaming connection (closeWithRetry) — but it is
+// not reading: of its queue only an event the socket has begun is kept, and if the socket
+// has no room for that and the retry field now, the connection is aborted at once; if it
+// has, the client gets slowCloseGraceMS to take them from the kernel before it is aborted
+// (sweepConns). Either way what it did not read is given back at once or within the grace.
+func (s *Server) evictSlow(sc *sseConn) {
+	s.metrics.droppedSlowClient.Inc()
+	sc.slow = true
+	s.closeWithRetry(sc)
+	if sc.closed || sc.pending() == 0 {
+		return
+	}
+	s.flushQueue(sc) // the begun event and the retry field, as far as the socket takes them now
+	if !sc.closed && sc.pending() > 0 {
+		s.abort(sc)
+	}
+}
+
+// closeSent closes a closing connection whose last bytes the socket has taken (finish,
+// flushQueue) — unless it was sent away for not reading and the kernel has not delivered
+// them all yet: sweepConns closes it once it has, or aborts it after slowCloseGraceMS.
+func (s *Server) closeSent(sc *sseConn) {
+	if sc.slow && unsentBytes(sc.c.Fd()) > 0 {
+		return
+	}
+	_ = sc.c.Close()
 }
 
 // linger writes a connection's last bytes and closes it gracefully although the client may
@@ -449,9 +498,13 @@ func (s *Server) sweepConns() {
 					strconv.FormatInt(s.publishBodyTimeoutMS/1000, 10)+" s")
 			}
 		case stateClosing:
-			if sc.pending() > 0 && s.nowMS-sc.enteredMS >= closeLingerMS {
-				s.dropQueue(sc) // the client does not read: give up on the last bytes
-				_ = sc.c.Close()
+			switch {
+			case sc.slow && s.nowMS-sc.enteredMS >= slowCloseGraceMS:
+				s.abort(sc) // sent away for not reading, and it still does not
+			case sc.slow && sc.pending() == 0:
+				s.closeSent(sc) // once the kernel has delivered the last bytes
+			case sc.pending() > 0 && s.nowMS-sc.enteredMS >= closeLingerMS:
+				s.abort(sc) // the client does not read: give up on the last bytes
 			}
 		case stateCatchUp, stateLive, stateLagging:
 			if sc.expiresMS > 0 && s.nowMS >= sc.expiresMS {

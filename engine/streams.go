@@ -212,8 +212,7 @@ func (s *Server) deliver(sc *sseConn, items []*event) int {
 				continue
 			}
 			if queued > l.ephemeral {
-				s.metrics.droppedSlowClient.Inc()
-				s.closeWithRetry(sc)
+				s.evictSlow(sc)
 				return 0
 			}
 		}

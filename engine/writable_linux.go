@@ -136,3 +136,13 @@ func (s *Server) flushReady(fds []int32) {
 		}
 	}
 }
+
+// unsentBytes is what the kernel holds for fd's peer that the peer has not acknowledged yet
+// (SIOCOUTQ); 0 if it cannot tell.
+func unsentBytes(fd int) int {
+	n, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
+	if err != nil {
+		return 0
+	}
+	return n
+}
