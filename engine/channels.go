@@ -97,7 +97,7 @@ func (s *Server) holdChannel(name string) *channel {
 		if s.listen != nil {
 			ch.ref = refPending
 			s.listen.Listen(name, func(err error) {
-				s.tasks.push(func() { s.onListened(ch, err) })
+				s.tasks.push(func() { s.sessionEvent(func() { s.onListened(ch, err) }) }) // in order with the notifications
 			})
 		}
 	}
@@ -229,8 +229,8 @@ func (s *Server) logChannelLimit(side string, limit int) {
 }
 
 // onChannelNotify queues a raw notification for the channel's SSE clients (encoded once)
-// and hands it to the hub workers.
-func (s *Server) onChannelNotify(ch *channel, pid uint32, payload []byte) {
+// and hands it to the hub workers; it reports whether the hub stalled on it.
+func (s *Server) onChannelNotify(ch *channel, pid uint32, payload []byte) (stalled bool) {
 	if len(ch.sse) > 0 {
 		ch.out = append(ch.out, &event{enc: sse.AppendEvent(nil, 0, nil, payload)})
 		if !ch.dirty {
@@ -238,7 +238,7 @@ func (s *Server) onChannelNotify(ch *channel, pid uint32, payload []byte) {
 			s.dirtyChannels = append(s.dirtyChannels, ch)
 		}
 	}
-	s.hub.notify(ch, pid, payload)
+	return s.hub.notify(ch, pid, payload)
 }
 
 func (s *Server) flushChannels() {

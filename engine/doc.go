@@ -20,8 +20,10 @@
 //	                     round between deliveries), capacity, draining, per-subject caps
 //	streams.go           durable and ephemeral streams: fan-out, catch-up, lagging, gaps
 //	channels.go          raw channels: one LISTEN per channel, shared by SSE clients and workers
-//	hub.go, hubsocket.go the hub (its own type) and its socket file
-//	listen.go            the LISTEN source (pglisten.Session behind a narrow interface) and its events
+//	hub.go, hubsocket.go the hub (its own type): workers' rings written straight to their sockets,
+//	                     eviction and stalls; its socket file
+//	listen.go            the LISTEN source (pglisten.Session behind a narrow interface) and its events,
+//	                     held in order while the hub stalls (sessionGate)
 //	listenhub.go         a sibling process's LISTEN source (--procs): the first process's hub, with failover
 //	schema.go            the schema-version poller (/readyz)
 //	metrics.go           the Prometheus series, label values bound once
@@ -43,7 +45,9 @@
 //     over its high watermark stops taking live writes (lagging) and is caught up from the
 //     ring or the table once it drains below the low one; an ephemeral or channel subscriber
 //     over its limit is closed; a hub worker's ring follows docs/hub-protocol.md; rings, pending
-//     lists, notification batches waiting for the loop and large events held are capped.
+//     lists, notification batches waiting for the loop and large events held are capped; the
+//     kernel's send buffer of each SSE socket is fixed (Config.SSESendBuffer), and a client
+//     evicted for not reading is reset with what it did not read.
 //   - No lost wake: a subscriber is registered before any history is read, the response
 //     head goes out only once the subscription is live (sseconn.go: respond), and live vs
 //     replayed events are deduplicated by id (per-connection cursor). After the LISTEN

@@ -52,7 +52,7 @@ func (e sessionEvents) Notifications(b *pglisten.Batch) {
 		b.Release()
 		return
 	}
-	if !e.s.tasks.push(func() { e.s.onBatch(b); <-e.s.batchSlots }) {
+	if !e.s.tasks.push(func() { e.s.sessionEvent(func() { e.s.onBatch(b) }) }) {
 		<-e.s.batchSlots
 		b.Release()
 	}
@@ -62,37 +62,110 @@ func (e sessionEvents) Notifications(b *pglisten.Batch) {
 // for the loop.
 const listenBatchesQueued = 64
 
-func (e sessionEvents) Down(err error) { e.s.tasks.push(func() { e.s.onDown(err) }) }
-func (e sessionEvents) Resynced()      { e.s.tasks.push(e.s.onResynced) }
+func (e sessionEvents) Down(err error) {
+	e.s.tasks.push(func() { e.s.sessionEvent(func() { e.s.onDown(err) }) })
+}
+func (e sessionEvents) Resynced() { e.s.tasks.push(func() { e.s.sessionEvent(e.s.onResynced) }) }
 
-// onBatch routes one batch of notifications from the process's own session.
-func (s *Server) onBatch(b *pglisten.Batch) {
+// sessionGate keeps what the LISTEN source reports in its order while the hub stalls (hub.go:
+// a lossless worker could not take a notification): the rest of the batch it stalled in
+// (resume) and every event the source reported after it (waiting) run once the stall is over
+// (resumeSession), in order. Nothing else waits: SSE clients' and workers' own traffic, the
+// ticks and the other tasks go on. waiting holds at most listenBatchesQueued batches (the
+// slot each holds until it is routed) and the few state events between them.
+type sessionGate struct {
+	resume  func()
+	waiting []func()
+}
+
+// sessionEvent runs f, one event of the LISTEN source (a batch, Down, Resynced, a LISTEN's
+// completion), now — or, while the gate holds earlier ones, after them.
+func (s *Server) sessionEvent(f func()) {
+	if s.gate.resume != nil || len(s.gate.waiting) > 0 {
+		s.gate.waiting = append(s.gate.waiting, f)
+		return
+	}
+	f()
+}
+
+// pauseSession holds the LISTEN source's events behind rest, the remainder of a batch the
+// hub stalled in, until the stall is over.
+func (s *Server) pauseSession(rest func()) {
+	s.gate.resume = rest
+	if !s.hub.stalled() {
+		s.tasks.push(s.resumeSession) // over already
+	}
+}
+
+// resumeSession runs what the gate holds, in order, until it is empty or the hub stalls again
+// (a task the hub pushes when a stall ends).
+func (s *Server) resumeSession() {
 	s.enter()
 	defer s.leave()
+	for !s.hub.stalled() {
+		if rest := s.gate.resume; rest != nil {
+			s.gate.resume = nil
+			rest()
+			continue
+		}
+		if len(s.gate.waiting) == 0 {
+			s.gate.waiting = s.gate.waiting[:0:0]
+			return
+		}
+		f := s.gate.waiting[0]
+		s.gate.waiting[0] = nil
+		s.gate.waiting = s.gate.waiting[1:]
+		f()
+	}
+}
+
+// onBatch routes one batch of notifications from the process's own session, then gives its
+// read buffer back and its slot (listenBatchesQueued) — later, if the hub stalls in it.
+func (s *Server) onBatch(b *pglisten.Batch) {
 	s.metrics.notifications.Add(float64(len(b.Notes)))
-	for i := range b.Notes {
+	s.routeBatch(b, 0)
+}
+
+func (s *Server) routeBatch(b *pglisten.Batch, from int) {
+	s.enter()
+	defer s.leave()
+	for i := from; i < len(b.Notes); i++ {
 		n := &b.Notes[i]
-		s.onNotification(n.Channel, n.PID, n.Payload)
+		if s.onNotification(n.Channel, n.PID, n.Payload) {
+			s.pauseSession(func() { s.routeBatch(b, i+1) })
+			return
+		}
 	}
 	b.Release() // everything above copied what it keeps; leave() writes it out
+	<-s.batchSlots
 }
 
 // onEvents routes one batch of notifications from the first process's hub (a sibling's
-// source, listenhub.go): one loop entry, so one write per subscriber for all of them.
+// source, listenhub.go): one loop entry, so one write per subscriber for all of them; then it
+// gives the batch's slot back (later, if the hub stalls in it).
 func (s *Server) onEvents(evs []pglisten.Event) {
+	s.metrics.notifications.Add(float64(len(evs)))
+	s.routeEvents(evs, 0)
+}
+
+func (s *Server) routeEvents(evs []pglisten.Event, from int) {
 	s.enter()
 	defer s.leave()
-	s.metrics.notifications.Add(float64(len(evs)))
-	for i := range evs {
-		s.onNotification([]byte(evs[i].Channel), evs[i].PID, evs[i].Payload)
+	for i := from; i < len(evs); i++ {
+		if s.onNotification([]byte(evs[i].Channel), evs[i].PID, evs[i].Payload) {
+			s.pauseSession(func() { s.routeEvents(evs, i+1) })
+			return
+		}
 	}
+	<-s.batchSlots
 }
 
 // onNotification routes one notification: the stream channel's payloads to the streams, raw
 // channels to their SSE clients and hub workers (in the first process of --procs, the
 // stream channel is also a raw channel that sibling processes hold through the hub).
-// channel and payload are valid only during the call.
-func (s *Server) onNotification(channel []byte, pid uint32, payload []byte) {
+// channel and payload are valid only during the call. It reports whether the hub stalled on
+// it (the caller holds the rest of its batch: pauseSession).
+func (s *Server) onNotification(channel []byte, pid uint32, payload []byte) (stalled bool) {
 	if string(channel) == storeChannel {
 		if err := store.ParsePayload(payload, &s.payload); err != nil {
 			s.metrics.droppedBadPayload.Inc()
@@ -102,8 +175,9 @@ func (s *Server) onNotification(channel []byte, pid uint32, payload []byte) {
 		}
 	}
 	if ch := s.channels[string(channel)]; ch != nil {
-		s.onChannelNotify(ch, pid, payload)
+		return s.onChannelNotify(ch, pid, payload)
 	}
+	return false
 }
 
 // onDown: the session was lost. Connections stay; raw channels are no longer listening and

@@ -226,7 +226,7 @@ func (h *hubSource) firstResync() {
 	defer h.mu.Unlock()
 	h.initial = false
 	if !h.down {
-		h.s.tasks.push(h.s.onResynced)
+		h.s.tasks.push(func() { h.s.sessionEvent(h.s.onResynced) })
 	}
 }
 
@@ -278,7 +278,7 @@ func (h *hubSource) deliver(batch []pglisten.Event) {
 			return
 		}
 		notes := append([]pglisten.Event(nil), batch[start:end]...)
-		if !h.s.tasks.push(func() { h.s.onEvents(notes); <-h.s.batchSlots }) {
+		if !h.s.tasks.push(func() { h.s.sessionEvent(func() { h.s.onEvents(notes) }) }) {
 			<-h.s.batchSlots
 		}
 	}
@@ -292,13 +292,13 @@ func (h *hubSource) deliver(batch []pglisten.Event) {
 		switch {
 		case ev.Kind == pglisten.KindDown:
 			h.down = true
-			h.s.tasks.push(func() { h.s.onDown(errHubLost) })
+			h.s.tasks.push(func() { h.s.sessionEvent(func() { h.s.onDown(errHubLost) }) })
 		case h.initial:
 			// The first Resynced follows the queued Listens (firstResync).
 			h.down = false
 		default: // KindResync: of everything, or of one channel (lossless mode sends none)
 			h.down = false
-			h.s.tasks.push(h.s.onResynced)
+			h.s.tasks.push(func() { h.s.sessionEvent(h.s.onResynced) })
 		}
 		h.mu.Unlock()
 	}

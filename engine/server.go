@@ -99,6 +99,7 @@ type Server struct {
 	admitQ            connFIFO         // authorised connections waiting to be admitted (admission.go)
 	subjects          map[string]int32 // connections per subject (--max-connections-per-subject)
 	hub               hub
+	gate              sessionGate // the LISTEN source's events held while the hub stalls (listen.go)
 }
 
 // New checks cfg and prepares a Server; nothing is started until Run.

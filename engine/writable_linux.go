@@ -128,12 +128,51 @@ func (s *Server) unwatch(sc *sseConn) {
 	}
 }
 
-// flushReady writes the queues of sockets that have room again (watchWritable's task).
+// flushReady writes the queues of sockets that have room again (watchWritable's task): SSE
+// connections' and hub workers'.
 func (s *Server) flushReady(fds []int32) {
 	for _, fd := range fds {
-		if sc := s.out.byFD[fd]; sc != nil && !sc.closed {
-			s.flushQueue(sc)
+		if sc := s.out.byFD[fd]; sc != nil {
+			if !sc.closed {
+				s.flushQueue(sc)
+			}
+		} else if w := s.hub.byFD[fd]; w != nil {
+			s.hub.writable(w)
 		}
+	}
+}
+
+// watchWorker arms w's socket in the writability set for one report (EPOLLONESHOT): the hub
+// re-arms it each time it finds the socket full, so a worker that reads everything costs no
+// wake-ups. Armed while the socket already has room, it is reported at once.
+func (s *Server) watchWorker(w *worker) {
+	if s.out.epfd < 0 || w.gone {
+		return
+	}
+	fd := w.c.Fd()
+	ev := unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLONESHOT, Fd: int32(fd)}
+	op := unix.EPOLL_CTL_MOD
+	if !w.watched {
+		op = unix.EPOLL_CTL_ADD
+	}
+	err := unix.EpollCtl(s.out.epfd, op, fd, &ev)
+	switch {
+	case err == unix.EEXIST:
+		err = unix.EpollCtl(s.out.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+	case err == unix.ENOENT:
+		err = unix.EpollCtl(s.out.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	}
+	if err != nil {
+		// The tick still writes to it (tickFast while it has bytes queued); nothing is lost.
+		s.log.Warn("hub: cannot watch a worker's socket for room; it is written on the tick", "pid", w.pid, "err", err)
+		return
+	}
+	if !w.watched {
+		w.watched = true
+		if s.hub.byFD == nil {
+			s.hub.byFD = make(map[int32]*worker)
+		}
+		s.hub.byFD[int32(fd)] = w
 	}
 }
 

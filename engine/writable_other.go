@@ -17,6 +17,7 @@ func (o *outbound) stopWatching() {}
 func (s *Server) watchWritable(ctx context.Context) { <-ctx.Done() }
 func (s *Server) watch(*sseConn)                    {}
 func (s *Server) unwatch(*sseConn)                  {}
+func (s *Server) watchWorker(*worker)               {}
 
 // unsentBytes: without SIOCOUTQ the kernel's queue is not known; 0.
 func unsentBytes(int) int { return 0 }
