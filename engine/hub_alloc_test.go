@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -61,7 +62,17 @@ func newSinkConn(tb testing.TB, keep bool) *sinkConn {
 	return c
 }
 
+// newNullConn is a sinkConn on /dev/null: every write is taken at once, for the price of the
+// syscall (benchmarks).
+func newNullConn(tb testing.TB) *sinkConn {
+	fd, err := unix.Open(os.DevNull, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = unix.Close(fd) })
+	return &sinkConn{fd: fd}
+}
+
 func (c *sinkConn) Fd() int               { return c.fd }
+func (c *sinkConn) Close() error          { return nil }
 func (c *sinkConn) InboundBuffered() int  { return 0 }
 func (c *sinkConn) OutboundBuffered() int { return 0 }
 func (c *sinkConn) SetContext(v any)      { c.ctx = v }
@@ -89,14 +100,19 @@ func flushAll(tb testing.TB, s *Server) {
 	})
 }
 
-// hubFanout builds a server (not running) with n subscribed workers on one channel.
-func hubFanout(tb testing.TB, n int) (*Server, *channel, []*sinkConn) {
+// hubFanout builds a server (not running) with n subscribed workers on one channel, on
+// socketpairs read as fast as they can (null: on /dev/null).
+func hubFanout(tb testing.TB, n int, null bool) (*Server, *channel, []*sinkConn) {
 	s, err := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(tb, err)
 	s.listenUp = true
 	conns := make([]*sinkConn, n)
 	for i := range conns {
-		conns[i] = newSinkConn(tb, false)
+		if null {
+			conns[i] = newNullConn(tb)
+		} else {
+			conns[i] = newSinkConn(tb, false)
+		}
 		_, action := s.hub.accept(conns[i], false)
 		require.Equal(tb, gnet.None, action)
 		w := conns[i].ctx.(*worker)
@@ -117,7 +133,7 @@ func hubFanout(tb testing.TB, n int) (*Server, *channel, []*sinkConn) {
 // TestHubNotifyAllocs pins the hub's fan-out: one encoding per notification, copied into each
 // worker's ring and handed to the socket, with no allocation per notification or delivery.
 func TestHubNotifyAllocs(t *testing.T) {
-	s, ch, conns := hubFanout(t, 8)
+	s, ch, conns := hubFanout(t, 8, false)
 	payload := bytes.Repeat([]byte("p"), 200)
 	flushAll(t, s)
 	waitFor(t, 10*time.Second, "the ACKs read", func() bool { return conns[0].written.Load() > 0 })
@@ -137,7 +153,7 @@ func TestHubNotifyAllocs(t *testing.T) {
 func BenchmarkHubNotify(b *testing.B) {
 	for _, n := range []int{1, 64} {
 		b.Run("workers="+strconv.Itoa(n), func(b *testing.B) {
-			s, ch, _ := hubFanout(b, n)
+			s, ch, _ := hubFanout(b, n, true)
 			payload := bytes.Repeat([]byte("p"), 200)
 			b.ReportAllocs()
 			b.ResetTimer()
