@@ -302,7 +302,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	case cfg.MaxOutboundMemory < MinMaxOutboundMemory || cfg.MaxOutboundMemory > MaxMaxOutboundMemory:
 		return cfg, errors.New("--max-outbound-memory: must be between 1MiB and 1TiB")
 	case cfg.SSESendBuffer != NoLimit && (cfg.SSESendBuffer < MinSSESendBuffer || cfg.SSESendBuffer > MaxSSESendBuffer):
-		return cfg, errors.New("SSE send buffer: must be between 8KiB and 64MiB")
+		return cfg, errors.New("SSESendBuffer: must be between 8KiB and 64MiB, or NoLimit")
 	case cfg.Retention < 0:
 		return cfg, errors.New("--retention: must not be negative")
 	case cfg.HubWorkerBuffer < MinHubWorkerBuffer || cfg.HubWorkerBuffer > MaxHubWorkerBuffer:

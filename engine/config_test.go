@@ -54,6 +54,7 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 	assert.Equal(t, DefaultReplayPoolSize, cfg.ReplayPoolSize)
 	assert.Equal(t, int64(DefaultMaxPublishBytes), cfg.MaxPublishBytes)
 	assert.Equal(t, DefaultMaxOutboundMemory, cfg.MaxOutboundMemory)
+	assert.Equal(t, DefaultSSESendBuffer, cfg.SSESendBuffer)
 	assert.Equal(t, MaxConnectionsFor(FDLimit()), cfg.MaxConnections)
 	assert.Zero(t, cfg.Retention, "zero keeps events forever")
 	assert.NotNil(t, cfg.Logger)
@@ -75,6 +76,8 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 		{func(c *Config) { c.MaxPublishBytes = MaxMaxPublishBytes + 1 }, "--max-publish-bytes"},
 		{func(c *Config) { c.MaxOutboundMemory = MinMaxOutboundMemory - 1 }, "--max-outbound-memory"},
 		{func(c *Config) { c.MaxOutboundMemory = MaxMaxOutboundMemory + 1 }, "--max-outbound-memory"},
+		{func(c *Config) { c.SSESendBuffer = MinSSESendBuffer - 1 }, "SSESendBuffer"},
+		{func(c *Config) { c.SSESendBuffer = MaxSSESendBuffer + 1 }, "SSESendBuffer"},
 	} {
 		var cfg Config
 		tc.tweak(&cfg)
@@ -84,7 +87,9 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 		}
 	}
 	cfg = Config{MaxHeaderBytes: MinMaxHeaderBytes, Heartbeat: MinHeartbeat, Retry: MinRetry, HubWorkerBuffer: MinHubWorkerBuffer,
-		MaxOutboundMemory: MinMaxOutboundMemory, MaxPublishBytes: MinMaxPublishBytes}
+		MaxOutboundMemory: MinMaxOutboundMemory, MaxPublishBytes: MinMaxPublishBytes, SSESendBuffer: MinSSESendBuffer}
 	_, err = cfg.withDefaults()
 	assert.NoError(t, err, "the bounds themselves are allowed")
+	_, err = Config{SSESendBuffer: NoLimit}.withDefaults()
+	assert.NoError(t, err, "NoLimit leaves the send buffers to the kernel")
 }

@@ -182,3 +182,34 @@ func (ts *testServer) connCount(t testing.TB) int {
 	ts.onLoop(t, func() { n = len(ts.conns) })
 	return n
 }
+
+// TestSSESendBufferApplied: every socket of the SSE port gets Config.SSESendBuffer as its send
+// buffer (Linux reports the doubled SO_SNDBUF), the default's and a configured one; NoLimit
+// leaves it to the kernel's autotuning.
+func TestSSESendBufferApplied(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  int
+		want func(uint32) bool
+	}{
+		{"default", 0, func(b uint32) bool { return b == DefaultSSESendBuffer }},
+		{"configured", 32 << 10, func(b uint32) bool { return b == 32<<10 }},
+		{"no limit", NoLimit, func(b uint32) bool { return b != DefaultSSESendBuffer }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startServer(t, "", func(c *Config) { c.SSESendBuffer = tc.set })
+			c := dial(t, ts.Addr().String(), "/streams/x", bearerH(allStreams(t)))
+			require.Equal(t, 200, c.Status)
+			var got []uint32
+			ts.onLoop(t, func() {
+				for _, sc := range ts.conns {
+					m, err := socketMemory(sc.c.Fd())
+					require.NoError(t, err)
+					got = append(got, m[skMemSndbuf])
+				}
+			})
+			require.Len(t, got, 1)
+			assert.True(t, tc.want(got[0]), "send buffer %d", got[0])
+		})
+	}
+}
