@@ -79,10 +79,13 @@ func socketMemory(fd int) ([skMemVars]uint32, error) {
 // closed kept their unsent bytes for as long as the kernel tried to deliver them.
 func TestSSEKernelSendBuffersBounded(t *testing.T) {
 	const clients = 2000
-	// A quarter of the default bound, so that the test costs the (shared) machine 4 × less.
+	// A quarter of the default bound, so that the test costs the (shared) machine 4 × less, and
+	// a small --max-outbound-memory, so that the clients' limits in pgsse's queues shrink soon
+	// (budget.go) and the evictions come after a few events rather than 4 MiB each.
 	const bound = DefaultSSESendBuffer / 4
 	ts := startServer(t, "", func(c *Config) {
 		c.SSESendBuffer = bound
+		c.MaxOutboundMemory = 16 << 20
 		c.MaxConnectionsPerSubject = NoLimit
 		c.Heartbeat = time.Hour
 	})
