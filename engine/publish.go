@@ -126,6 +126,9 @@ func (s *Server) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	case s.pool == nil:
 		s.refusePublish(sc, 401, "token authentication is not configured")
 		return
+	case crossSiteCookie(req, cors) && len(req.Origin) == 0:
+		s.refusePublish(sc, 403, "a publish authorised by the pgsse_token cookie must come from the same site: this one says Sec-Fetch-Site: "+string(req.SecFetchSite)+" (send the token in Authorization, or from a page of one of --cors-origins)")
+		return
 	case crossSiteCookie(req, cors):
 		s.refusePublish(sc, 403, "a publish authorised by the pgsse_token cookie must come from the same origin or one of --cors-origins")
 		return
