@@ -183,7 +183,7 @@ func (s *Server) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Claims, 
 		s.refusePublish(sc, 401, err.Error())
 		return
 	case !pub.batch && !claims.AllowsPublish([]byte(pub.stream)):
-		s.refusePublish(sc, 403, "token does not grant publishing to stream "+pub.stream)
+		s.refusePublish(sc, 403, claims.NotGranted("publishing to stream "+pub.stream))
 		return
 	}
 	pub.claims, pub.granted = claims, true
@@ -272,7 +272,7 @@ func (s *Server) submitPublish(sc *sseConn) {
 		}
 		for i := range events {
 			if !pub.claims.AllowsPublish([]byte(events[i].Stream)) {
-				s.answerPublishError(sc, 403, "line "+strconv.Itoa(i+1)+": token does not grant publishing to stream "+events[i].Stream)
+				s.answerPublishError(sc, 403, "line "+strconv.Itoa(i+1)+": "+pub.claims.NotGranted("publishing to stream "+events[i].Stream))
 				return
 			}
 		}

@@ -312,10 +312,10 @@ func (s *Server) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims, e
 		s.unauthorized(sc, err.Error())
 		return
 	case sub.isChan && !claims.AllowsChannel([]byte(sub.name)):
-		s.reject(sc, 403, "token does not grant channel "+sub.name, s.connCORS(sc))
+		s.reject(sc, 403, claims.NotGranted("channel "+sub.name), s.connCORS(sc))
 		return
 	case !sub.isChan && !claims.AllowsStream([]byte(sub.name)):
-		s.reject(sc, 403, "token does not grant stream "+sub.name, s.connCORS(sc))
+		s.reject(sc, 403, claims.NotGranted("stream "+sub.name), s.connCORS(sc))
 		return
 	default:
 		tags = claims.Tags
