@@ -46,6 +46,12 @@ func (s *Server) readRequest(sc *sseConn) {
 				s.finish(sc, nil) // the client does not read its answers
 				return
 			}
+			if in, _ := sc.c.Peek(-1); sse.EmptyLines(in) == len(in) {
+				// The CRLF a client may send after a body (RFC 9112 §2.2): still idle, so
+				// the keep-alive timeout applies, not the request head's.
+				_, _ = sc.c.Discard(len(in))
+				return
+			}
 			s.nextRequest(sc)
 		case statePublishCommit:
 			if sc.c.InboundBuffered() > publishPipelineBytes {

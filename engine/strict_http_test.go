@@ -142,6 +142,29 @@ func TestStrictLeadingEmptyLines(t *testing.T) {
 	// Several, and bare LFs.
 	third := decodePublished(t, c.do("\r\n\n\r\n"+post("/streams/blank/1", "three", pub)))
 	assert.Equal(t, *second.ID+1, *third.ID)
+	// The extra CRLF alone, with the next request later: the connection stays idle between
+	// requests (the keep-alive timeout, 30 s), rather than waiting for a request head (10 s).
+	c.send("\r\n")
+	waitFor(t, 10*time.Second, "the empty line to be read", func() bool {
+		idle := false
+		ts.onLoop(t, func() {
+			for _, sc := range ts.conns {
+				idle = idle || sc.state == stateIdle && sc.c.InboundBuffered() == 0
+			}
+		})
+		return idle
+	})
+	var heads int
+	ts.onLoop(t, func() {
+		for _, sc := range ts.conns {
+			if sc.state == stateHead {
+				heads++
+			}
+		}
+	})
+	assert.Zero(t, heads, "a connection waits for a request head after an empty line")
+	fourth := decodePublished(t, c.do(post("/streams/blank/1", "four", pub)))
+	assert.Equal(t, *third.ID+1, *fourth.ID)
 
 	// A subscription after an empty line.
 	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
@@ -152,7 +175,7 @@ func TestStrictLeadingEmptyLines(t *testing.T) {
 	require.NoError(t, err)
 	buf := make([]byte, 4096)
 	var got string
-	for !strings.Contains(got, "data: three") {
+	for !strings.Contains(got, "data: four") {
 		n, err := conn.Read(buf)
 		require.NoError(t, err, "read so far: %q", got)
 		got += string(buf[:n])
