@@ -157,10 +157,11 @@ func (s *Server) notFound(sc *sseConn, req *sse.Request, cors sse.CORS) {
 }
 
 // endRequest writes the final answer to req and closes the connection, lingering when req
-// carries a body that is not read (sse.Request.Framing), so that the client reads the
-// answer rather than a reset and nothing in the body is taken for a request.
+// carries a body (which nothing reads on this path: a POST to a path that takes none, another
+// method's: sse.Request.Framing), so that the client reads the answer rather than a reset
+// and nothing in the body is taken for a request.
 func (s *Server) endRequest(sc *sseConn, req *sse.Request, answer []byte) {
-	if req.Framing != sse.BodyNone && req.Method != sse.MethodPOST {
+	if req.Framing != sse.BodyNone {
 		s.linger(sc, answer)
 		return
 	}

@@ -63,13 +63,14 @@ func TestStrictBodyOnOtherMethods(t *testing.T) {
 	// (the connection lingers rather than resetting), and the rest of the body is dropped —
 	// whether the method is one we do not implement (405) or one that takes no body (400).
 	for _, tc := range []struct {
-		method string
-		status int
-	}{{"PUT", 405}, {"GET", 400}, {"OPTIONS", 400}} {
-		t.Run("large body still arriving on "+tc.method, func(t *testing.T) {
+		method, target string
+		status         int
+	}{{"PUT", "/streams/s", 405}, {"GET", "/streams/s", 400}, {"OPTIONS", "/streams/s", 400},
+		{"POST", "/channels/c", 405}, {"POST", "/elsewhere", 404}} {
+		t.Run("large body still arriving: "+tc.method+" "+tc.target, func(t *testing.T) {
 			c := dialPub(t, addr)
 			body := strings.Repeat("x", 4<<20)
-			c.send(request(tc.method, "/streams/s", "Content-Length: "+strconv.Itoa(len(body))) + body[:1000])
+			c.send(request(tc.method, tc.target, pub, "Content-Length: "+strconv.Itoa(len(body))) + body[:1000])
 			r := c.read()
 			require.Equal(t, tc.status, r.Status, r.Body)
 			assert.True(t, r.Close, "Connection: close")
