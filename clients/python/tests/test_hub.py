@@ -1,5 +1,6 @@
 """pgsse_hub against the real hub of a real `pgsse serve` and a real PostgreSQL."""
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -166,20 +167,23 @@ class FailoverLive(unittest.TestCase):
     def test_run_delivers_to_callbacks_and_close_ends_it(self):
         server = Server()
         self.addCleanup(server.close)
-        got, resyncs = [], []
+        got, received, resyncs = [], queue.Queue(), queue.Queue()
+
+        def on_notification(ev):
+            got.append(ev.text)
+            received.put(ev.text)
+            if len(got) == 2:
+                f.close()
         from psycopg_session import PsycopgSession
         f = h.Failover(server.socket, direct=lambda: PsycopgSession(support.DSN),
-                       on_notification=lambda ev: (got.append(ev.text), len(got) == 2 and f.close()),
-                       on_resync=resyncs.append)
+                       on_notification=on_notification, on_resync=resyncs.put)
         f.subscribe("jobs")
-        notify("jobs", "one")
-        server.kill()
         t = threading.Thread(target=f.run)
         t.start()
-        deadline = time.monotonic() + 30
-        while not resyncs and time.monotonic() < deadline:
-            time.sleep(0.05)   # polling the callback's record: it is the observable
-        self.assertEqual(resyncs, [None])
+        notify("jobs", "one")
+        self.assertEqual(received.get(timeout=10), "one")   # through the hub, before it is killed
+        server.kill()
+        self.assertIsNone(resyncs.get(timeout=30))           # the switch's resync of everything
         notify("jobs", "two")
         t.join(30)
         self.assertFalse(t.is_alive(), "run() returns after close()")
