@@ -219,6 +219,36 @@ describe('each STATUS code, from a scripted hub peer', () => {
     });
   }
 
+  test('a silent hub fails with timeout', async () => {
+    // The peer answers HELLO and SUB but never a PING: two silent intervals end the client.
+    const peer = await scripted([]);
+    const c = await h.HubClient.connect(peer.sockPath, { pingInterval: 100 });
+    try {
+      await c.subscribe('jobs');
+      assert.equal((await c.done).reason, 'timeout');
+    } finally {
+      c.close();
+      await peer.close();
+    }
+  });
+
+  test('failover on PROTOCOL_ERROR', { skip: skipLive }, async () => {
+    const peer = await scripted([status(h.PROTOCOL_ERROR, '', 'bad')]);
+    const f = new h.Failover(peer.sockPath, { direct: (sink) => pgSession(DSN, sink), pingInterval: 0, logger: quiet });
+    const events = new Events(f);
+    try {
+      await f.subscribe('jobs');
+      assert.deepEqual(await events.next('down'), { kind: 'down' });
+      assert.deepEqual(await events.next('resync', 30000), { kind: 'resync', channel: null });
+      assert.deepEqual([f.source, f.reason.reason, f.reason.detail], ['direct', 'protocol', 'bad']);
+      await notify('jobs', 'direct');
+      assert.equal((await events.nextNotification()).payload, 'direct');
+    } finally {
+      await f.close();
+      await peer.close();
+    }
+  });
+
   test('no ACK within the deadline', async () => {
     const peer = await scripted([], { answerSub: false });
     const c = await h.HubClient.connect(peer.sockPath, { ackTimeout: 500, pingInterval: 0 });

@@ -249,6 +249,28 @@ class ScriptedHub(unittest.TestCase):
                         c.next_event(5)
                     self.assertEqual(cm.exception.reason, want_failure)
 
+    def test_a_silent_hub_fails_with_timeout(self):
+        # The peer answers HELLO and SUB but never a PING: two silent intervals end the client.
+        c = h.HubClient(self.serve(), ping_interval=0.1)
+        self.addCleanup(c.close)
+        c.subscribe("jobs")
+        with self.assertRaises(h.HubFailure) as cm:
+            c.next_event(5)
+        self.assertEqual(cm.exception.reason, "timeout")
+
+    @need_server
+    def test_failover_on_protocol_error(self):
+        from psycopg_session import PsycopgSession
+        f = h.Failover(self.serve(h.Frame(h.STATUS, code=h.PROTOCOL_ERROR, text=b"bad")),
+                       direct=lambda: PsycopgSession(support.DSN), ping_interval=0)
+        self.addCleanup(f.close)
+        f.subscribe("jobs")
+        self.assertEqual(f.next_event(10), h.Event("down"))
+        self.assertEqual(f.next_event(30), h.Event("resync", None))
+        self.assertEqual((f.source, f.reason.reason, f.reason.detail), ("direct", "protocol", "bad"))
+        notify("jobs", "direct")
+        self.assertEqual(f.next_event(10).payload, b"direct")
+
     def test_no_ack_within_the_deadline_fails_over(self):
         path = os.path.join(tempfile.mkdtemp(), "hub.sock")
         srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

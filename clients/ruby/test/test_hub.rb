@@ -266,6 +266,29 @@ class TestScriptedHub < Minitest::Test
     c.close
   end
 
+  def test_a_silent_hub_fails_with_timeout
+    # The peer answers HELLO and SUB but never a PING: two silent intervals end the client.
+    c = H::HubClient.new(serve, ping_interval: 0.1, logger: Logger.new(File::NULL))
+    c.subscribe("jobs")
+    err = assert_raises(H::HubFailure) { c.next_event(5) }
+    assert_equal :timeout, err.reason
+    c.close
+  end
+
+  def test_failover_on_protocol_error
+    skip "PGSSE_TEST_DSN is not set (run by clients/clients_test.go)" unless Support::DSN
+    f = H::Failover.new(serve(status(H::PROTOCOL_ERROR, text: "bad")), direct: -> { PgSession.new(Support::DSN) },
+                                                                       ping_interval: 0, logger: Logger.new(File::NULL))
+    f.subscribe("jobs")
+    assert_equal H::Event.down, f.next_event(10)
+    assert_equal H::Event.resync, f.next_event(30)
+    assert_equal [:direct, :protocol, "bad"], [f.source, f.reason.reason, f.reason.detail]
+    PG.connect(Support::DSN).tap { |c| c.exec("NOTIFY jobs, 'direct'") }.close
+    assert_equal "direct", f.next_event(10).payload
+  ensure
+    f&.close
+  end
+
   def test_no_ack_within_the_deadline
     c = H::HubClient.new(serve(answer_sub: false), ack_timeout: 0.5, ping_interval: 0, logger: Logger.new(File::NULL))
     err = assert_raises(H::HubFailure) { c.subscribe("jobs") }
