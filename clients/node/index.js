@@ -329,11 +329,6 @@ export class HubClient extends EventEmitter {
   close() { this.#fail(new HubFailure('closed_by_application')); }
 }
 
-const sleep = (ms, signal) => new Promise((resolve) => {
-  const t = setTimeout(resolve, ms);
-  signal.addEventListener('abort', () => { clearTimeout(t); resolve(); }, { once: true });
-});
-
 /**
  * The hub first; on its failure (see HubFailure) a switch once and for good to the
  * application's own LISTEN session, made by `direct(sink)` only then. After the switch every
@@ -356,8 +351,9 @@ export class Failover extends EventEmitter {
   #live = null; // promise resolved when a direct session is live
   #setLive = null;
   #connecting;
-  #abort = new AbortController();
+  #closed = false;
   #switching = null;
+  #interrupt = null; // ends the direct loop's current wait (a backoff, or a live session) at close
 
   /** 'hub' while notifications come from the hub, 'direct' once switched. */
   source = 'hub';
@@ -372,7 +368,7 @@ export class Failover extends EventEmitter {
     this.#opts = { direct, logger, ...opts };
     this.#newLive();
     this.#connecting = HubClient.connect(socketPath, opts).then((hub) => {
-      if (this.#abort.signal.aborted) {
+      if (this.#closed) {
         hub.close();
         return;
       }
@@ -389,7 +385,7 @@ export class Failover extends EventEmitter {
   }
 
   #switch(failure, reportDown) {
-    if (this.#switching || this.#abort.signal.aborted) return;
+    if (this.#switching || this.#closed) return;
     this.reason = failure;
     this.source = 'direct';
     this.#hub = null;
@@ -400,10 +396,10 @@ export class Failover extends EventEmitter {
   async #directSessions(reportDown) {
     if (reportDown) this.emit('down');
     let backoff = 100, first = true;
-    const signal = this.#abort.signal;
-    while (!signal.aborted) {
+    while (!this.#closed) {
       let session = null, lost;
       const gone = new Promise((resolve) => { lost = resolve; });
+      this.#interrupt = () => lost(null);
       const sink = {
         dead: false,
         notification: (channel, payload, pid) => {
@@ -416,18 +412,18 @@ export class Failover extends EventEmitter {
       try {
         session = await this.#opts.direct(sink);
         for (const ch of [...this.#chans]) await session.listen(ch);
-        if (signal.aborted) return;
+        if (this.#closed) return;
         this.#opts.logger.info(`own LISTEN session live (${this.#chans.size} channels); resyncing`);
         this.#session = session;
         this.#setLive(session);
         this.emit('resync', null);
         backoff = 100;
         first = false;
-        const err = await Promise.race([gone, new Promise((resolve) => signal.addEventListener('abort', () => resolve(null), { once: true }))]);
+        const err = await gone; // null: close
         if (err === null) return;
         throw err;
       } catch (err) {
-        if (signal.aborted) return;
+        if (this.#closed) return;
         this.directError = err;
         this.#opts.logger.error(`own LISTEN session: ${err.message} (retrying in ${backoff} ms)`);
         if (this.#session) {
@@ -438,20 +434,25 @@ export class Failover extends EventEmitter {
         first = true; // report the next loss only after a resync
       } finally {
         sink.dead = true;
-        if (signal.aborted && this.#session === session) this.#session = null;
+        this.#interrupt = null;
+        if (this.#closed && this.#session === session) this.#session = null;
         if (session && this.#session !== session) {
           try { await session.close(); } catch { /* gone anyway */ }
         }
       }
-      await sleep(backoff, signal);
+      await new Promise((resolve) => {
+        const t = setTimeout(resolve, backoff);
+        this.#interrupt = () => { clearTimeout(t); resolve(); };
+      });
+      this.#interrupt = null;
       backoff = Math.min(backoff * 2, 5000);
     }
   }
 
   async #directCall(op, ch) {
     for (;;) {
-      if (this.#abort.signal.aborted) throw new HubFailure('closed_by_application');
-      const session = this.#session ?? await Promise.race([this.#live, this.#closedPromise()]);
+      if (this.#closed) throw new HubFailure('closed_by_application');
+      const session = this.#session ?? await this.#live; // null once closed
       if (!session) throw new HubFailure('closed_by_application');
       try {
         return await session[op](ch);
@@ -460,10 +461,6 @@ export class Failover extends EventEmitter {
         // lost meanwhile: the next session re-LISTENs recorded channels; wait for it
       }
     }
-  }
-
-  #closedPromise() {
-    return new Promise((resolve) => this.#abort.signal.addEventListener('abort', () => resolve(null), { once: true }));
   }
 
   /**
@@ -519,8 +516,10 @@ export class Failover extends EventEmitter {
 
   /** Stops the hub client or the own session (a switch in progress too); resolves once closed. */
   async close() {
-    if (this.#abort.signal.aborted) return;
-    this.#abort.abort();
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#setLive(null);
+    this.#interrupt?.();
     this.#hub?.close();
     await this.#connecting;
     await this.#switching;

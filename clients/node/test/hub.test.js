@@ -129,6 +129,14 @@ describe("Failover to the application's own session", { skip: skipLive }, () => 
     assert.equal((await events.nextNotification()).payload, 'via the hub');
     await server.kill();
     await checkSwitch(f, events, 'closed');
+    // The own session is lost too: reopened with backoff, reported as down, then resync.
+    const [{ n }] = await sql(`SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
+      WHERE application_name = 'worker-listen' AND datname = current_database()`);
+    assert.equal(n, 1);
+    assert.deepEqual(await events.next('down', 15000), { kind: 'down' });
+    assert.deepEqual(await events.next('resync', 30000), { kind: 'resync', channel: null });
+    await notify('jobs', 'reopened');
+    assert.equal((await events.nextNotification()).payload, 'reopened');
   }));
 
   test('failover on SHUTDOWN', withFailover([], async (f, events, server) => {

@@ -125,6 +125,13 @@ class FailoverLive(unittest.TestCase):
         self.assertEqual(events.next_notification().payload, b"via the hub")
         server.kill()
         self.check_switch(f, events, "closed")
+        # The own session is lost too: reopened with backoff, reported as down, then resync.
+        self.assertEqual(sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                             "WHERE application_name = 'worker-listen' AND datname = current_database()")[0][0], 1)
+        self.assertEqual(events.next(15, "down"), h.Event("down"))
+        self.assertEqual(events.next(30, "resync"), h.Event("resync", None))
+        notify("jobs", "reopened")
+        self.assertEqual(events.next_notification().payload, b"reopened")
 
     def test_failover_on_shutdown(self):
         server = Server()

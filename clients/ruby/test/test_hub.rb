@@ -134,6 +134,13 @@ class TestFailoverLive < Minitest::Test
     assert_equal "via the hub", next_notification(f).payload
     s.kill
     check_switch(f, :closed)
+    # The own session is lost too: reopened with backoff, reported as down, then resync.
+    assert_equal 1, sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity " \
+                        "WHERE application_name = 'worker-listen' AND datname = current_database()")[0][0].to_i
+    assert_equal H::Event.down, next_event(f, 15, "down")
+    assert_equal H::Event.resync, next_event(f, 30, "resync")
+    notify("jobs", "reopened")
+    assert_equal "reopened", next_notification(f).payload
   end
 
   def test_failover_on_shutdown
