@@ -71,10 +71,12 @@ class Server:
             finally:
                 s.close()
 
-    def output(self):
+    def output(self, tail=4000):
+        """The server's log so far (its last tail characters; None = all of it)."""
         self.log.flush()
         self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-4000:]
+        text = self.log.read().decode(errors="replace")
+        return text if tail is None else text[-tail:]
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)

@@ -67,7 +67,11 @@ module Support
       end
     end
 
-    def output = File.read(@log_path)[-4000..] || File.read(@log_path)
+    # The server's log so far (its last tail characters; nil = all of it).
+    def output(tail = 4000)
+      text = File.read(@log_path)
+      tail && text.size > tail ? text[-tail..] : text
+    end
 
     def kill = signal("KILL")
 

@@ -165,7 +165,7 @@ class TestFailoverLive < Minitest::Test
     f.subscribe("jobs")
     # Nobody takes events: the reader stalls, the socket and then the hub's ring fill up.
     sql("SELECT pg_notify('jobs', repeat('x', 7000) || g) FROM generate_series(1, 400) g")
-    wait_until("the hub evicting the worker") { s.output.include?("evicting a worker") }
+    wait_until("the hub evicting the worker") { s.output(nil).include?("evicting a worker") }
     ev = next_event(f, 30, "the switch after eviction") while ev.nil? || ev.kind == :notification
     assert_equal H::Event.down, ev
     assert_equal H::Event.resync, next_event(f, 30, "resync")
