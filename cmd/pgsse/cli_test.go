@@ -87,7 +87,7 @@ func TestDatabaseSources(t *testing.T) {
 	line := errorLine(t, pgsse(t, []string{"DATABASE_URL=" + bad}, "migrate"), 2)
 	assert.True(t, strings.HasPrefix(line, "DATABASE_URL: cannot parse"), line)
 	line = errorLine(t, pgsse(t, []string{"PGSSE_DATABASE_URL=" + bad}, "migrate"), 2)
-	assert.True(t, strings.HasPrefix(line, "PGSSE_DATABASE_URL: cannot parse"), line)
+	assert.True(t, strings.HasPrefix(line, "--database-url (from PGSSE_DATABASE_URL): cannot parse"), line)
 }
 
 func TestPublish(t *testing.T) {
@@ -484,11 +484,11 @@ func TestBadInput(t *testing.T) {
 		{"size too small", nil, append([]string{"--hub-worker-buffer", "1KiB"}, key...), "--hub-worker-buffer: must be between 131080 (two maximum frames) and 1GiB"},
 		{"heartbeat too short", nil, append([]string{"--heartbeat", "10ms"}, key...), "--heartbeat: must be at least 100ms"},
 		{"header size", nil, append([]string{"--max-header-bytes", "10"}, key...), "--max-header-bytes: must be between 1024 and 1048576"},
-		{"publish size", []string{"PGSSE_MAX_PUBLISH_BYTES=2GiB"}, key, "PGSSE_MAX_PUBLISH_BYTES: must be between 1 and 1GiB"},
-		{"outbound memory", []string{"PGSSE_MAX_OUTBOUND_MEMORY=64KiB"}, key, "PGSSE_MAX_OUTBOUND_MEMORY: must be between 1MiB and 1024GiB"},
+		{"publish size", []string{"PGSSE_MAX_PUBLISH_BYTES=2GiB"}, key, "--max-publish-bytes (from PGSSE_MAX_PUBLISH_BYTES): must be between 1 and 1GiB"},
+		{"outbound memory", []string{"PGSSE_MAX_OUTBOUND_MEMORY=64KiB"}, key, "--max-outbound-memory (from PGSSE_MAX_OUTBOUND_MEMORY): must be between 1MiB and 1024GiB"},
 		{"mode", nil, []string{"--hub-socket-mode", "rw-------"}, `--hub-socket-mode: invalid mode "rw-------" (octal, e.g. 0600)`},
 		{"mode out of range", nil, []string{"--hub-socket-mode", "1777"}, `--hub-socket-mode: mode "1777" out of range (0000-0777)`},
-		{"bool", []string{"PGSSE_PPROF=maybe"}, nil, `PGSSE_PPROF: invalid boolean "maybe" (use true or false)`},
+		{"bool", []string{"PGSSE_PPROF=maybe"}, nil, `--pprof (from PGSSE_PPROF): invalid boolean "maybe" (use true or false)`},
 		{"unknown flag", nil, []string{"serve", "--no-such-flag"}, "serve: unknown flag --no-such-flag (pgsse serve --help lists its flags)"},
 		{"unknown flag, migrate", nil, []string{"migrate", "-x=1"}, "migrate: unknown flag --x (pgsse migrate --help lists its flags)"},
 		{"unknown flag, no command", nil, []string{"--bogus"}, "unknown flag --bogus (pgsse --help lists the commands; pgsse serve --help the flags of serve, the default command)"},
@@ -498,20 +498,20 @@ func TestBadInput(t *testing.T) {
 		{"bad DSN", nil, append([]string{"--database-url", "postgres://u@h:notaport/db"}, key...), "--database-url: cannot parse `postgres://u@h:notaport/db`: invalid port"},
 		{"bad DSN, migrate", nil, []string{"migrate", "--database-url", "postgres://u@h:notaport/db"}, "--database-url: cannot parse `postgres://u@h:notaport/db`: invalid port"},
 		{"missing secret file", nil, []string{"--jwt-secret-file", "/nope"}, "--jwt-secret-file: open /nope: no such file or directory"},
-		{"missing secret file from env", []string{"PGSSE_JWT_SECRET_FILE=/nope"}, nil, "PGSSE_JWT_SECRET_FILE: open /nope: no such file or directory"},
+		{"missing secret file from env", []string{"PGSSE_JWT_SECRET_FILE=/nope"}, nil, "--jwt-secret-file (from PGSSE_JWT_SECRET_FILE): open /nope: no such file or directory"},
 		{"empty secret file", nil, []string{"--jwt-secret-file", os.DevNull}, "--jwt-secret-file: /dev/null is empty"},
 		{"secret and secret file", nil, []string{"--jwt-secret", "a", "--jwt-secret-file", "/x"}, "--jwt-secret and --jwt-secret-file are mutually exclusive"},
 		{"not a public key", nil, []string{"--jwt-public-key-file", os.DevNull}, "--jwt-public-key-file: no PEM block"},
 		{"no key", nil, []string{"serve"}, "no JWT key: set --jwt-secret, --jwt-secret-file or --jwt-public-key-file (or --public-streams for token-free streams)"},
 		{"log format", nil, []string{"--log-format", "xml"}, "--log-format: must be text or json"},
-		{"log level", []string{"PGSSE_LOG_LEVEL=loud"}, nil, "PGSSE_LOG_LEVEL: must be debug, info, warn or error"},
+		{"log level", []string{"PGSSE_LOG_LEVEL=loud"}, nil, "--log-level (from PGSSE_LOG_LEVEL): must be debug, info, warn or error"},
 		{"public stream pattern", nil, []string{"--public-streams", "news/*,bad name"}, `--public-streams: pattern "bad name": stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -`},
 		{"cors wildcard", nil, append([]string{"--cors-origins", "*"}, key...), `--cors-origins: "*" is not allowed: list exact origins (credentials need them)`},
 		{"cors with path", nil, append([]string{"--cors-origins", "https://a.example/app"}, key...), `--cors-origins: "https://a.example/app" is not an origin (want scheme://host[:port], e.g. https://app.example.com)`},
 		{"pprof without admin", nil, append([]string{"--admin-listen=", "--pprof"}, key...), "--pprof needs an admin address (--admin-listen)"},
 		{"unexpected argument", nil, []string{"serve", "extra"}, `serve: unexpected argument "extra"`},
 		{"unknown command", nil, []string{"frobnicate"}, `unknown command "frobnicate" (commands: serve, migrate, token, publish, doctor, version)`},
-		{"env names the variable", []string{"PGSSE_HEARTBEAT=abc"}, key, `PGSSE_HEARTBEAT: invalid duration "abc" (e.g. 15s, 2m, 1h30m)`},
+		{"env names the variable", []string{"PGSSE_HEARTBEAT=abc"}, key, `--heartbeat (from PGSSE_HEARTBEAT): invalid duration "abc" (e.g. 15s, 2m, 1h30m)`},
 		// The flag wins over the bad variable: the run gets past it to the next problem.
 		{"flag wins over env", []string{"PGSSE_HEARTBEAT=abc"}, []string{"--heartbeat", "1s"}, "no JWT key: set --jwt-secret, --jwt-secret-file or --jwt-public-key-file (or --public-streams for token-free streams)"},
 		{"token: no key", nil, []string{"token", "--stream", "s"}, "no JWT key: set --jwt-secret, --jwt-secret-file or --private-key-file"},
@@ -526,7 +526,7 @@ func TestBadInput(t *testing.T) {
 		{"publish: bad audience", nil, []string{"publish", "s", "d", "--audience", "a\x01"}, "--audience: audience tag must not contain control characters"},
 		{"doctor: bad workers", nil, []string{"doctor", "--workers", "-1"}, "--workers: must not be negative"},
 		{"procs", nil, []string{"--procs", "many"}, `--procs: invalid process count "many" (1 to 256, or auto for one per CPU)`},
-		{"procs too many", []string{"PGSSE_PROCS=257"}, key, `PGSSE_PROCS: invalid process count "257" (1 to 256, or auto for one per CPU)`},
+		{"procs too many", []string{"PGSSE_PROCS=257"}, key, `--procs (from PGSSE_PROCS): invalid process count "257" (1 to 256, or auto for one per CPU)`},
 		{"sibling marker from outside", []string{"PGSSE_INTERNAL_SIBLING=yes"}, key,
 			`PGSSE_INTERNAL_SIBLING: not a marker set by pgsse serve --procs (it is internal): "yes"`},
 		{"version: argument", nil, []string{"version", "now"}, `version: unexpected argument "now"`},

@@ -43,6 +43,7 @@ type serveSetup struct {
 	shortSecret int            // bytes of an HS256 secret shorter than shortSecret, warned about once serving
 	procs       int            // --procs: processes serving --listen (procs.go)
 	sibling     *siblingMarker // this process is a sibling of --procs (set by asSibling)
+	cli         *cli           // names each flag in errors as its value was given (cli.attribute)
 }
 
 func parseServe(args []string, env func(string) (string, bool), stdout, stderr io.Writer) (*serveSetup, error) {
@@ -86,7 +87,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		return nil, err
 	}
 
-	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit, procs: *procs, redactor: &redactor{}}
+	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit, procs: *procs, redactor: &redactor{}, cli: c}
 	if *procs > 1 && !procsSupported {
 		return nil, configErrorf("%s: more than one process needs Linux (elsewhere SO_REUSEPORT does not spread connections over processes)", c.source("procs"))
 	}
@@ -362,7 +363,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 
 	srv, err := engine.New(s.cfg)
 	if err != nil {
-		return configErrorf("%s", oneLine(err.Error()))
+		return configErrorf("%s", s.cli.attribute(oneLine(err.Error())))
 	}
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
@@ -390,7 +391,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			if errors.As(err, &op) {
 				err = op.Err // "bind: address already in use", without net's "listen tcp ADDR: "
 			}
-			log.Error("pgsse cannot start", "err", fmt.Sprintf("--admin-listen %s: admin server cannot listen: %v", s.adminListen, err))
+			log.Error("pgsse cannot start", "err", fmt.Sprintf("%s %s: admin server cannot listen: %v", s.cli.source("admin-listen"), s.adminListen, err))
 			return errReported
 		}
 		adminAddr = ln.Addr().String()
@@ -477,7 +478,8 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		if !started {
 			msg = "pgsse cannot start"
 		}
-		log.Error(msg, "err", runErr)
+		// The engine names --listen and --hub-socket; attribute says which came from a variable.
+		log.Error(msg, "err", s.cli.attribute(runErr.Error()))
 		return errReported
 	}
 	return nil

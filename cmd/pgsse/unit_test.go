@@ -75,6 +75,31 @@ func TestEnvName(t *testing.T) {
 	assert.Equal(t, "PGSSE_JWT_PUBLIC_KEY_FILE", envName("jwt-public-key-file"))
 }
 
+// cli.attribute names the variable behind each flag the environment set, once, as a whole
+// word; flags from the command line and longer flags sharing a prefix are left alone.
+func TestAttribute(t *testing.T) {
+	c := newCLI("serve", "", envMap(map[string]string{"PGSSE_JWT_SECRET": "s", "PGSSE_HUB_SOCKET": "/h.sock"}))
+	c.String("jwt-secret", "", "")
+	c.String("jwt-secret-file", "", "")
+	c.String("hub-socket", "", "")
+	c.String("hub-socket-mode", "", "")
+	c.String("listen", "", "")
+	_, err := c.parse([]string{"--listen", ":1"})
+	require.NoError(t, err)
+	for in, want := range map[string]string{
+		"--hub-socket /h.sock: another process is serving it":   "--hub-socket (from PGSSE_HUB_SOCKET) /h.sock: another process is serving it",
+		"--listen :1: bind: address already in use":             "--listen :1: bind: address already in use",
+		"--jwt-secret-file and --jwt-secret are exclusive":      "--jwt-secret-file and --jwt-secret (from PGSSE_JWT_SECRET) are exclusive",
+		"--hub-socket-mode 0600 is looser":                      "--hub-socket-mode 0600 is looser",
+		"(--hub-socket) --hub-socket":                           "(--hub-socket (from PGSSE_HUB_SOCKET)) --hub-socket",
+		"--hub-socket (from PGSSE_HUB_SOCKET) /h.sock: already": "--hub-socket (from PGSSE_HUB_SOCKET) /h.sock: already",
+	} {
+		assert.Equal(t, want, c.attribute(in), in)
+	}
+	assert.Equal(t, "--hub-socket (from PGSSE_HUB_SOCKET)", c.source("hub-socket"))
+	assert.Equal(t, "--listen", c.source("listen"))
+}
+
 func TestCheckOrigin(t *testing.T) {
 	for _, ok := range []string{"https://app.example.com", "http://localhost:3000", "https://[::1]:8443"} {
 		assert.NoError(t, checkOrigin(ok), ok)
