@@ -187,6 +187,54 @@ func TestPublishErrors(t *testing.T) {
 	assert.Equal(t, "0", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.events"))
 }
 
+// Issue 26: without DATABASE_URL, `pgsse publish` said "PostgreSQL is unavailable (failed to
+// connect to `user=root database=`: /var/run/postgresql/…)" — as if a server were down, not as
+// if none had been named. With nothing configured (no --database-url, DATABASE_URL or
+// libpq server variable), every command that connects says so, how to configure one, and what
+// libpq's defaults made it try; a configured database that is down is still "unavailable".
+func TestNoDatabaseConfigured(t *testing.T) {
+	var env []string // cleanEnv without its PGHOST: nothing names a database
+	for _, kv := range cleanEnv() {
+		if !strings.HasPrefix(kv, "PGHOST=") {
+			env = append(env, kv)
+		}
+	}
+	run := func(args ...string) result {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, binary, args...)
+		cmd.Env = env
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "pgsse %v must fail (is a PostgreSQL server listening at libpq's default socket?): %s", args, stdout.String())
+		return result{stdout.String(), stderr.String(), ee.ExitCode()}
+	}
+	tried := regexp.MustCompile(`; tried libpq's default, the Unix socket /\S+/\.s\.PGSQL\.5432 as user \S+, database \S+: [a-z ]+`)
+	for _, tc := range []struct {
+		args   []string
+		prefix string
+	}{
+		{[]string{"publish", "s", "x"}, "publish: "},
+		{[]string{"migrate"}, "migrate: "},
+	} {
+		line := errorLine(t, run(tc.args...), 1)
+		assert.True(t, strings.HasPrefix(line, tc.prefix+noDatabaseHint+"; tried "), "%v: %s", tc.args, line)
+		assert.Regexp(t, tried, line, tc.args)
+		assert.NotContains(t, line, "unavailable", tc.args)
+	}
+	assert.Contains(t, errorLine(t, run("publish", "s", "x"), 1), "nothing was published")
+	r := run("doctor")
+	assert.Equal(t, 1, r.code)
+	assert.True(t, strings.HasPrefix(r.stdout, "FAIL  connectivity: "+noDatabaseHint+"; tried "), r.stdout)
+	assert.Contains(t, noDatabaseHint, "DATABASE_URL")
+
+	// A database that was named but is down is not "not configured".
+	line := errorLine(t, pgsse(t, []string{"PGPORT=1"}, "publish", "s", "x"), 1)
+	assert.NotContains(t, line, "no database configured")
+}
+
 // `pgsse publish STREAM -` publishes standard input byte for byte.
 func TestPublishStdin(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)

@@ -74,7 +74,7 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	defer cancel()
 	conn, err := connect(cctx, cfg, "pgsse-doctor")
 	if err != nil {
-		d.report("FAIL", "connectivity", "%v", err)
+		d.report("FAIL", "connectivity", "%v", c.explainConnect(err))
 	} else {
 		defer conn.Close(context.WithoutCancel(ctx))
 		d.report("ok", "connectivity", "PostgreSQL %s at %s:%d, database %s, user %s",

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgsse/pgsse/engine"
 )
 
@@ -47,6 +49,8 @@ type cli struct {
 	groups   [][]string        // flags where a command-line value masks the others' env values
 	envSplit map[string]bool   // repeatable flags whose env value is comma-separated
 	dbSource string            // where database() took the connection string from, for errors
+	dbNone   bool              // nothing named a database: libpq's defaults (explainConnect)
+	dbConfig *pgconn.Config    // what database() parsed, for explainConnect
 }
 
 func newCLI(name, synopsis string, env func(string) (string, bool)) *cli {

@@ -436,6 +436,9 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		if s.shortSecret > 0 && s.sibling == nil {
 			log.Warn("the HS256 secret is short; use at least 32 random bytes", "bytes", s.shortSecret)
 		}
+		if s.cli.dbNone && s.sibling == nil {
+			log.Warn(noDatabaseHint, "trying", s.cli.triedDefaults())
+		}
 		if sup != nil {
 			sup.start(srv, siblingListen(s.cfg.Listen, srv.Addr()))
 		}
