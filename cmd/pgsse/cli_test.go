@@ -440,7 +440,7 @@ func TestDoctor(t *testing.T) {
 			lines = append(lines, l)
 		}
 	}
-	checks := []string{"connectivity", "schema", "notify queue", "fd limit", "hub socket", "connection budget"}
+	checks := []string{"connectivity", "schema", "notify queue", "durability", "fd limit", "hub socket", "connection budget"}
 	require.Len(t, lines, len(checks), r.stdout)
 	for i, check := range checks {
 		assert.Regexp(t, `^(ok  |warn)  `+check+`: `, lines[i])
@@ -448,15 +448,15 @@ func TestDoctor(t *testing.T) {
 	assert.Contains(t, lines[0], "PostgreSQL ")
 	assert.Contains(t, lines[1], "version "+strconv.Itoa(store.SchemaVersion))
 	assert.Contains(t, lines[2], "0.0% in use")
-	assert.Contains(t, lines[5], "6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing); no hub configured, so 12 workers (--workers) hold 12 LISTEN sessions of their own (--hub-socket shares one)")
-	assert.Contains(t, lines[5], "max_connections")
+	assert.Contains(t, lines[6], "6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing); no hub configured, so 12 workers (--workers) hold 12 LISTEN sessions of their own (--hub-socket shares one)")
+	assert.Contains(t, lines[6], "max_connections")
 	// docs/operations.md, pgsse doctor: doctor prints the descriptor budget, each consumer's
 	// share, after fd limit.
 	require.NotEmpty(t, table)
 	assert.Regexp(t, `^ +descriptor budget of RLIMIT_NOFILE \d+:$`, table[0])
 	assert.Regexp(t, `(?m)^ +64  admin connections \(--admin-max-connections\)$`, strings.Join(table, "\n"))
 	assert.Regexp(t, `(?m)^ +\d+  SSE connections \(--max-connections default\)$`, strings.Join(table, "\n"))
-	assert.Contains(t, r.stdout, lines[3]+"\n"+table[0]+"\n", "the table follows the fd limit check")
+	assert.Contains(t, r.stdout, lines[4]+"\n"+table[0]+"\n", "the table follows the fd limit check")
 
 	// --procs: a replay pool per process, still one LISTEN session.
 	r = pgsse(t, env, "doctor", "--procs", "3")
@@ -510,6 +510,52 @@ func TestDoctor(t *testing.T) {
 	r = pgsse(t, nil, "doctor", "--database-url", "postgres://u@127.0.0.1:1/db?connect_timeout=5")
 	assert.Equal(t, 1, r.code)
 	assert.Regexp(t, `^FAIL  connectivity: connect: `, r.stdout)
+}
+
+// Issue 23: with synchronous_commit off, PostgreSQL acknowledges a publish before it is on disk,
+// so a crash loses events pgsse already delivered and reuses their ids. doctor warns when the
+// setting a session of pgsse's role in pgsse's database gets is off — wherever it comes from —
+// or when pgsse's publishing functions carry it, and says how to turn it on.
+func TestDoctorDurability(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	env := []string{"DATABASE_URL=" + dsn}
+	requireOK(t, pgsse(t, env, "migrate"))
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	db := strings.TrimPrefix(u.Path, "/")
+	check := func() string {
+		t.Helper()
+		r := pgsse(t, env, "doctor")
+		requireOK(t, r) // a warning, not a failure
+		line := regexp.MustCompile(`(?m)^.*durability: .*$`).FindString(r.stdout)
+		require.NotEmpty(t, line, r.stdout)
+		return line
+	}
+
+	pgtest.Exec(t, dsn, `ALTER DATABASE "`+db+`" SET synchronous_commit = off`)
+	line := check()
+	assert.True(t, strings.HasPrefix(line, "warn  durability: synchronous_commit is off for user "+u.User.Username()+" in database "+db+" (from ALTER DATABASE … SET): "), line)
+	assert.Contains(t, line, "a crash can lose events pgsse already answered and delivered")
+	assert.Contains(t, line, "ids are then reused")
+	assert.Contains(t, line, `ALTER ROLE "`+u.User.Username()+`" IN DATABASE "`+db+`" SET synchronous_commit = on`)
+
+	pgtest.Exec(t, dsn, `ALTER DATABASE "`+db+`" SET synchronous_commit = on`)
+	assert.Equal(t, "ok    durability: synchronous_commit is on for user "+u.User.Username()+" in database "+db+": a publish pgsse acknowledged survives a PostgreSQL crash", check())
+
+	// A SET on the function pgsse publishes through wins inside it.
+	pgtest.Exec(t, dsn, `ALTER FUNCTION pgsse.publish_many SET synchronous_commit = off`)
+	line = check()
+	assert.True(t, strings.HasPrefix(line, "warn  durability: pgsse.publish_many SET synchronous_commit=off: "), line)
+
+	// The connection string's options count too: they are what pgsse's sessions get.
+	pgtest.Exec(t, dsn, `ALTER FUNCTION pgsse.publish_many RESET synchronous_commit`)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	r := pgsse(t, []string{"DATABASE_URL=" + dsn + sep + "options=" + "-c%20synchronous_commit%3Doff"}, "doctor")
+	requireOK(t, r)
+	assert.Contains(t, r.stdout, "warn  durability: synchronous_commit is off for user "+u.User.Username()+" in database "+db+" (from the connection string's options or PGOPTIONS)")
 }
 
 // TestBadInput: every bad configuration exits non-zero with exactly one line that names
