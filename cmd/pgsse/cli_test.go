@@ -175,10 +175,13 @@ func TestPublishErrors(t *testing.T) {
 	line = errorLine(t, pgsse(t, env, "publish", "s", "two", "words"), 2)
 	assert.Equal(t, "publish: takes STREAM and DATA, got 3 arguments (quote DATA that has spaces)", line)
 
-	// Not migrated: a runtime error with the fix.
+	// Not migrated: a runtime error that says so and gives the fix — not "PostgreSQL is
+	// unavailable" (issue 26).
 	fresh := pgtest.NewDatabase(t)
 	line = errorLine(t, pgsse(t, []string{"DATABASE_URL=" + fresh}, "publish", "s", "x"), 1)
-	assert.Contains(t, line, "run pgsse migrate")
+	assert.True(t, strings.HasPrefix(line, "publish: pgsse's schema is not installed in the database (or is older than version "+strconv.Itoa(store.SchemaVersion)+"): run pgsse migrate ("), line)
+	assert.True(t, strings.HasSuffix(line, "; nothing was published"), line)
+	assert.NotContains(t, line, "unavailable")
 
 	// Nothing listens: a connection error, exit 1.
 	line = errorLine(t, pgsse(t, nil, "publish", "--database-url", "postgres://u@127.0.0.1:1/db?connect_timeout=5", "s", "x"), 1)
