@@ -395,14 +395,22 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			return errReported
 		}
 		adminAddr = ln.Addr().String()
+		conns := newAdminConns()
+		adminLn, err := newEvictingListener(ln, srv.AdminListener(ln), s.cfg.AdminMaxConnections, conns)
+		if err != nil {
+			_ = ln.Close()
+			log.Error("pgsse cannot start", "err", fmt.Sprintf("%s %s: %v", s.cli.source("admin-listen"), s.adminListen, err))
+			return errReported
+		}
 		admin = &http.Server{
 			Handler:           adminHandler(srv, gatherer, s.pprof, s.redactor),
-			ReadHeaderTimeout: 10 * time.Second,
-			IdleTimeout:       time.Minute,
+			ReadHeaderTimeout: adminReadHeaderTimeout,
+			IdleTimeout:       adminIdleTimeout,
 			MaxHeaderBytes:    16 << 10,
+			ConnState:         conns.connState,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
-		go func() { adminDone <- admin.Serve(srv.AdminListener(ln)) }()
+		go func() { adminDone <- admin.Serve(adminLn) }()
 	}
 	var orphaned <-chan struct{}
 	if s.sibling != nil {
