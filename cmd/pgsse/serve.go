@@ -459,7 +459,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			}
 		}
 		var ended bool
-		runErr, ended = waitServe(ctx, stop, runDone, orphaned, s.sibling, log)
+		runErr, ended = waitServe(ctx, stop, runDone, orphaned, srv, s.sibling, log)
 		if sup != nil {
 			sup.stop() // the siblings drain first: none of them fails over on the way down
 		}
@@ -498,8 +498,10 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 
 // waitServe waits while the engine serves: for a signal (stop makes a second one kill the
 // process the default way), the engine's own end (ended, with its error), or — in a sibling —
-// the first process's death plus orphanGrace.
-func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned <-chan struct{}, m *siblingMarker, log *slog.Logger) (err error, ended bool) {
+// the first process's death plus orphanGrace. An orphaned sibling stops accepting at once
+// (srv.StopAccepting) and serves the connections it has until then, so that a new set of
+// processes started meanwhile can bind --listen (docs/scaling.md).
+func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned <-chan struct{}, srv interface{ StopAccepting() }, m *siblingMarker, log *slog.Logger) (err error, ended bool) {
 	var graceOver <-chan time.Time
 	for {
 		select {
@@ -513,7 +515,8 @@ func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned 
 			return err, true
 		case <-orphaned:
 			orphaned = nil
-			log.Warn("the first process is gone: serving on with a LISTEN session of our own, then draining",
+			srv.StopAccepting()
+			log.Warn("the first process is gone: no longer accepting on --listen (a new pgsse serve may bind it); serving our connections on with a LISTEN session of our own, then draining",
 				"err", errOrphan, "parent", m.Parent, "drain_in", orphanGrace)
 			graceOver = time.After(orphanGrace)
 		case <-graceOver:
