@@ -332,3 +332,23 @@ func TestSiblingListen(t *testing.T) {
 	assert.Equal(t, "[::1]:41234", siblingListen("[::1]:0", bound))
 	assert.Equal(t, "localhost:41234", siblingListen("localhost:8080", bound))
 }
+
+// staleRunEnv (issue 26): an error in a shell that sourced bin/run.env says to source it again
+// when make run has rewritten it with other values, or removed it; not when it is current.
+func TestStaleRunEnv(t *testing.T) {
+	dir := t.TempDir()
+	current := filepath.Join(dir, "run.env")
+	require.NoError(t, os.WriteFile(current, []byte("# make run\nexport PGSSE_RUN_STAMP=abc\nexport TOKEN=x\n"), 0o600))
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"not from make run", map[string]string{}, ""},
+		{"current", map[string]string{runEnvVar: current, runStampVar: "abc"}, ""},
+		{"rewritten", map[string]string{runEnvVar: current, runStampVar: "old"}, " — make run restarted with other values since this shell sourced " + current + ": source it again"},
+		{"gone", map[string]string{runEnvVar: filepath.Join(dir, "gone.env"), runStampVar: "abc"}, " — make run has stopped since this shell sourced " + filepath.Join(dir, "gone.env") + ": start it, then source it again"},
+	} {
+		assert.Equal(t, tc.want, staleRunEnv(envMap(tc.env)), tc.name)
+	}
+}
