@@ -12,7 +12,7 @@
 // to commit (or roll back, returning the number) and publishers to different streams never wait
 // on each other.
 //
-// # Schema (version 2)
+// # Schema (version 3)
 //
 //	pgsse.schema_version(version integer PRIMARY KEY, applied_at timestamptz)
 //	    one row per applied migration
@@ -36,6 +36,10 @@
 //	pgsse.check_args, check_publish, valid_names, valid_audience, payload_header,
 //	payload_tags, event_too_large, bad_max_event_bytes     helpers (internal)
 //
+// Version 3 (issue 21) made event names starting with "pgsse:" reserved: pgsse.publish,
+// pgsse.broadcast and pgsse.publish_many raise 22023 "event names starting with pgsse: are
+// reserved" (pgsse:gap and pgsse:presence are pgsse's own).
+//
 // Version 2 (issues 11 and 13) added pgsse.message, pgsse.publish_many and
 // pgsse.max_event_bytes, made pgsse.publish cheaper (one expression checks the common
 // case; the payload is built by the inlined payload_header instead of the SQL function
@@ -45,9 +49,9 @@
 //
 // Argument rules, each raising SQLSTATE 22023 with the rule as the message:
 // stream 1–200 bytes of A-Z a-z 0-9 . _ : @ / = + ~ -; event NULL or 1–64 bytes of
-// A-Z a-z 0-9 . _ : -; data not NULL; audience NULL or a one-dimensional array of at
-// most 64 tags, each non-NULL, 1–200 bytes, without control characters (0x01–0x1F,
-// 0x7F); then, for durable events, data at most pgsse.max_event_bytes bytes. An empty
+// A-Z a-z 0-9 . _ : -, not starting with "pgsse:"; data not NULL; audience NULL or a
+// one-dimensional array of at most 64 tags, each non-NULL, 1–200 bytes, without control
+// characters (0x01–0x1F, 0x7F); then, for durable events, data at most pgsse.max_event_bytes bytes. An empty
 // audience is stored as NULL (everyone). pgsse.prune deletes, per stream, only the
 // oldest run of events that are all older than older_than, never the newest keep_last
 // ids, so the retained ids of a stream stay contiguous; it finds each stream's cut on
