@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
@@ -162,8 +163,8 @@ func TestMigrationSQLQuoting(t *testing.T) {
 
 // A database at version 1 or 2 holding events is upgraded in place to the current
 // version, by Migrate and by the `pgsse migrate --print` script under psql: the schema
-// equals a fresh install's, ids, heads and stored events carry on, and the reserved event
-// names are refused.
+// equals a fresh install's, ids, heads and stored events carry on, presence works and the
+// reserved event names are refused.
 func TestMigrateUpgradesInPlace(t *testing.T) {
 	want := pgtest.QueryValue(t, migrated(t), schemaDump)
 	ctx := context.Background()
@@ -212,6 +213,11 @@ func TestMigrateUpgradesInPlace(t *testing.T) {
 				require.ErrorAs(t, err, &pgErr)
 				assert.Equal(t, "event names starting with pgsse: are reserved", pgErr.Message)
 
+				p, err := NewPresence(PresenceConfig{Key: "up :1 #0", Interval: time.Second})
+				require.NoError(t, err)
+				_, err = p.Flush(ctx, c, []PresenceCount{{"up/a", "user:1", 1}})
+				require.NoError(t, err)
+				assert.Equal(t, "user:1", pgtest.QueryValue(t, dsn, "SELECT string_agg(sub, ',') FROM pgsse.presence('up/a')"))
 			})
 		}
 	}
