@@ -104,9 +104,13 @@ type presenceEntry struct{ stream, sub string }
 // lease lapsed. Every process — this one too — learns who joined and left from the P
 // notifications on channel "pgsse" (ParsePayload); Flush's result says the same.
 //
-// Presence keeps the counts it was given, so that a lost lease, a PostgreSQL restart or
-// a retried write can write the whole state again; counts are absolute, so writing one
-// twice changes nothing. It is not safe for concurrent use.
+// Call Flush once per interval even when nothing changed: it renews the lease, and it is
+// what removes the processes that died. Give it a connection of its own
+// (PresenceAppName) and a context with a deadline of a few intervals; a cancelled
+// context closes the connection (pgconn), and the changes go with the next Flush on a
+// new one. Presence keeps the counts it was given, so that a lost lease, a PostgreSQL
+// restart or a retried write can write the whole state again; counts are absolute, so
+// writing one twice changes nothing. It is not safe for concurrent use.
 type Presence struct {
 	key         string
 	interval    time.Duration

@@ -93,8 +93,9 @@ ORDER BY o`
 
 // ReadPresenceSeqs returns, in one statement, the number of the last presence change of
 // each stream (0: nobody is on it): the cheap check after a lost LISTEN session — a
-// consumer whose view of a stream carries the same number missed nothing there and can
-// send its full present event from memory; the others ReadPresence again.
+// consumer whose view of a stream carries the same number (or is empty, when it reads 0)
+// missed nothing there and can send its full present event from memory; the others
+// ReadPresence again.
 func ReadPresenceSeqs(ctx context.Context, conn *pgconn.PgConn, streams []string) ([]int64, error) {
 	seqs := make([]int64, len(streams))
 	if len(streams) == 0 {
