@@ -24,7 +24,7 @@ type channel struct {
 	ref       sessionRef
 	out       []*event // notifications of this loop pass, each encoded once
 	dirty     bool
-	hub       hubChannel // hub workers' side (hub.go)
+	hub       hubChannel // hub workers' side (hubserver.go)
 }
 
 // sessionRef is the channel's reference on the LISTEN session. The session can only be

@@ -20,9 +20,9 @@
 //	                     round between deliveries), capacity, draining, per-subject caps
 //	streams.go           durable and ephemeral streams: fan-out, catch-up, lagging, gaps
 //	channels.go          raw channels: one LISTEN per channel, shared by SSE clients and workers
-//	hub.go, hubsocket.go the hub (its own type) and its socket file
+//	hubserver.go, hubsocket.go the hub (its own type) and its socket file
 //	listen.go            the LISTEN source (pglisten.Session behind a narrow interface) and its events
-//	listenhub.go         a sibling process's LISTEN source (--procs): the first process's hub, with failover
+//	siblingsource.go         a sibling process's LISTEN source (--procs): the first process's hub, with failover
 //	schema.go            the schema-version poller (/readyz)
 //	metrics.go           the Prometheus series, label values bound once
 //	outbound.go          the write path: one writev per connection, the queues of what sockets

@@ -7,7 +7,7 @@ import (
 )
 
 // The gnet.EventHandler: every callback finds out which kind of connection it is about — an
-// SSE connection (sseconn.go, request.go), a hub worker (hub.go) or the loop's private anchor
+// SSE connection (sseconn.go, request.go), a hub worker (hubserver.go) or the loop's private anchor
 // (loop.go) — from the connection's context: when OnOpen runs, that is the origin the
 // acceptor that handed it over gave it (accept.go); after that, its part's own state.
 

@@ -10,12 +10,12 @@ const storeChannel = store.Channel
 
 // listenMaxChannels is how many channels the LISTEN session holds at most (PostgreSQL scans a
 // backend's channel list linearly per notification); a LISTEN beyond it fails, and the hub
-// takes at most its share (hub.go).
+// takes at most its share (hubserver.go).
 const listenMaxChannels = 10_000
 
 // listenSource is where the loop's notifications come from: the process's own LISTEN session
-// (pglisten.Session), or in a sibling process of --procs the first process's hub (hubSource,
-// listenhub.go). The loop uses nothing else of it: Listen/Unlisten for each channel it holds
+// (pglisten.Session), or in a sibling process of --procs the first process's hub (siblingSource,
+// siblingsource.go). The loop uses nothing else of it: Listen/Unlisten for each channel it holds
 // (done reports once the LISTEN completed, or failed), Start and Close, and the callbacks
 // onBatch/onEvents, onDown and onResynced, which the source hands to the loop in order.
 type listenSource interface {
@@ -28,10 +28,10 @@ type listenSource interface {
 var _ listenSource = (*pglisten.Session)(nil)
 
 // newListenSource opens (not starts) the process's own LISTEN session — or, in a sibling
-// process of --procs, the first process's hub (listenhub.go).
+// process of --procs, the first process's hub (siblingsource.go).
 func (s *Server) newListenSource() listenSource {
 	if s.cfg.SiblingHub != nil {
-		return s.newHubSource()
+		return s.newSiblingSource()
 	}
 	return pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log, MaxChannels: listenMaxChannels}, sessionEvents{s})
 }
@@ -78,7 +78,7 @@ func (s *Server) onBatch(b *pglisten.Batch) {
 }
 
 // onEvents routes one batch of notifications from the first process's hub (a sibling's
-// source, listenhub.go): one loop entry, so one write per subscriber for all of them.
+// source, siblingsource.go): one loop entry, so one write per subscriber for all of them.
 func (s *Server) onEvents(evs []pglisten.Event) {
 	s.enter()
 	defer s.leave()

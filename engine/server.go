@@ -96,7 +96,7 @@ type Server struct {
 	listenDownSinceMS int64
 	admitQ            connFIFO         // authorised connections waiting to be admitted (admission.go)
 	subjects          map[string]int32 // connections per subject (--max-connections-per-subject)
-	hub               hub
+	hub               hubServer
 }
 
 // New checks cfg and prepares a Server; nothing is started until Run.

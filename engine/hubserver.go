@@ -48,11 +48,11 @@ const (
 	hubSiblingBufferBytes = 4 << 20
 )
 
-// hub is the hub's loop-owned state: the workers, their subscriptions (on the shared channel
+// hubServer is the hub server's loop-owned state: the workers, their subscriptions (on the shared channel
 // table, channel.hub) and the scratch buffers frames are encoded into. It is a field of Server
 // and reaches the rest of the loop's state (channels, the LISTEN session's state, the clock,
 // metrics) through srv.
-type hub struct {
+type hubServer struct {
 	srv       *Server
 	socket    hubSocket // the Unix socket's file (hubsocket.go)
 	workers   []*worker
@@ -122,17 +122,17 @@ func workerIndex(w *worker) *int32   { return &w.idx }
 func hubSubIndex(sub *hubSub) *int32 { return &sub.idx }
 
 // count is the number of workers still connected.
-func (h *hub) count() int { return h.open }
+func (h *hubServer) count() int { return h.open }
 
 // needsPoll reports whether a worker waits for its socket to drain (see Server.ticker).
-func (h *hub) needsPoll() bool { return len(h.pending) > 0 }
+func (h *hubServer) needsPoll() bool { return len(h.pending) > 0 }
 
 // enter and leave bracket every iteration over workers or subscriptions: a worker closed
 // meanwhile (gnet closes a socket synchronously when a write fails) is removed only on the
 // way out of the outermost one.
-func (h *hub) enter() { h.iter++ }
+func (h *hubServer) enter() { h.iter++ }
 
-func (h *hub) leave() {
+func (h *hubServer) leave() {
 	h.iter--
 	if h.iter > 0 {
 		return
@@ -179,7 +179,7 @@ func (s *Server) AddSibling(c net.Conn) error {
 // accept admits a worker's connection (OnOpen); it must say HELLO first. sibling marks a
 // sibling process of --procs, on a socket this process made and handed it (AddSibling):
 // the only kind of worker that may subscribe to the stream channel.
-func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
+func (h *hubServer) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 	s := h.srv
 	if s.draining {
 		return framing.AppendStatus(nil, framing.StatusShutdown, nil, []byte("pgsse is shutting down")), gnet.Close
@@ -218,7 +218,7 @@ func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 }
 
 // closed runs from OnClose (possibly in the middle of a hub iteration, when a write failed).
-func (h *hub) closed(w *worker) {
+func (h *hubServer) closed(w *worker) {
 	if w.gone {
 		return
 	}
@@ -237,7 +237,7 @@ func (h *hub) closed(w *worker) {
 }
 
 // remove releases everything the worker held; only outside hub iterations.
-func (h *hub) remove(w *worker) {
+func (h *hubServer) remove(w *worker) {
 	h.unsubscribeAll(w)
 	h.workers = swapRemove(h.workers, w, workerIndex)
 	h.srv.log.Debug("hub: worker gone", "pid", w.pid, "name", w.name)
@@ -245,7 +245,7 @@ func (h *hub) remove(w *worker) {
 
 // unsubscribeAll drops every subscription of w (a channel nobody else holds is UNLISTENed);
 // only outside hub iterations.
-func (h *hub) unsubscribeAll(w *worker) {
+func (h *hubServer) unsubscribeAll(w *worker) {
 	for _, sub := range w.subs {
 		h.detach(sub)
 	}
@@ -255,7 +255,7 @@ func (h *hub) unsubscribeAll(w *worker) {
 
 // detach removes sub from its channel and drops the channel hold; only outside hub
 // iterations over that channel.
-func (h *hub) detach(sub *hubSub) {
+func (h *hubServer) detach(sub *hubSub) {
 	if sub.dropped {
 		return
 	}
@@ -279,7 +279,7 @@ func (h *hub) detach(sub *hubSub) {
 // traffic decodes every complete frame gnet holds for the worker (OnTraffic). A partial frame
 // stays in gnet's inbound buffer until the rest arrives (at most one frame: framing rejects a
 // length over the maximum as soon as the header is visible).
-func (h *hub) traffic(w *worker) {
+func (h *hubServer) traffic(w *worker) {
 	if w.closing {
 		_, _ = w.c.Discard(-1)
 		return
@@ -314,7 +314,7 @@ func (h *hub) traffic(w *worker) {
 
 // badChannel answers a complete, otherwise well-formed SUB/UNSUB whose channel breaks the
 // name rules with ACK BAD_CHANNEL and returns the frame's length; 0 if err is anything else.
-func (h *hub) badChannel(w *worker, b []byte, err error) int {
+func (h *hubServer) badChannel(w *worker, b []byte, err error) int {
 	if !w.hello || !(errors.Is(err, names.ErrChannelEmpty) || errors.Is(err, names.ErrChannelLength) || errors.Is(err, names.ErrChannelNUL)) {
 		return 0
 	}
@@ -327,7 +327,7 @@ func (h *hub) badChannel(w *worker, b []byte, err error) int {
 }
 
 // frame handles one decoded frame from a worker: one case per worker-to-hub frame type.
-func (h *hub) frame(w *worker, f *framing.Frame) {
+func (h *hubServer) frame(w *worker, f *framing.Frame) {
 	if !w.hello {
 		if f.Type != framing.TypeHello {
 			h.protocolError(w, "the first frame must be HELLO, got "+f.Type.String())
@@ -355,7 +355,7 @@ func (h *hub) frame(w *worker, f *framing.Frame) {
 	}
 }
 
-func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
+func (h *hubServer) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	s := h.srv
 	if sub := w.subs[string(channel)]; sub != nil {
 		sub.mode = mode // idempotent: the mode is updated, the subscription kept
@@ -409,7 +409,7 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	ch.hub.waiting++
 }
 
-func (h *hub) unsub(w *worker, req uint32, channel []byte) {
+func (h *hubServer) unsub(w *worker, req uint32, channel []byte) {
 	sub := w.subs[string(channel)]
 	if sub == nil {
 		h.ack(w, req, framing.AckNotSubscribed, "not subscribed to "+string(channel))
@@ -431,7 +431,7 @@ func controlText(text string) string {
 	return text
 }
 
-func (h *hub) ack(w *worker, req uint32, code framing.AckCode, msg string) {
+func (h *hubServer) ack(w *worker, req uint32, code framing.AckCode, msg string) {
 	h.msg = append(h.msg[:0], controlText(msg)...)
 	h.buf = framing.AppendAck(h.buf[:0], req, code, h.msg)
 	h.push(w, h.buf)
@@ -439,14 +439,14 @@ func (h *hub) ack(w *worker, req uint32, code framing.AckCode, msg string) {
 
 // status encodes a STATUS frame into the control scratch buffer (valid until the next
 // control frame is encoded).
-func (h *hub) status(code framing.StatusCode, channel []byte, text string) []byte {
+func (h *hubServer) status(code framing.StatusCode, channel []byte, text string) []byte {
 	h.msg = append(h.msg[:0], controlText(text)...)
 	h.buf = framing.AppendStatus(h.buf[:0], code, channel, h.msg)
 	return h.buf
 }
 
 // protocolError answers bad input (best effort) and closes that worker only.
-func (h *hub) protocolError(w *worker, reason string) {
+func (h *hubServer) protocolError(w *worker, reason string) {
 	if w.closing {
 		return
 	}
@@ -455,7 +455,7 @@ func (h *hub) protocolError(w *worker, reason string) {
 }
 
 // evict closes a worker that does not read fast enough for its lossless subscriptions.
-func (h *hub) evict(w *worker) {
+func (h *hubServer) evict(w *worker) {
 	if w.closing {
 		return
 	}
@@ -471,7 +471,7 @@ func (h *hub) evict(w *worker) {
 // queueing, and closes once gnet has flushed it all — or after a grace period if the worker
 // never reads it (gnet's close does not wait for a slow peer). The worker leaves its
 // channels now, not at the close (docs/hub-protocol.md: eviction releases them like a disconnect).
-func (h *hub) final(w *worker, frame []byte, graceMS int64) {
+func (h *hubServer) final(w *worker, frame []byte, graceMS int64) {
 	w.closing = true
 	if h.iter > 0 {
 		h.leaving = append(h.leaving, w)
@@ -496,7 +496,7 @@ func (h *hub) final(w *worker, frame []byte, graceMS int64) {
 }
 
 // closeLingering closes final-frame workers whose last bytes left, or whose grace ran out.
-func (h *hub) closeLingering() {
+func (h *hubServer) closeLingering() {
 	keep := h.lingering[:0]
 	for _, w := range h.lingering {
 		switch {
@@ -516,7 +516,7 @@ func (h *hub) closeLingering() {
 
 // push queues one frame for w; a frame that does not fit evicts the worker (it is not
 // reading). Returns false if w is (now) closing.
-func (h *hub) push(w *worker, frame []byte) bool {
+func (h *hubServer) push(w *worker, frame []byte) bool {
 	if w.closing {
 		return false
 	}
@@ -528,7 +528,7 @@ func (h *hub) push(w *worker, frame []byte) bool {
 	return true
 }
 
-func (h *hub) queue(w *worker) {
+func (h *hubServer) queue(w *worker) {
 	if !w.queued {
 		w.queued = true
 		h.pending = append(h.pending, w)
@@ -537,7 +537,7 @@ func (h *hub) queue(w *worker) {
 
 // pump hands whole frames from w's ring to gnet while gnet's buffer for the socket is small,
 // and queues owed wake RESYNCs once the ring has drained below its low watermark.
-func (h *hub) pump(w *worker) {
+func (h *hubServer) pump(w *worker) {
 	for writes := 0; writes < hubWritesPerPump && !w.closing; writes++ {
 		if len(w.marked) > 0 && w.out.BelowLow() {
 			h.oweResyncs(w)
@@ -567,7 +567,7 @@ func (h *hub) pump(w *worker) {
 }
 
 // oweResyncs queues one STATUS RESYNC per channel whose wake notifications were coalesced.
-func (h *hub) oweResyncs(w *worker) {
+func (h *hubServer) oweResyncs(w *worker) {
 	marked := w.marked
 	w.marked = w.marked[:0]
 	for i, sub := range marked {
@@ -584,7 +584,7 @@ func (h *hub) oweResyncs(w *worker) {
 
 // flush pumps every worker with queued bytes: at the end of each loop entry (one write per
 // worker per notification batch) and on every tick (gnet has no "writable" callback).
-func (h *hub) flush() {
+func (h *hubServer) flush() {
 	if len(h.pending) == 0 {
 		return
 	}
@@ -610,7 +610,7 @@ func (h *hub) flush() {
 
 // notify queues a notification for the channel's workers: encoded once, copied into each
 // ring. payload is valid only during the call.
-func (h *hub) notify(ch *channel, pid uint32, payload []byte) {
+func (h *hubServer) notify(ch *channel, pid uint32, payload []byte) {
 	if len(ch.hub.subs) == 0 {
 		return
 	}
@@ -666,7 +666,7 @@ func (h *hub) notify(ch *channel, pid uint32, payload []byte) {
 }
 
 // channelLive answers the SUBs waiting for this channel's LISTEN.
-func (h *hub) channelLive(ch *channel) {
+func (h *hubServer) channelLive(ch *channel) {
 	if ch.hub.waiting == 0 {
 		return
 	}
@@ -688,7 +688,7 @@ func (h *hub) channelLive(ch *channel) {
 
 // channelFailed answers the SUBs waiting for this channel's LISTEN with LISTEN_FAILED and
 // drops them (the session dropped the reference).
-func (h *hub) channelFailed(ch *channel, err error) {
+func (h *hubServer) channelFailed(ch *channel, err error) {
 	if ch.hub.waiting == 0 {
 		return
 	}
@@ -714,7 +714,7 @@ func (h *hub) channelFailed(ch *channel, err error) {
 }
 
 // broadcast queues a STATUS for every worker that said HELLO.
-func (h *hub) broadcast(code framing.StatusCode, text string) {
+func (h *hubServer) broadcast(code framing.StatusCode, text string) {
 	h.enter()
 	for _, w := range h.workers {
 		if w.hello && !w.closing && !w.draining {
@@ -726,17 +726,17 @@ func (h *hub) broadcast(code framing.StatusCode, text string) {
 }
 
 // listenerDown tells every worker the LISTEN session was lost.
-func (h *hub) listenerDown() {
+func (h *hubServer) listenerDown() {
 	h.broadcast(framing.StatusListenerDown, "LISTEN session lost; reconnecting")
 }
 
 // resync tells every worker the session is back and every channel LISTENed again.
-func (h *hub) resync() {
+func (h *hubServer) resync() {
 	h.broadcast(framing.StatusResync, "LISTEN session re-established: re-read your state")
 }
 
 // shutdown sends SHUTDOWN to every worker; each is closed once flushed (pump).
-func (h *hub) shutdown() {
+func (h *hubServer) shutdown() {
 	h.enter()
 	for _, w := range h.workers {
 		if w.closing {
@@ -761,7 +761,7 @@ func (h *hub) shutdown() {
 
 // tick runs on every tick (every 20 ms while a worker waits to drain): retry flushing and
 // close workers whose final frame left, or that never said HELLO.
-func (h *hub) tick() {
+func (h *hubServer) tick() {
 	h.flush()
 	h.enter()
 	h.closeLingering()
