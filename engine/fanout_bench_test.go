@@ -90,9 +90,9 @@ func fanoutFixture(tb testing.TB, subs, perPass int) (*testServer, func(), chan 
 		live := make(chan int, 1)
 		ts.tasks.push(func() {
 			n := 0
-			if st := ts.streams["bench"]; st != nil {
-				for _, sc := range st.subs {
-					if sc.state == stateLive {
+			if st := ts.fan.streams["bench"]; st != nil {
+				for _, sub := range st.subs {
+					if sub.state == subLive {
 						n++
 					}
 				}
@@ -114,13 +114,13 @@ func fanoutFixture(tb testing.TB, subs, perPass int) (*testServer, func(), chan 
 		for k := 0; k < perPass; k++ {
 			p := store.Payload{Kind: store.KindDurable, TimeUS: time.Now().UnixMicro(), Stream: []byte("bench"), ID: next, Data: data}
 			payloads[k] = store.AppendPayload(payloads[k][:0], &p, nil)
-			if err := store.ParsePayload(payloads[k], &ts.payload); err != nil {
+			if err := store.ParsePayload(payloads[k], &ts.lsn.payload); err != nil {
 				panic(err)
 			}
-			ts.onPayload(&ts.payload)
+			ts.fan.onPayload(&ts.lsn.payload)
 			next++
 		}
-		ts.flushStreams()
+		ts.fan.flushStreams()
 		ts.leave()
 		done <- struct{}{}
 	}

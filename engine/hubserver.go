@@ -1,10 +1,7 @@
 package engine
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"net"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -48,13 +45,14 @@ const (
 	hubSiblingBufferBytes = 4 << 20
 )
 
-// hubServer is the hub server's loop-owned state: the workers, their subscriptions (on the shared channel
-// table, channel.hub) and the scratch buffers frames are encoded into. It is a field of Server
-// and reaches the rest of the loop's state (channels, the LISTEN session's state, the clock,
-// metrics) through srv.
+// hubServer is the hub server's loop-owned state: the workers, their subscriptions (on the
+// shared channel table, channel.hub) and the scratch buffers frames are encoded into. It is a
+// part of Server: it reaches the raw channels through their table (chans) and the LISTEN
+// session's state through lsn.
 type hubServer struct {
-	srv       *Server
-	socket    hubSocket // the Unix socket's file (hubsocket.go)
+	*loopEnv
+	chans     *channelTable
+	lsn       *listenState
 	workers   []*worker
 	open      int          // workers whose socket is not closed yet (drain waits for 0)
 	siblings  int          // of them, sibling processes (--procs): not hub workers in the caps and metrics
@@ -121,8 +119,15 @@ type hubChannel struct {
 func workerIndex(w *worker) *int32   { return &w.idx }
 func hubSubIndex(sub *hubSub) *int32 { return &sub.idx }
 
+func newHubServer(env *loopEnv, chans *channelTable, lsn *listenState) hubServer {
+	return hubServer{loopEnv: env, chans: chans, lsn: lsn, maxChannels: hubMaxChannels, maxWorkerChannels: hubMaxChannelsPerWorker}
+}
+
 // count is the number of workers still connected.
 func (h *hubServer) count() int { return h.open }
+
+// openCounter is the count of open worker connections the hub socket's acceptor caps.
+func (h *hubServer) openCounter() *atomic.Int64 { return &h.openCount }
 
 // needsPoll reports whether a worker waits for its socket to drain (see Server.ticker).
 func (h *hubServer) needsPoll() bool { return len(h.pending) > 0 }
@@ -153,34 +158,11 @@ func (h *hubServer) leave() {
 
 // --- connection life --------------------------------------------------------------------
 
-// AddSibling enrols c — this process's end of a socketpair whose other end a sibling
-// process of --procs inherited (Config.SiblingHub there) — as a hub worker allowed to
-// subscribe to the stream channel. Nothing but that socket carries the privilege: an outside
-// worker can only reach the hub through --hub-socket. Call it after Started; c is closed
-// (gnet keeps a duplicate).
-func (s *Server) AddSibling(c net.Conn) error {
-	select {
-	case <-s.started:
-	default:
-		_ = c.Close()
-		return errors.New("engine: AddSibling before the server started")
-	}
-	res, err := s.eng.Register(gnet.NewNetConnContext(gnet.NewContext(context.Background(), originSibling), c))
-	if err != nil {
-		_ = c.Close()
-		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", err)
-	}
-	if r := <-res; r.Err != nil {
-		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", r.Err)
-	}
-	return nil
-}
-
 // accept admits a worker's connection (OnOpen); it must say HELLO first. sibling marks a
 // sibling process of --procs, on a socket this process made and handed it (AddSibling):
 // the only kind of worker that may subscribe to the stream channel.
 func (h *hubServer) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
-	s := h.srv
+	s := h.loopEnv
 	if s.draining {
 		return framing.AppendStatus(nil, framing.StatusShutdown, nil, []byte("pgsse is shutting down")), gnet.Close
 	}
@@ -228,7 +210,7 @@ func (h *hubServer) closed(w *worker) {
 		h.siblings--
 	}
 	h.openCount.Store(int64(h.open - h.siblings))
-	h.srv.metrics.hubWorkers.Set(float64(h.open - h.siblings))
+	h.metrics.hubWorkers.Set(float64(h.open - h.siblings))
 	if h.iter > 0 {
 		h.dead = append(h.dead, w)
 		return
@@ -240,7 +222,7 @@ func (h *hubServer) closed(w *worker) {
 func (h *hubServer) remove(w *worker) {
 	h.unsubscribeAll(w)
 	h.workers = swapRemove(h.workers, w, workerIndex)
-	h.srv.log.Debug("hub: worker gone", "pid", w.pid, "name", w.name)
+	h.log.Debug("hub: worker gone", "pid", w.pid, "name", w.name)
 }
 
 // unsubscribeAll drops every subscription of w (a channel nobody else holds is UNLISTENed);
@@ -271,7 +253,7 @@ func (h *hubServer) detach(sub *hubSub) {
 			h.channels--
 		}
 	}
-	h.srv.releaseChannel(ch)
+	h.chans.release(ch)
 }
 
 // --- input from workers -----------------------------------------------------------------
@@ -336,7 +318,7 @@ func (h *hubServer) frame(w *worker, f *framing.Frame) {
 		w.hello = true
 		w.pid = f.PID
 		w.name = string(f.Name)
-		h.srv.log.Debug("hub: worker connected", "pid", w.pid, "name", w.name, "sibling", w.sibling)
+		h.log.Debug("hub: worker connected", "pid", w.pid, "name", w.name, "sibling", w.sibling)
 		h.push(w, h.status(framing.StatusReady, nil, ""))
 		return
 	}
@@ -356,7 +338,6 @@ func (h *hubServer) frame(w *worker, f *framing.Frame) {
 }
 
 func (h *hubServer) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
-	s := h.srv
 	if sub := w.subs[string(channel)]; sub != nil {
 		sub.mode = mode // idempotent: the mode is updated, the subscription kept
 		switch {
@@ -380,14 +361,14 @@ func (h *hubServer) sub(w *worker, req uint32, mode framing.Mode, channel []byte
 		h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(h.maxWorkerChannels)+" channels per worker")
 		return
 	}
-	if existing := s.channels[string(channel)]; (existing == nil || existing.hub.workers == 0) && h.channels >= h.maxChannels && !w.sibling {
+	if existing := h.chans.lookup(channel); (existing == nil || existing.hub.workers == 0) && h.channels >= h.maxChannels && !w.sibling {
 		h.ack(w, req, framing.AckLimit, "the hub's workers hold "+strconv.Itoa(h.maxChannels)+
 			" channels together, their share of the LISTEN session (the rest is kept for SSE clients)")
 		return
 	}
 	// Register before LISTEN (docs/architecture.md, invariant 4); ACK once it completed on this
 	// session.
-	ch := s.holdChannel(string(channel))
+	ch := h.chans.hold(string(channel))
 	if !w.sibling {
 		if ch.hub.workers == 0 {
 			h.channels++
@@ -400,7 +381,7 @@ func (h *hubServer) sub(w *worker, req uint32, mode framing.Mode, channel []byte
 	sub := &hubSub{w: w, ch: ch, mode: mode, idx: int32(len(ch.hub.subs))}
 	ch.hub.subs = append(ch.hub.subs, sub)
 	w.subs[ch.name] = sub
-	if ch.listening && s.listenUp {
+	if h.chans.isLive(ch) {
 		sub.acked = true
 		h.ack(w, req, framing.AckOK, "")
 		return
@@ -450,7 +431,7 @@ func (h *hubServer) protocolError(w *worker, reason string) {
 	if w.closing {
 		return
 	}
-	h.srv.log.Warn("hub: protocol error; closing the worker", "pid", w.pid, "name", w.name, "err", reason)
+	h.log.Warn("hub: protocol error; closing the worker", "pid", w.pid, "name", w.name, "err", reason)
 	h.final(w, h.status(framing.StatusProtocolError, nil, reason), hubFinalGraceMS)
 }
 
@@ -459,8 +440,8 @@ func (h *hubServer) evict(w *worker) {
 	if w.closing {
 		return
 	}
-	h.srv.metrics.evictions.Inc()
-	h.srv.log.Warn("hub: evicting a worker that does not read its notifications", "pid", w.pid, "name", w.name,
+	h.metrics.evictions.Inc()
+	h.log.Warn("hub: evicting a worker that does not read its notifications", "pid", w.pid, "name", w.name,
 		"buffered", w.out.Len(), "buffer", w.out.Cap(), "gnet", w.c.OutboundBuffered())
 	w.out.Reset() // the worker stopped reading: nothing queued would reach it in time
 	h.final(w, h.status(framing.StatusEvicted, nil,
@@ -487,7 +468,7 @@ func (h *hubServer) final(w *worker, frame []byte, graceMS int64) {
 			if w.c.OutboundBuffered() == 0 {
 				_ = w.c.Close()
 			} else {
-				w.lingerUntilMS = h.srv.nowMS + graceMS
+				w.lingerUntilMS = h.nowMS + graceMS
 				h.lingering = append(h.lingering, w)
 			}
 		}
@@ -501,7 +482,7 @@ func (h *hubServer) closeLingering() {
 	for _, w := range h.lingering {
 		switch {
 		case w.gone:
-		case w.c.OutboundBuffered() == 0 || h.srv.nowMS >= w.lingerUntilMS:
+		case w.c.OutboundBuffered() == 0 || h.nowMS >= w.lingerUntilMS:
 			_ = w.c.Close()
 		default:
 			keep = append(keep, w)
@@ -657,10 +638,10 @@ func (h *hubServer) notify(ch *channel, pid uint32, payload []byte) {
 		h.queue(w)
 	}
 	if delivered > 0 {
-		h.srv.metrics.deliveries.Add(float64(delivered))
+		h.metrics.deliveries.Add(float64(delivered))
 	}
 	if coalesced > 0 {
-		h.srv.metrics.droppedWakeCoalesced.Add(float64(coalesced))
+		h.metrics.droppedWakeCoalesced.Add(float64(coalesced))
 	}
 	h.leave()
 }
@@ -766,7 +747,7 @@ func (h *hubServer) tick() {
 	h.enter()
 	h.closeLingering()
 	for _, w := range h.workers {
-		if !w.hello && !w.closing && h.srv.nowMS-w.openedMS > hubHelloTimeoutMS {
+		if !w.hello && !w.closing && h.nowMS-w.openedMS > hubHelloTimeoutMS {
 			h.protocolError(w, "no HELLO within "+strconv.Itoa(hubHelloTimeoutMS/1000)+"s")
 		}
 	}

@@ -47,7 +47,7 @@ const (
 
 // siblingSource is a listenSource over a pglisten.Failover on Config.SiblingHub.
 type siblingSource struct {
-	s   *Server
+	l   *listenState
 	cfg pglisten.FailoverConfig
 
 	mu      sync.Mutex
@@ -76,20 +76,20 @@ type siblingOp struct {
 
 var _ listenSource = (*siblingSource)(nil)
 
-func (s *Server) newSiblingSource() *siblingSource {
+func newSiblingSource(l *listenState) *siblingSource {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &siblingSource{
-		s: s,
+		l: l,
 		cfg: pglisten.FailoverConfig{
 			Hub: pglisten.HubConfig{
-				Conn:       s.cfg.SiblingHub,
+				Conn:       l.cfg.SiblingHub,
 				Socket:     "the first process's hub",
 				Name:       "pgsse sibling",
 				AckTimeout: siblingAckTimeout,
-				Logger:     s.log,
+				Logger:     l.log,
 			},
-			Direct: pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log},
-			Logger: s.log,
+			Direct: pglisten.Config{DSN: l.cfg.DatabaseURL, Logger: l.log},
+			Logger: l.log,
 		},
 		initial: true,
 		wake:    make(chan struct{}, 1),
@@ -169,7 +169,7 @@ func (h *siblingSource) run() {
 	l, err := pglisten.NewFailover(h.cfg)
 	if err != nil {
 		// Only a configuration that cannot work (a bad DSN): New has checked it already.
-		h.s.log.Error("sibling: cannot read the first process's hub", "err", err)
+		h.l.log.Error("sibling: cannot read the first process's hub", "err", err)
 		return
 	}
 	defer l.Close()
@@ -205,7 +205,7 @@ func (h *siblingSource) run() {
 func (h *siblingSource) serve(l pglisten.Listener, op siblingOp) {
 	if !op.listen {
 		if err := l.Unlisten(h.ctx, op.channel); err != nil && !errors.Is(err, pglisten.ErrNotListening) && h.ctx.Err() == nil {
-			h.s.log.Warn("sibling: UNLISTEN through the hub failed", "channel", op.channel, "err", err)
+			h.l.log.Warn("sibling: UNLISTEN through the hub failed", "channel", op.channel, "err", err)
 		}
 		return
 	}
@@ -226,7 +226,7 @@ func (h *siblingSource) firstResync() {
 	defer h.mu.Unlock()
 	h.initial = false
 	if !h.down {
-		h.s.tasks.push(h.s.onResynced)
+		h.l.tasks.push(h.l.onResynced)
 	}
 }
 
@@ -268,19 +268,12 @@ func (h *siblingSource) deliver(batch []pglisten.Event) {
 		if end <= start {
 			return
 		}
-		// The same bound as the own session's batches (listenBatchesQueued): beyond it this
-		// goroutine waits, the hub client stops reading, and the first process's hub applies
-		// its policy to this sibling's ring (docs/hub-protocol.md, Modes and backpressure) —
-		// nothing piles up here.
-		select {
-		case h.s.batchSlots <- struct{}{}:
-		case <-h.s.stopping:
-			return
-		}
+		// The same bound as the own session's batches (listenState.handBatch): beyond it
+		// this goroutine waits, the hub client stops reading, and the first process's hub
+		// applies its policy to this sibling's ring (docs/hub-protocol.md, Modes and
+		// backpressure) — nothing piles up here.
 		notes := append([]pglisten.Event(nil), batch[start:end]...)
-		if !h.s.tasks.push(func() { h.s.onEvents(notes); <-h.s.batchSlots }) {
-			<-h.s.batchSlots
-		}
+		h.l.handBatch(func() { h.l.onEvents(notes) })
 	}
 	for i, ev := range batch {
 		if ev.Kind == pglisten.KindNotification {
@@ -292,13 +285,13 @@ func (h *siblingSource) deliver(batch []pglisten.Event) {
 		switch {
 		case ev.Kind == pglisten.KindDown:
 			h.down = true
-			h.s.tasks.push(func() { h.s.onDown(errHubLost) })
+			h.l.tasks.push(func() { h.l.onDown(errHubLost) })
 		case h.initial:
 			// The first Resynced follows the queued Listens (firstResync).
 			h.down = false
 		default: // KindResync: of everything, or of one channel (lossless mode sends none)
 			h.down = false
-			h.s.tasks.push(h.s.onResynced)
+			h.l.tasks.push(h.l.onResynced)
 		}
 		h.mu.Unlock()
 	}
