@@ -437,3 +437,41 @@ func TestStateAssignedOnlyByItsHelper(t *testing.T) {
 		}
 	}
 }
+
+// TestTransportSeam: how events become bytes is the transport's (transport.go). Outside the SSE
+// transport's file no engine file calls package sse's encoders (sse.Append…) or holds an SSE
+// wire literal — a field name at the start of a line, or the heartbeat.
+func TestTransportSeam(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	fset := gotoken.NewFileSet()
+	wire := []string{"id:", "event:", "data:", "retry:", ":\n", "\nid:", "\nevent:", "\ndata:", "\nretry:"}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") || name == "transport_sse.go" {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		require.NoError(t, err)
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch x := n.(type) {
+			case *ast.SelectorExpr:
+				if id, ok := x.X.(*ast.Ident); ok && id.Name == "sse" && strings.HasPrefix(x.Sel.Name, "Append") {
+					t.Errorf("%s: sse.%s outside transport_sse.go: encode through the transport (or httpAnswers)", fset.Position(x.Pos()), x.Sel.Name)
+				}
+			case *ast.BasicLit:
+				if x.Kind != gotoken.STRING {
+					return true
+				}
+				for _, w := range wire {
+					lit := strings.Trim(x.Value, "`\"")
+					lit = strings.ReplaceAll(lit, `\n`, "\n")
+					if strings.HasPrefix(lit, w) || (strings.HasPrefix(w, "\n") && strings.Contains(lit, w)) {
+						t.Errorf("%s: SSE wire literal %s outside transport_sse.go", fset.Position(x.Pos()), x.Value)
+						break
+					}
+				}
+			}
+			return true
+		})
+	}
+}
