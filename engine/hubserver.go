@@ -23,7 +23,7 @@ import (
 // The ring's head is always a frame boundary (whole frames are handed to gnet), so a final
 // STATUS written straight to the socket always arrives as a frame.
 //
-// A new frame type: framing (the type, its encoder and decoder) and hub.frame below.
+// A new frame type: framing (the type, its encoder and decoder) and hubServer.frame below.
 
 const (
 	// The hub's share of the LISTEN session's channels (listenMaxChannels): the workers

@@ -194,7 +194,7 @@ func (p *publishing) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Clai
 }
 
 // readBody feeds the connection's input to the body decoder; it reports whether the
-// connection moved on (body complete, or refused) so that readRequest goes on.
+// connection moved on (body complete, or refused) so that requests.read goes on.
 func (p *publishing) readBody(sc *sseConn) bool {
 	pub := sc.pub
 	if pub.bodyDone {

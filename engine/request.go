@@ -35,7 +35,7 @@ var (
 	lflf     = []byte("\n\n")
 )
 
-// readRequest handles the input of an SSE-port connection, as far as its state allows: the
+// read handles the input of an SSE-port connection, as far as its state allows: the
 // request head (head), a publish request's body (publish-body), a keep-alive connection's
 // next request (idle). A publisher waiting for its COMMIT leaves what it sent ahead (a
 // pipelined request) in the input, up to publishPipelineBytes; anything a subscriber sends
