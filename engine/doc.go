@@ -48,6 +48,12 @@
 //	                transport_sse.go             SSE, its one implementation, and the port's HTTP answers: the only
 //	                                             file that calls sse.Append*
 //
+// Each part's tests sit beside it: sseconn_test.go and sse_*_test.go (the connection, over real
+// sockets), admission_test.go (admission, tokens), publish_*_test.go, subscription_test.go and
+// sse_gap_lagging_test.go (subscriptions), fanout_*_test.go, channels_test.go,
+// siblingsource_test.go, hubserver_*_test.go, outbound_*_test.go, transport_sse_test.go,
+// accept_test.go, config_test.go; parts_test.go keeps the parts apart.
+//
 // Invariants (docs/architecture.md):
 //   - One owner: every connection, subscription, stream, channel and worker is touched only on
 //     the loop goroutine. Other goroutines hand work over through taskQueue, a FIFO that gnet's

@@ -41,11 +41,12 @@ import (
 //     that closing with unread input does not reset the connection before the client has
 //     read the answer.
 //
-// The helpers in this file are the only code that assigns sseConn.state (a subscription's
-// state has its own helpers, subscription.go). Each says which transition it makes and does
-// what that transition owes: verify parks a connection for the pool, queueAdmission puts it in
-// the admission FIFO, admit counts it, respond writes the response head, shed says why it was
-// sent away, finish writes the last bytes and closes. sweep (from the tick) applies the time
+// The helpers in this file are the only code that assigns sseConn.state, through sseConn.to
+// (a subscription's state has its own helpers, subscription.go; parts_test.go checks both).
+// Each says which transition it makes and does what that transition owes: verify parks a
+// connection for the pool, queueAdmission puts it in the admission FIFO, admit counts it,
+// respond writes the response head, shed says why it was sent away, finish writes the last
+// bytes and closes. sweep (from the tick) applies the time
 // rules of each state. Every byte to an SSE client goes out through write, writeEvents,
 // writeLive or writev (outbound.go has what happens underneath); what the bytes are is the
 // transport's (transport.go).

@@ -24,8 +24,8 @@ package engine
 // gap handling are per subscription: the fan-out (fanout.go) indexes subscriptions, not
 // connections, and deliver decides for one subscription what of a loop pass's events it takes.
 //
-// The helpers in this file and catchup.go are the only code that assigns subscription.state
-// (through subscription.to); TestSubscriptionStateAssignedOnlyHere enforces it.
+// subscription.to is the one assignment of a subscription's state, called only by the
+// transition helpers here and in catchup.go (parts_test.go: TestStateAssignedOnlyByItsHelper).
 
 // subState is where a subscription is in catching up.
 type subState uint8
