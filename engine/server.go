@@ -85,16 +85,14 @@ func New(cfg Config) (*Server, error) {
 		log:   slog.New(newRepeatLimiter(cfg.Logger.Handler(), logRepeatEvery)),
 		tasks: newTaskQueue(),
 	}
-	m, err := newMetrics(cfg.Registry)
-	if err != nil {
-		return nil, err
-	}
-	env.metrics = m
 	s := &Server{
 		loopEnv:    env,
 		loopsReady: make(chan struct{}),
 		pollNow:    make(chan struct{}, 1),
 		started:    make(chan struct{}),
+	}
+	if env.metrics, err = newMetrics(cfg.Registry, s); err != nil {
+		return nil, err
 	}
 	var verifier *auth.Verifier
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {

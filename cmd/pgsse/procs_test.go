@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgsse/pgsse/engine"
 	"github.com/pgsse/pgsse/scripts/pgtest"
 	"github.com/pgsse/pgsse/scripts/ssetest"
 )
@@ -225,6 +226,14 @@ func TestProcsShareOneListenSession(t *testing.T) {
 	assert.Positive(t, first, "the first process has subscribers")
 	assert.Positive(t, second, "the sibling has subscribers")
 	assert.Equal(t, 2.0, p.metric("pgsse_procs"))
+	// The state series are the first process's alone (a sibling exports none), so a ready
+	// host reads 1, not 2; each process's outbound budget is summed like its queued bytes.
+	assert.Equal(t, 1.0, p.metric("pgsse_ready"))
+	assert.Equal(t, 1.0, p.metric("pgsse_listen_up"))
+	assert.Equal(t, 1.0, p.metric("pgsse_schema_ok"))
+	waitFor(t, "both processes' outbound budgets", 15*time.Second, func() bool {
+		return p.metric("pgsse_outbound_budget_bytes") == float64(2*engine.DefaultMaxOutboundMemory)
+	})
 
 	ssetest.PublishRange(t, dsn, "spread", 1, 50, nil)
 	ssetest.RequireAll(t, rs, 50, 30*time.Second)
