@@ -222,6 +222,15 @@ func (s *subscriptions) retryRead(sub *subscription, err error) {
 	}
 	if sub.retries > limit {
 		s.log.Warn("history read keeps failing; client told to retry later", "stream", sub.st.name, "err", err)
+		switch sc := sub.conn; {
+		case !schemaMissing(err):
+		case sc.state == statePending: // not migrated: say so
+			s.conns.shedSaying(sc, shedDatabaseUnavailable, schemaMissingComment)
+			return
+		case sc.state == stateStreaming:
+			s.conns.closeWithRetrySaying(sc, shedComments[shedDatabaseUnavailable], schemaMissingComment)
+			return
+		}
 		s.conns.retryLater(sub.conn, shedDatabaseUnavailable)
 		return
 	}

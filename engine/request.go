@@ -59,6 +59,12 @@ func (r *requests) read(sc *sseConn) {
 				r.conns.finish(sc, nil) // the client does not read its answers
 				return
 			}
+			if in, _ := sc.c.Peek(-1); sse.EmptyLines(in) == len(in) {
+				// The CRLF a client may send after a body (RFC 9112 §2.2): still idle, so
+				// the keep-alive timeout applies, not the request head's.
+				_, _ = sc.c.Discard(len(in))
+				return
+			}
 			r.conns.nextRequest(sc)
 		case statePublishCommit:
 			if sc.c.InboundBuffered() > publishPipelineBytes {
@@ -78,8 +84,10 @@ func (r *requests) readHead(sc *sseConn) bool {
 	c := sc.c
 	buf, _ := c.Peek(-1)
 	// Parse only once the head can be complete (or is too big): a client trickling one byte
-	// per packet must not make us re-parse a growing head each time.
-	if head := buf[:min(len(buf), r.cfg.MaxHeaderBytes+len(crlfcrlf))]; len(buf) <= r.cfg.MaxHeaderBytes &&
+	// per packet must not make us re-parse a growing head each time. The empty lines the
+	// parser skips before a request line (RFC 9112 §2.2) are no end of a head.
+	head := buf[:min(len(buf), r.cfg.MaxHeaderBytes+len(crlfcrlf))]
+	if head = head[sse.EmptyLines(head):]; len(buf) <= r.cfg.MaxHeaderBytes &&
 		!bytes.Contains(head, crlfcrlf) && !bytes.Contains(head, lflf) {
 		return false
 	}
@@ -97,13 +105,12 @@ func (r *requests) readHead(sc *sseConn) bool {
 			status, reason = pe.Status, pe.Reason
 		}
 		if isPOST(buf) {
-			// A body may follow: linger so that the client reads the answer.
 			r.metrics.publishRequestsFor(status).Inc()
-			r.conns.linger(sc, r.ans.error(status, reason, sse.CORS{}))
-			return false
+		} else {
+			r.metrics.rejectedFor(status).Inc()
 		}
-		r.reject(sc, status, reason, sse.CORS{})
-		_, _ = c.Discard(-1)
+		// A body may follow, whatever the method: linger so that the client reads the answer.
+		r.conns.linger(sc, r.ans.error(status, reason, sse.CORS{}))
 		return false
 	}
 	r.route(sc, req)
@@ -154,12 +161,24 @@ func (r *requests) route(sc *sseConn, req *sse.Request) {
 
 // notFound answers 404 (a HEAD request gets the head only: RFC 9110 §9.3.2).
 func (r *requests) notFound(sc *sseConn, req *sse.Request, cors sse.CORS) {
+	r.metrics.rejectedFor(404).Inc()
 	if req.Method == sse.MethodHEAD {
-		r.metrics.rejectedFor(404).Inc()
 		r.conns.finish(sc, r.ans.errorHead(404, "not found", cors))
 		return
 	}
-	r.reject(sc, 404, "not found", cors)
+	r.endRequest(sc, req, r.ans.error(404, "not found", cors))
+}
+
+// endRequest writes the final answer to req and closes the connection, lingering when req
+// carries a body (which nothing reads on this path: a POST to a path that takes none, another
+// method's: sse.Request.Framing), so that the client reads the answer rather than a reset
+// and nothing in the body is taken for a request.
+func (r *requests) endRequest(sc *sseConn, req *sse.Request, answer []byte) {
+	if req.Framing != sse.BodyNone {
+		r.conns.linger(sc, answer)
+		return
+	}
+	r.conns.finish(sc, answer)
 }
 
 // allowedMethods is the Allow header (405) and the preflight's
@@ -184,7 +203,7 @@ func (r *requests) methodNotAllowed(sc *sseConn, req *sse.Request, cors sse.CORS
 		r.conns.finish(sc, r.ans.replyHead(405, "method not allowed: use "+use, reply))
 		return
 	}
-	r.conns.finish(sc, r.ans.reply(405, "method not allowed: use "+use, reply))
+	r.endRequest(sc, req, r.ans.reply(405, "method not allowed: use "+use, reply))
 }
 
 // reject answers with an error status and a one-line text/plain body, and closes.
@@ -326,10 +345,10 @@ func (r *requests) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims,
 		r.unauthorized(sc, err.Error())
 		return
 	case sub.isChan && !claims.AllowsChannel([]byte(sub.name)):
-		r.reject(sc, 403, "token does not grant channel "+sub.name, sub.cors())
+		r.reject(sc, 403, claims.NotGranted("channel "+sub.name), sub.cors())
 		return
 	case !sub.isChan && !claims.AllowsStream([]byte(sub.name)):
-		r.reject(sc, 403, "token does not grant stream "+sub.name, sub.cors())
+		r.reject(sc, 403, claims.NotGranted("stream "+sub.name), sub.cors())
 		return
 	default:
 		tags = claims.Tags
@@ -368,12 +387,17 @@ func requestToken(req *sse.Request) []byte {
 
 // crossSiteCookie reports whether req is authorised only by the pgsse_token cookie and comes
 // from a page of another site: an Origin that is neither one of --cors-origins (cors) nor the
-// request's own Host. A browser attaches the cookie to any site's POST, so publishing on it
-// would let every web page publish as the visitor (cross-site request forgery; Mercure's hub
-// refuses it the same way). Clients that are not browsers send no Origin.
+// request's own Host, or, without an Origin, a Sec-Fetch-Site other than same-origin,
+// same-site or none (sse.Request.CrossSiteFetch). A browser attaches the cookie to any site's
+// POST, so publishing on it would let every web page publish as the visitor (cross-site
+// request forgery; Mercure's hub refuses it the same way). Clients that are not browsers send
+// neither header.
 func crossSiteCookie(req *sse.Request, cors sse.CORS) bool {
-	if len(req.Origin) == 0 || cors.Origin != nil || bearer(req.Authorization) != nil || len(req.Token) > 0 {
+	if cors.Origin != nil || bearer(req.Authorization) != nil || len(req.Token) > 0 {
 		return false
+	}
+	if len(req.Origin) == 0 {
+		return req.CrossSiteFetch()
 	}
 	_, host, ok := bytes.Cut(req.Origin, []byte("://"))
 	return !ok || len(req.Host) == 0 || !bytes.EqualFold(host, req.Host)

@@ -61,6 +61,7 @@ type Server struct {
 	anchor     gnet.Conn
 	anchorPeer net.Conn
 
+	sseLn     atomic.Value  // net.Listener: --listen, once bound (StopAccepting)
 	healthyAt atomic.Int64  // unix nanoseconds of the last tick the loop ran
 	needPoll  atomic.Bool   // someone waits for a socket to drain: tick fast (ticker)
 	pollNow   chan struct{} // wakes the ticker when needPoll turns on
@@ -128,6 +129,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("--listen %s: %w", s.cfg.Listen, bindError(err))
 	}
 	defer sseLn.Close()
+	s.sseLn.Store(sseLn)
 	var hubLn net.Listener
 	if s.cfg.HubSocket != "" {
 		cleanup, err := s.hubSocket.prepare(s.cfg.HubSocket, s.cfg.HubSocketMode, s.log)
@@ -338,6 +340,15 @@ func (s *Server) AddSibling(c net.Conn) error {
 		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", r.Err)
 	}
 	return nil
+}
+
+// StopAccepting closes --listen: the connections open are served on, new ones go to whoever
+// else listens on the port. An orphaned --procs sibling calls it (docs/scaling.md), so that a new
+// set of processes can bind the port while it drains. Valid after Started.
+func (s *Server) StopAccepting() {
+	if ln, ok := s.sseLn.Load().(net.Listener); ok {
+		_ = ln.Close() // its acceptor sees net.ErrClosed and stops
+	}
 }
 
 // Started is closed once the listeners are bound and the loop runs.

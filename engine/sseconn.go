@@ -329,18 +329,37 @@ func (t *connTable) nextRequest(sc *sseConn) { sc.to(stateHead, t.nowMS) }
 // shed answers 200 with a jittered retry and a comment saying why, and closes: EventSource
 // treats any non-200 as final, so load shedding must not use 503. For a connection whose
 // response head has not been sent (head, verifying, queued, pending).
-func (t *connTable) shed(sc *sseConn, why shedReason) {
+func (t *connTable) shed(sc *sseConn, why shedReason) { t.shedSaying(sc, why, "") }
+
+// schemaMissingComment follows ":database unavailable" when the database has no pgsse schema
+// (docs/http.md, Responses and errors): a second comment line, so that the first stays the
+// reason a client matches, exactly as before, and this one says what to do.
+const schemaMissingComment = "schema not installed: the server's operator must run pgsse migrate"
+
+// shedSaying is shed with a second comment line, detail, after the reason ("": none).
+func (t *connTable) shedSaying(sc *sseConn, why shedReason, detail string) {
 	t.metrics.shed[why].Inc()
-	t.finish(sc, t.tr.shed(sc.cors(), jitteredRetryMS(), shedComments[why]))
+	if detail == "" {
+		t.finish(sc, t.tr.shed(sc.cors(), jitteredRetryMS(), shedComments[why]))
+		return
+	}
+	t.finish(sc, t.tr.shed(sc.cors(), jitteredRetryMS(), shedComments[why], detail))
 }
 
-// closeWithRetry ends a streaming connection with a jittered retry field (shutdown, token
-// expiry, too slow for ephemeral traffic).
-func (t *connTable) closeWithRetry(sc *sseConn) {
+// closeWithRetry ends a streaming connection with a jittered retry field (shutdown, too slow
+// for ephemeral traffic).
+func (t *connTable) closeWithRetry(sc *sseConn) { t.closeWithRetrySaying(sc) }
+
+// tokenExpiredComment says why a stream closes at its token's exp (docs/http.md,
+// Authorization): a client that reconnects with the same token will get 401.
+const tokenExpiredComment = "token expired"
+
+// closeWithRetrySaying is closeWithRetry with comment lines after the retry field.
+func (t *connTable) closeWithRetrySaying(sc *sseConn, comments ...string) {
 	if sc.ending() {
 		return
 	}
-	t.finish(sc, t.tr.retry(jitteredRetryMS()))
+	t.finish(sc, t.tr.retry(jitteredRetryMS(), comments...))
 }
 
 // retryLater sends a connection away, whatever its state: one still sending its head (or
@@ -470,7 +489,7 @@ func (t *connTable) sweep() {
 			}
 		case stateStreaming:
 			if sc.expiresMS > 0 && t.nowMS >= sc.expiresMS {
-				t.closeWithRetry(sc) // token expired
+				t.closeWithRetrySaying(sc, tokenExpiredComment)
 				continue
 			}
 			if t.nowMS-sc.lastWriteMS >= heartbeatMS {

@@ -36,9 +36,10 @@ type transport interface {
 	// heartbeat is what keeps an idle stream's connection alive (after --heartbeat).
 	heartbeat() []byte
 	// shed is a whole response that sends a client away before its stream started, with the
-	// time to come back and why (docs/http.md: 200, so that EventSource retries).
-	shed(cors sse.CORS, retryMS int64, why string) []byte
+	// time to come back and why, in one or more lines (docs/http.md: 200, so that EventSource
+	// retries).
+	shed(cors sse.CORS, retryMS int64, why ...string) []byte
 	// retry is the last bytes of a stream that ends (shutdown, token expiry, too slow):
-	// when to come back.
-	retry(retryMS int64) []byte
+	// when to come back, and why (perhaps nothing).
+	retry(retryMS int64, why ...string) []byte
 }

@@ -81,18 +81,25 @@ func (t *sseTransport) heartbeat() []byte { return sseHeartbeat }
 
 var sseHeartbeat = []byte(":\n")
 
-// shed: 200 text/event-stream with the retry field and a comment saying why, then the close.
-func (t *sseTransport) shed(cors sse.CORS, retryMS int64, why string) []byte {
+// shed: 200 text/event-stream with the retry field and a comment line per why, then the close.
+func (t *sseTransport) shed(cors sse.CORS, retryMS int64, why ...string) []byte {
 	b := sse.AppendStreamHead(t.scratch[:0], cors)
 	b = sse.AppendRetry(b, retryMS)
-	b = append(sse.AppendComment(b, []byte(why)), '\n')
+	for _, w := range why {
+		b = sse.AppendComment(b, []byte(w))
+	}
+	b = append(b, '\n')
 	t.scratch = b[:0]
 	return b
 }
 
-// retry is a retry field alone, as its own block.
-func (t *sseTransport) retry(retryMS int64) []byte {
-	b := append(sse.AppendRetry(t.scratch[:0], retryMS), '\n')
+// retry is a retry field, then a comment line per why, as its own block.
+func (t *sseTransport) retry(retryMS int64, why ...string) []byte {
+	b := sse.AppendRetry(t.scratch[:0], retryMS)
+	for _, w := range why {
+		b = sse.AppendComment(b, []byte(w))
+	}
+	b = append(b, '\n')
 	t.scratch = b[:0]
 	return b
 }
