@@ -7,7 +7,8 @@ import "github.com/pgsse/pgsse/sse"
 // the response head — and the transport says how it looks on the wire; the loop code holds no
 // wire literals of its own. SSE (transport_sse.go, over package sse) is the one
 // implementation; another transport would be a second one, chosen by the request routing
-// (request.go).
+// (request.go). A presence event (docs/http.md, Presence) will be one more method here, made
+// once per stream and interval and shared like an event.
 //
 // Encode once, write many (docs/architecture.md, invariant 2): event's bytes are made once and
 // shared by every connection that takes the event, by reference. An encoding starts with its
