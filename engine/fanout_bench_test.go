@@ -79,7 +79,8 @@ func benchFanout(b *testing.B, subs, perPass int) {
 // discarding) and returns a loop task that injects perPass contiguous durable events and
 // flushes them, signalling done.
 func fanoutFixture(tb testing.TB, subs, perPass int) (*testServer, func(), chan struct{}) {
-	ts := startServer(tb, "", func(c *Config) { c.Heartbeat = time.Hour })
+	// One token for every subscriber: no per-subject cap (256 by default would shed the rest).
+	ts := startServer(tb, "", func(c *Config) { c.Heartbeat = time.Hour; c.MaxConnectionsPerSubject = NoLimit })
 	tok := token(tb, auth.Claims{Streams: []string{"bench"}}, time.Hour)
 	for i := 0; i < subs; i++ {
 		c := dial(tb, ts.Addr().String(), "/streams/bench", "Authorization: Bearer "+tok)
