@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"errors"
+	"sync/atomic"
+
 	"github.com/pgsse/pgsse/pglisten"
 	"github.com/pgsse/pgsse/store"
 )
@@ -10,12 +13,12 @@ const storeChannel = store.Channel
 
 // listenMaxChannels is how many channels the LISTEN session holds at most (PostgreSQL scans a
 // backend's channel list linearly per notification); a LISTEN beyond it fails, and the hub
-// takes at most its share (hub.go).
+// takes at most its share (hubserver.go).
 const listenMaxChannels = 10_000
 
 // listenSource is where the loop's notifications come from: the process's own LISTEN session
-// (pglisten.Session), or in a sibling process of --procs the first process's hub (hubSource,
-// listenhub.go). The loop uses nothing else of it: Listen/Unlisten for each channel it holds
+// (pglisten.Session), or in a sibling process of --procs the first process's hub (siblingSource,
+// siblingsource.go). The loop uses nothing else of it: Listen/Unlisten for each channel it holds
 // (done reports once the LISTEN completed, or failed), Start and Close, and the callbacks
 // onBatch/onEvents, onDown and onResynced, which the source hands to the loop in order.
 type listenSource interface {
@@ -27,33 +30,116 @@ type listenSource interface {
 
 var _ listenSource = (*pglisten.Session)(nil)
 
-// newListenSource opens (not starts) the process's own LISTEN session — or, in a sibling
-// process of --procs, the first process's hub (listenhub.go).
-func (s *Server) newListenSource() listenSource {
-	if s.cfg.SiblingHub != nil {
-		return s.newHubSource()
+// listenState is the loop's part for the LISTEN source: the source itself, whether its
+// session is up, and the routing of what it reports — notifications to the streams (the
+// pgsse channel's payloads) and to the raw channels' holders, losses and resyncs to every
+// part that must know.
+type listenState struct {
+	*loopEnv
+	fan   *fanout
+	chans *channelTable
+	hub   *hubServer
+
+	src listenSource // from Run (open); nil before: nothing is LISTENed
+	// up: the session is up with every channel LISTENed (Resynced, no Down since); everUp:
+	// it has been once; downSinceMS: when it went down (or Run started it).
+	up, everUp  bool
+	downSinceMS int64
+	upNow       atomic.Bool   // up, for Ready (other goroutines)
+	payload     store.Payload // scratch: the payload being routed
+	batchSlots  chan struct{} // notification batches queued for the loop (Notifications)
+	stopping    chan struct{} // closed when Run stops the goroutines beside the loop
+	gate        sessionGate   // the source's events held while the hub stalls
+}
+
+// sessionGate keeps what the LISTEN source reports in its order while the hub stalls
+// (hubserver.go: a lossless worker could not take a notification): the rest of the batch it
+// stalled in (resume) and every event the source reported after it (waiting) run once the
+// stall is over (resume), in order. Nothing else waits: SSE clients' and workers' own
+// traffic, the ticks and the other tasks go on. waiting holds at most listenBatchesQueued
+// batches (the slot each holds until it is routed) and the few state events between them.
+type sessionGate struct {
+	rest    func()
+	waiting []func()
+}
+
+func newListenState(env *loopEnv, fan *fanout, chans *channelTable, hub *hubServer) listenState {
+	return listenState{loopEnv: env, fan: fan, chans: chans, hub: hub,
+		batchSlots: make(chan struct{}, listenBatchesQueued), stopping: make(chan struct{})}
+}
+
+// open opens (not starts) the process's own LISTEN session — or, in a sibling process of
+// --procs, the first process's hub (siblingsource.go) — and asks for the stream channel.
+func (l *listenState) open() {
+	if l.cfg.SiblingHub != nil {
+		l.src = newSiblingSource(l)
+	} else {
+		l.src = pglisten.NewSession(pglisten.Config{DSN: l.cfg.DatabaseURL, Logger: l.log, MaxChannels: listenChannelLimit(l.cfg)}, sessionEvents{l})
 	}
-	return pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log, MaxChannels: s.shares.session}, sessionEvents{s})
+	l.src.Listen(storeChannel, func(err error) {
+		if err != nil && !errors.Is(err, pglisten.ErrClosed) { // closed: the server is stopping
+			l.log.Error("LISTEN on the stream channel failed", "channel", storeChannel, "err", err)
+		}
+	})
+}
+
+// start starts the source (once the loop runs).
+func (l *listenState) start() { l.src.Start() }
+
+// close stops handing batches to the loop and closes the source.
+func (l *listenState) close() {
+	close(l.stopping)
+	if l.src != nil {
+		_ = l.src.Close()
+	}
+}
+
+// listen asks the source for a LISTEN on channel (done reports, on the source's goroutine);
+// false when there is no source (a server that is not running).
+func (l *listenState) listen(channel string, done func(error)) bool {
+	if l.src == nil {
+		return false
+	}
+	l.src.Listen(channel, done)
+	return true
+}
+
+// unlisten gives back a channel whose LISTEN completed; false when there is no source.
+func (l *listenState) unlisten(channel string) bool {
+	if l.src == nil {
+		return false
+	}
+	l.src.Unlisten(channel)
+	return true
+}
+
+// isUp reports whether the session is up with every channel LISTENed.
+func (l *listenState) isUp() bool { return l.up }
+
+// ok is isUp for other goroutines (Ready).
+func (l *listenState) ok() bool { return l.upNow.Load() }
+
+// downSince records when the session went down (Run: it is not up yet).
+func (l *listenState) downSince(nowMS int64) { l.downSinceMS = nowMS }
+
+// databaseUnavailable: the LISTEN session has been down for dbUnavailableAfterMS (or has not
+// come up that long after start).
+func (l *listenState) databaseUnavailable() bool {
+	after := int64(dbUnavailableAfterMS)
+	if l.cfg.dbUnavailableAfterMS > 0 {
+		after = l.cfg.dbUnavailableAfterMS
+	}
+	return !l.up && l.nowMS-l.downSinceMS >= after
 }
 
 // sessionEvents hands the LISTEN source's callbacks to the loop, in order.
-type sessionEvents struct{ s *Server }
+type sessionEvents struct{ l *listenState }
 
 var _ pglisten.Events = sessionEvents{}
 
-// Notifications hands a batch to the loop. At most listenBatchesQueued batches wait for the
-// loop at once (docs/architecture.md, invariant 3): beyond that the session's goroutine waits
-// here, the session stops reading, and PostgreSQL's notification queue holds the rest — a loop
-// busy writing to thousands of slow sockets does not pile up read buffers.
+// Notifications hands a batch to the loop (handBatch).
 func (e sessionEvents) Notifications(b *pglisten.Batch) {
-	select {
-	case e.s.batchSlots <- struct{}{}:
-	case <-e.s.stopping:
-		b.Release()
-		return
-	}
-	if !e.s.tasks.push(func() { e.s.sessionEvent(func() { e.s.onBatch(b) }) }) {
-		<-e.s.batchSlots
+	if !e.l.handBatch(func() { e.l.onBatch(b) }) {
 		b.Release()
 	}
 }
@@ -62,159 +148,151 @@ func (e sessionEvents) Notifications(b *pglisten.Batch) {
 // for the loop.
 const listenBatchesQueued = 64
 
-func (e sessionEvents) Down(err error) {
-	e.s.tasks.push(func() { e.s.sessionEvent(func() { e.s.onDown(err) }) })
-}
-func (e sessionEvents) Resynced() { e.s.tasks.push(func() { e.s.sessionEvent(e.s.onResynced) }) }
+func (e sessionEvents) Down(err error) { e.l.event(func() { e.l.onDown(err) }) }
+func (e sessionEvents) Resynced()      { e.l.event(e.l.onResynced) }
 
-// sessionGate keeps what the LISTEN source reports in its order while the hub stalls (hub.go:
-// a lossless worker could not take a notification): the rest of the batch it stalled in
-// (resume) and every event the source reported after it (waiting) run once the stall is over
-// (resumeSession), in order. Nothing else waits: SSE clients' and workers' own traffic, the
-// ticks and the other tasks go on. waiting holds at most listenBatchesQueued batches (the
-// slot each holds until it is routed) and the few state events between them.
-type sessionGate struct {
-	resume  func()
-	waiting []func()
-}
+// event hands one of the source's events but a batch to the loop, in order with the batches
+// (inOrder); from the source's goroutine.
+func (l *listenState) event(f func()) { l.tasks.push(func() { l.inOrder(f) }) }
 
-// sessionEvent runs f, one event of the LISTEN source (a batch, Down, Resynced, a LISTEN's
-// completion), now — or, while the gate holds earlier ones, after them.
-func (s *Server) sessionEvent(f func()) {
-	if s.gate.resume != nil || len(s.gate.waiting) > 0 {
-		s.gate.waiting = append(s.gate.waiting, f)
+// inOrder runs f, one event of the LISTEN source (a batch, Down, Resynced, a LISTEN's
+// completion), now — or, while the gate holds earlier ones, after them; on the loop.
+func (l *listenState) inOrder(f func()) {
+	if l.gate.rest != nil || len(l.gate.waiting) > 0 {
+		l.gate.waiting = append(l.gate.waiting, f)
 		return
 	}
 	f()
 }
 
-// pauseSession holds the LISTEN source's events behind rest, the remainder of a batch the
-// hub stalled in, until the stall is over.
-func (s *Server) pauseSession(rest func()) {
-	s.gate.resume = rest
-	if !s.hub.stalled() {
-		s.tasks.push(s.resumeSession) // over already
+// pause holds the LISTEN source's events behind rest, the remainder of a batch the hub
+// stalled in, until the stall is over (resume).
+func (l *listenState) pause(rest func()) {
+	l.gate.rest = rest
+	if !l.hub.stalled() {
+		l.tasks.push(l.resume) // over already
 	}
 }
 
-// resumeSession runs what the gate holds, in order, until it is empty or the hub stalls again
-// (a task the hub pushes when a stall ends).
-func (s *Server) resumeSession() {
-	s.enter()
-	defer s.leave()
-	for !s.hub.stalled() {
-		if rest := s.gate.resume; rest != nil {
-			s.gate.resume = nil
+// resume runs what the gate holds, in order, until it is empty or the hub stalls again: a
+// task the hub pushes when a stall ends (hubServer.unstallDrop).
+func (l *listenState) resume() {
+	for !l.hub.stalled() {
+		if rest := l.gate.rest; rest != nil {
+			l.gate.rest = nil
 			rest()
 			continue
 		}
-		if len(s.gate.waiting) == 0 {
-			s.gate.waiting = s.gate.waiting[:0:0]
+		if len(l.gate.waiting) == 0 {
+			l.gate.waiting = l.gate.waiting[:0:0]
 			return
 		}
-		f := s.gate.waiting[0]
-		s.gate.waiting[0] = nil
-		s.gate.waiting = s.gate.waiting[1:]
+		f := l.gate.waiting[0]
+		l.gate.waiting[0] = nil
+		l.gate.waiting = l.gate.waiting[1:]
 		f()
 	}
 }
 
-// onBatch routes one batch of notifications from the process's own session, then gives its
-// read buffer back and its slot (listenBatchesQueued) — later, if the hub stalls in it.
-func (s *Server) onBatch(b *pglisten.Batch) {
-	s.metrics.notifications.Add(float64(len(b.Notes)))
-	s.routeBatch(b, 0)
+// handBatch hands one batch of notifications (run routes it) to the loop as a task, on the
+// source's goroutine. At most listenBatchesQueued batches wait for the loop at once
+// (docs/architecture.md, invariant 3): beyond that the source's goroutine waits here, the
+// source stops reading, and PostgreSQL's notification queue (or the first process's hub)
+// holds the rest — a loop busy writing to thousands of slow sockets does not pile up read
+// buffers. It returns false when the batch will not run (the server is stopping). run gives
+// the slot back once it has routed the whole batch (done), later if the hub stalls in it.
+func (l *listenState) handBatch(run func()) bool {
+	select {
+	case l.batchSlots <- struct{}{}:
+	case <-l.stopping:
+		return false
+	}
+	if !l.tasks.push(func() { l.inOrder(run) }) {
+		<-l.batchSlots
+		return false
+	}
+	return true
 }
 
-func (s *Server) routeBatch(b *pglisten.Batch, from int) {
-	s.enter()
-	defer s.leave()
+// onBatch routes one batch of notifications from the process's own session, then gives its
+// read buffer back and its slot (listenBatchesQueued) — later, if the hub stalls in it.
+func (l *listenState) onBatch(b *pglisten.Batch) {
+	l.metrics.notifications.Add(float64(len(b.Notes)))
+	l.routeBatch(b, 0)
+}
+
+func (l *listenState) routeBatch(b *pglisten.Batch, from int) {
 	for i := from; i < len(b.Notes); i++ {
 		n := &b.Notes[i]
-		if s.onNotification(n.Channel, n.PID, n.Payload) {
-			s.pauseSession(func() { s.routeBatch(b, i+1) })
+		if l.onNotification(n.Channel, n.PID, n.Payload) {
+			l.pause(func() { l.routeBatch(b, i+1) })
 			return
 		}
 	}
-	b.Release() // everything above copied what it keeps; leave() writes it out
-	<-s.batchSlots
+	b.Release() // everything above copied what it keeps; the loop entry's leave writes it out
+	<-l.batchSlots
 }
 
 // onEvents routes one batch of notifications from the first process's hub (a sibling's
-// source, listenhub.go): one loop entry, so one write per subscriber for all of them; then it
-// gives the batch's slot back (later, if the hub stalls in it).
-func (s *Server) onEvents(evs []pglisten.Event) {
-	s.metrics.notifications.Add(float64(len(evs)))
-	s.routeEvents(evs, 0)
+// source, siblingsource.go): one loop entry, so one write per subscriber for all of them;
+// then it gives the batch's slot back (later, if the hub stalls in it).
+func (l *listenState) onEvents(evs []pglisten.Event) {
+	l.metrics.notifications.Add(float64(len(evs)))
+	l.routeEvents(evs, 0)
 }
 
-func (s *Server) routeEvents(evs []pglisten.Event, from int) {
-	s.enter()
-	defer s.leave()
+func (l *listenState) routeEvents(evs []pglisten.Event, from int) {
 	for i := from; i < len(evs); i++ {
-		if s.onNotification([]byte(evs[i].Channel), evs[i].PID, evs[i].Payload) {
-			s.pauseSession(func() { s.routeEvents(evs, i+1) })
+		if l.onNotification([]byte(evs[i].Channel), evs[i].PID, evs[i].Payload) {
+			l.pause(func() { l.routeEvents(evs, i+1) })
 			return
 		}
 	}
-	<-s.batchSlots
+	<-l.batchSlots
 }
 
 // onNotification routes one notification: the stream channel's payloads to the streams, raw
-// channels to their SSE clients and hub workers (in the first process of --procs, the
+// channels to their SSE subscriptions and hub workers (in the first process of --procs, the
 // stream channel is also a raw channel that sibling processes hold through the hub).
 // channel and payload are valid only during the call. It reports whether the hub stalled on
-// it (the caller holds the rest of its batch: pauseSession).
-func (s *Server) onNotification(channel []byte, pid uint32, payload []byte) (stalled bool) {
+// it (the caller holds the rest of its batch: pause).
+func (l *listenState) onNotification(channel []byte, pid uint32, payload []byte) (stalled bool) {
 	if string(channel) == storeChannel {
-		if err := store.ParsePayload(payload, &s.payload); err != nil {
-			s.metrics.droppedBadPayload.Inc()
-			s.log.Debug("ignoring a payload on the stream channel that is not pgsse's", "err", err, "pid", pid)
+		if err := store.ParsePayload(payload, &l.payload); err != nil {
+			l.metrics.droppedBadPayload.Inc()
+			l.log.Debug("ignoring a payload on the stream channel that is not pgsse's", "err", err, "pid", pid)
 		} else {
-			s.onPayload(&s.payload)
+			l.fan.onPayload(&l.payload)
 		}
 	}
-	if ch := s.channels[string(channel)]; ch != nil {
-		return s.onChannelNotify(ch, pid, payload)
-	}
-	return false
+	return l.chans.notify(channel, pid, payload)
 }
 
 // onDown: the session was lost. Connections stay; raw channels are no longer listening and
 // workers are told (LISTENER_DOWN).
-func (s *Server) onDown(err error) {
-	s.enter()
-	defer s.leave()
-	s.listenUp = false
-	s.listenDownSinceMS = s.nowMS
-	s.listenOK.Store(false)
-	s.log.Warn("LISTEN session lost; clients keep their connections and will be caught up", "err", err)
-	for _, ch := range s.channels {
-		ch.listening = false
-	}
-	s.hub.listenerDown()
+func (l *listenState) onDown(err error) {
+	l.up = false
+	l.downSinceMS = l.nowMS
+	l.upNow.Store(false)
+	l.log.Warn("LISTEN session lost; clients keep their connections and will be caught up", "err", err)
+	l.chans.down()
+	l.hub.listenerDown()
 }
 
 // onResynced: the session is (back) up with every channel LISTENed again. Raw channels go
 // live, every stream is caught up from the table (docs/architecture.md, invariant 4) and, after a
 // loss, workers are told to RESYNC.
-func (s *Server) onResynced() {
-	s.enter()
-	defer s.leave()
-	wasUp := s.everUp
-	s.listenUp, s.everUp = true, true
-	s.listenOK.Store(true)
+func (l *listenState) onResynced() {
+	wasUp := l.everUp
+	l.up, l.everUp = true, true
+	l.upNow.Store(true)
 	if wasUp {
-		s.metrics.reconnects.Inc()
-		s.log.Info("LISTEN session back; catching streams up from the table", "streams", len(s.streams), "channels", len(s.channels))
+		l.metrics.reconnects.Inc()
+		l.log.Info("LISTEN session back; catching streams up from the table", "streams", l.fan.count(), "channels", l.chans.count())
 	}
-	for _, ch := range s.channels {
-		if ch.ref == refHeld { // a failed or still-pending LISTEN is not live
-			s.channelLive(ch)
-		}
-	}
-	s.resyncStreams()
+	l.chans.resynced()
+	l.fan.resync()
 	if wasUp {
-		s.hub.resync()
+		l.hub.resync()
 	}
 }

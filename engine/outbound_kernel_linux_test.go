@@ -104,7 +104,7 @@ func TestSSEKernelSendBuffersBounded(t *testing.T) {
 	}
 	var sndbuf []uint32
 	ts.onLoop(t, func() {
-		for _, sc := range ts.conns {
+		for _, sc := range ts.conns.list {
 			m, err := socketMemory(sc.c.Fd())
 			if err == nil {
 				sndbuf = append(sndbuf, m[skMemSndbuf])
@@ -141,7 +141,7 @@ func TestSSEKernelSendBuffersBounded(t *testing.T) {
 	serverQueued := func() int {
 		n := 0
 		ts.onLoop(t, func() {
-			for _, sc := range ts.conns {
+			for _, sc := range ts.conns.list {
 				if m, err := socketMemory(sc.c.Fd()); err == nil {
 					n += int(m[skMemWmemQueued])
 				}
@@ -241,7 +241,7 @@ func kernelQueued(t testing.TB, port int) (bytes, sockets int) {
 // connCount is the number of SSE connections open on the loop.
 func (ts *testServer) connCount(t testing.TB) int {
 	var n int
-	ts.onLoop(t, func() { n = len(ts.conns) })
+	ts.onLoop(t, func() { n = len(ts.conns.list) })
 	return n
 }
 
@@ -264,7 +264,7 @@ func TestSSESendBufferApplied(t *testing.T) {
 			require.Equal(t, 200, c.Status)
 			var got []uint32
 			ts.onLoop(t, func() {
-				for _, sc := range ts.conns {
+				for _, sc := range ts.conns.list {
 					m, err := socketMemory(sc.c.Fd())
 					require.NoError(t, err)
 					got = append(got, m[skMemSndbuf])

@@ -14,10 +14,11 @@ func (o *outbound) init() error   { o.epfd, o.stopFD = -1, -1; return nil }
 func (o *outbound) close()        {}
 func (o *outbound) stopWatching() {}
 
-func (s *Server) watchWritable(ctx context.Context) { <-ctx.Done() }
-func (s *Server) watch(*sseConn)                    {}
-func (s *Server) unwatch(*sseConn)                  {}
-func (s *Server) watchWorker(*worker)               {}
+func (o *outbound) watchWritable(ctx context.Context) { <-ctx.Done() }
+func (o *outbound) watch(*sseConn)                    {}
+func (o *outbound) unwatch(*sseConn)                  {}
+func (o *outbound) watchOnce(int, func()) bool        { return false }
+func (o *outbound) forget(int)                        {}
 
 // unsentBytes: without SIOCOUTQ the kernel's queue is not known; 0.
 func unsentBytes(int) int { return 0 }

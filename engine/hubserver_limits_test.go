@@ -34,7 +34,7 @@ func TestHubSubNotUTF8(t *testing.T) {
 		require.Equal(t, "channel name must be valid UTF-8", string(f.Text), "the rule is named")
 	}
 	assert.Empty(t, ts.channelNames(), "no channel was held for them")
-	assert.Equal(t, 1, ts.listen.(*pglisten.Session).Channels(), "the session LISTENs only the stream channel")
+	assert.Equal(t, 1, ts.lsn.src.(*pglisten.Session).Channels(), "the session LISTENs only the stream channel")
 
 	// The worker is unaffected: a valid name (UTF-8, not ASCII) still works.
 	assert.Equal(t, framing.AckOK, w.sub(subs+1, framing.ModeLossless, "żółć").Ack)
@@ -117,7 +117,7 @@ func TestChannelShares(t *testing.T) {
 	assert.Contains(t, string(f.Text), fmt.Sprintf("the hub's workers hold %d channels together", hubShare))
 	assert.Equal(t, framing.AckLimit, others[0].sub(1001, framing.ModeLossless, "sse-1").Ack,
 		"a channel SSE clients hold counts in the hub's share too when a worker takes it: it is full")
-	assert.Equal(t, 1+sseShare+hubShare, ts.listen.(*pglisten.Session).Channels(), "the session is full, and never over")
+	assert.Equal(t, 1+sseShare+hubShare, ts.lsn.src.(*pglisten.Session).Channels(), "the session is full, and never over")
 }
 
 // TestChannelSharePerSubject: --max-connections-per-subject bounds the channels one subject can
@@ -155,5 +155,5 @@ func TestChannelSharesWithSiblings(t *testing.T) {
 	assert.Equal(t, "too many channels", dial(t, primary.Addr().String(), "/channels/p-over", tok).firstComment(10*time.Second))
 	assert.Equal(t, "pgsse", dial(t, sib.Addr().String(), "/channels/p-0", tok).firstComment(10*time.Second),
 		"a channel the SSE side holds costs no share")
-	assert.Equal(t, 1+sseShare, primary.listen.(*pglisten.Session).Channels())
+	assert.Equal(t, 1+sseShare, primary.lsn.src.(*pglisten.Session).Channels())
 }

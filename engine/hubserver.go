@@ -1,11 +1,8 @@
 package engine
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
-	"net"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -48,7 +45,7 @@ import (
 // how much of that frame is still to be written, so that a final STATUS always follows a whole
 // frame.
 //
-// A new frame type: framing (the type, its encoder and decoder) and hub.frame below.
+// A new frame type: framing (the type, its encoder and decoder) and hubServer.frame below.
 
 const (
 	// The hub's share of the LISTEN session's channels (listenMaxChannels; channels.go,
@@ -97,13 +94,15 @@ type hubStall struct {
 	timer    *time.Timer // ends a stall at until (stallTimeout), more precisely than the tick
 }
 
-// hub is the hub's loop-owned state: the workers, their subscriptions (on the shared channel
-// table, channel.hub) and the scratch buffers frames are encoded into. It is a field of Server
-// and reaches the rest of the loop's state (channels, the LISTEN session's state, the clock,
-// metrics) through srv.
-type hub struct {
-	srv       *Server
-	socket    hubSocket // the Unix socket's file (hubsocket.go)
+// hubServer is the hub server's loop-owned state: the workers, their subscriptions (on the
+// shared channel table, channel.hub) and the scratch buffers frames are encoded into. It is a
+// part of Server: it reaches the raw channels through their table (chans), the LISTEN
+// session's state through lsn and the writability set through out.
+type hubServer struct {
+	*loopEnv
+	chans     *channelTable
+	lsn       *listenState
+	out       *outbound
 	workers   []*worker
 	open      int          // workers whose socket is not closed yet (drain waits for 0)
 	siblings  int          // of them, sibling processes (--procs): not hub workers in the caps and metrics
@@ -126,12 +125,13 @@ type hub struct {
 	tail                           []byte    // scratch for the rest of a begun frame (keepPartial)
 	iov                            [2]unix.Iovec
 	stall                          hubStall
-	byFD                           map[int32]*worker // workers whose sockets are in the writability set
 }
 
 // worker is one connected worker process (loop-owned).
 type worker struct {
 	c        gnet.Conn
+	fd       int    // c's descriptor (the writability set knows it by it)
+	onRoom   func() // what the writability set runs when the socket has room (set in accept)
 	pid      uint32
 	name     string
 	sibling  bool // a sibling process (--procs) on a socket this process handed it: may SUB the stream channel
@@ -140,19 +140,19 @@ type worker struct {
 	closing  bool // Close requested: no more frames are queued or read
 	draining bool // SHUTDOWN queued: close once everything is flushed
 	full     bool // the socket did not take everything last time: written again once it has room
-	stalled  bool // owes the hub's stalled NOTIFY (hub.stall)
-	watched  bool // the socket is in the writability set
+	stalled  bool // owes the hub's stalled NOTIFY (hubServer.stall)
+	watched  bool // the socket is in the writability set (outbound.watchOnce)
 	// lingerUntilMS: a final STATUS (EVICTED, PROTOCOL_ERROR) is queued; close once it is
 	// written or at this time
 	lingerUntilMS int64
-	queued        bool  // in hub.pending
+	queued        bool  // in hubServer.pending
 	openedMS      int64 // unix ms
 	out           *ring.Ring
 	partial       int // bytes of the frame at the ring's head still to be written (0: a frame boundary)
 	pumped        int // what the ring held after the last write (notify writes again hubWriteMarkBytes later)
 	subs          map[string]*hubSub
 	marked        []*hubSub // wake subscriptions owing a RESYNC once the ring drains
-	idx           int32     // in hub.workers
+	idx           int32     // in hubServer.workers
 }
 
 // hubSub is one worker's subscription to one channel.
@@ -179,22 +179,35 @@ type hubChannel struct {
 func workerIndex(w *worker) *int32   { return &w.idx }
 func hubSubIndex(sub *hubSub) *int32 { return &sub.idx }
 
+func newHubServer(env *loopEnv, chans *channelTable, lsn *listenState, out *outbound) hubServer {
+	all, perWorker := hubShares(listenChannelLimit(env.cfg))
+	return hubServer{loopEnv: env, chans: chans, lsn: lsn, out: out, maxChannels: all, maxWorkerChannels: perWorker}
+}
+
 // count is the number of workers still connected.
-func (h *hub) count() int { return h.open }
+func (h *hubServer) count() int { return h.open }
+
+// channelCount is the number of distinct channels outside workers hold (the hub's share).
+func (h *hubServer) channelCount() int { return h.channels }
+
+// openCounter is the count of open worker connections the hub socket's acceptor caps.
+func (h *hubServer) openCounter() *atomic.Int64 { return &h.openCount }
 
 // needsPoll reports whether a worker waits for its socket to drain, or the hub for a stalled
 // worker (see Server.ticker: the tick retries writes and ends a stall at its deadline).
-func (h *hub) needsPoll() bool { return len(h.pending) > 0 || len(h.lingering) > 0 || h.stalled() }
+func (h *hubServer) needsPoll() bool {
+	return len(h.pending) > 0 || len(h.lingering) > 0 || h.stalled()
+}
 
 // stalled reports whether notification delivery waits for a stalled worker.
-func (h *hub) stalled() bool { return len(h.stall.workers) > 0 }
+func (h *hubServer) stalled() bool { return len(h.stall.workers) > 0 }
 
 // enter and leave bracket every iteration over workers or subscriptions: a worker closed
 // meanwhile (gnet closes a socket synchronously when a write fails) is removed only on the
 // way out of the outermost one.
-func (h *hub) enter() { h.iter++ }
+func (h *hubServer) enter() { h.iter++ }
 
-func (h *hub) leave() {
+func (h *hubServer) leave() {
 	h.iter--
 	if h.iter > 0 {
 		return
@@ -215,34 +228,11 @@ func (h *hub) leave() {
 
 // --- connection life --------------------------------------------------------------------
 
-// AddSibling enrols c — this process's end of a socketpair whose other end a sibling
-// process of --procs inherited (Config.SiblingHub there) — as a hub worker allowed to
-// subscribe to the stream channel. Nothing but that socket carries the privilege: an outside
-// worker can only reach the hub through --hub-socket. Call it after Started; c is closed
-// (gnet keeps a duplicate).
-func (s *Server) AddSibling(c net.Conn) error {
-	select {
-	case <-s.started:
-	default:
-		_ = c.Close()
-		return errors.New("engine: AddSibling before the server started")
-	}
-	res, err := s.eng.Register(gnet.NewNetConnContext(gnet.NewContext(context.Background(), originSibling), c))
-	if err != nil {
-		_ = c.Close()
-		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", err)
-	}
-	if r := <-res; r.Err != nil {
-		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", r.Err)
-	}
-	return nil
-}
-
 // accept admits a worker's connection (OnOpen); it must say HELLO first. sibling marks a
 // sibling process of --procs, on a socket this process made and handed it (AddSibling):
 // the only kind of worker that may subscribe to the stream channel.
-func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
-	s := h.srv
+func (h *hubServer) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
+	s := h.loopEnv
 	if s.draining {
 		return framing.AppendStatus(nil, framing.StatusShutdown, nil, []byte("pgsse is shutting down")), gnet.Close
 	}
@@ -259,6 +249,7 @@ func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 	}
 	w := &worker{
 		c:        c,
+		fd:       c.Fd(),
 		sibling:  sibling,
 		openedMS: time.Now().UnixMilli(),
 		out:      ring.New(size),
@@ -268,6 +259,19 @@ func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 	// Wake policy (docs/hub-protocol.md, Modes and backpressure): coalesce above half full, owe
 	// the RESYNCs below a quarter.
 	w.out.SetWatermarks(w.out.Cap()/4, w.out.Cap()/2)
+	w.onRoom = func() { // the socket has room again (the writability set)
+		if w.gone {
+			return
+		}
+		h.enter()
+		w.full = false
+		if w.closing {
+			h.pump(w) // a final frame; closeLingering closes once it has left
+		} else {
+			h.service(w)
+		}
+		h.leave()
+	}
 	h.workers = append(h.workers, w)
 	h.open++
 	if sibling {
@@ -280,21 +284,21 @@ func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 }
 
 // closed runs from OnClose (possibly in the middle of a hub iteration, when a write failed).
-func (h *hub) closed(w *worker) {
+func (h *hubServer) closed(w *worker) {
 	if w.gone {
 		return
 	}
 	w.gone, w.closing = true, true
 	h.unstallDrop(w)
-	if w.watched && h.byFD[int32(w.c.Fd())] == w {
-		delete(h.byFD, int32(w.c.Fd()))
+	if w.watched {
+		h.out.forget(w.fd)
 	}
 	h.open--
 	if w.sibling {
 		h.siblings--
 	}
 	h.openCount.Store(int64(h.open - h.siblings))
-	h.srv.metrics.hubWorkers.Set(float64(h.open - h.siblings))
+	h.metrics.hubWorkers.Set(float64(h.open - h.siblings))
 	if h.iter > 0 {
 		h.dead = append(h.dead, w)
 		return
@@ -303,15 +307,15 @@ func (h *hub) closed(w *worker) {
 }
 
 // remove releases everything the worker held; only outside hub iterations.
-func (h *hub) remove(w *worker) {
+func (h *hubServer) remove(w *worker) {
 	h.unsubscribeAll(w)
 	h.workers = swapRemove(h.workers, w, workerIndex)
-	h.srv.log.Debug("hub: worker gone", "pid", w.pid, "name", w.name)
+	h.log.Debug("hub: worker gone", "pid", w.pid, "name", w.name)
 }
 
 // unsubscribeAll drops every subscription of w (a channel nobody else holds is UNLISTENed);
 // only outside hub iterations.
-func (h *hub) unsubscribeAll(w *worker) {
+func (h *hubServer) unsubscribeAll(w *worker) {
 	for _, sub := range w.subs {
 		h.detach(sub)
 	}
@@ -321,7 +325,7 @@ func (h *hub) unsubscribeAll(w *worker) {
 
 // detach removes sub from its channel and drops the channel hold; only outside hub
 // iterations over that channel.
-func (h *hub) detach(sub *hubSub) {
+func (h *hubServer) detach(sub *hubSub) {
 	if sub.dropped {
 		return
 	}
@@ -338,9 +342,10 @@ func (h *hub) detach(sub *hubSub) {
 		}
 	}
 	if sub.client {
-		h.srv.releaseClient(ch)
+		h.chans.releaseClient(ch)
+	} else {
+		h.chans.release(ch)
 	}
-	h.srv.releaseChannel(ch)
 }
 
 // --- input from workers -----------------------------------------------------------------
@@ -348,7 +353,7 @@ func (h *hub) detach(sub *hubSub) {
 // traffic decodes every complete frame gnet holds for the worker (OnTraffic). A partial frame
 // stays in gnet's inbound buffer until the rest arrives (at most one frame: framing rejects a
 // length over the maximum as soon as the header is visible).
-func (h *hub) traffic(w *worker) {
+func (h *hubServer) traffic(w *worker) {
 	if w.closing {
 		_, _ = w.c.Discard(-1)
 		return
@@ -390,7 +395,7 @@ func (h *hub) traffic(w *worker) {
 
 // badChannel answers a complete, otherwise well-formed SUB/UNSUB whose channel breaks the
 // name rules with ACK BAD_CHANNEL and returns the frame's length; 0 if err is anything else.
-func (h *hub) badChannel(w *worker, b []byte, err error) int {
+func (h *hubServer) badChannel(w *worker, b []byte, err error) int {
 	if !w.hello || !(errors.Is(err, names.ErrChannelEmpty) || errors.Is(err, names.ErrChannelLength) || errors.Is(err, names.ErrChannelNUL)) {
 		return 0
 	}
@@ -403,7 +408,7 @@ func (h *hub) badChannel(w *worker, b []byte, err error) int {
 }
 
 // frame handles one decoded frame from a worker: one case per worker-to-hub frame type.
-func (h *hub) frame(w *worker, f *framing.Frame) {
+func (h *hubServer) frame(w *worker, f *framing.Frame) {
 	if !w.hello {
 		if f.Type != framing.TypeHello {
 			h.protocolError(w, "the first frame must be HELLO, got "+f.Type.String())
@@ -412,7 +417,7 @@ func (h *hub) frame(w *worker, f *framing.Frame) {
 		w.hello = true
 		w.pid = f.PID
 		w.name = string(f.Name)
-		h.srv.log.Debug("hub: worker connected", "pid", w.pid, "name", w.name, "sibling", w.sibling)
+		h.log.Debug("hub: worker connected", "pid", w.pid, "name", w.name, "sibling", w.sibling)
 		h.push(w, h.status(framing.StatusReady, nil, ""))
 		return
 	}
@@ -431,8 +436,7 @@ func (h *hub) frame(w *worker, f *framing.Frame) {
 	}
 }
 
-func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
-	s := h.srv
+func (h *hubServer) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	if sub := w.subs[string(channel)]; sub != nil {
 		sub.mode = mode // idempotent: the mode is updated, the subscription kept
 		switch {
@@ -460,9 +464,9 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	// share (channels.go, channelShares), like this process's own clients', the stream channel
 	// in neither.
 	client := w.sibling && !reservedChannel(channel)
-	if client && s.sseShareFull(channel) {
-		s.logChannelLimit("SSE clients (with sibling processes')", s.shares.sseMax)
-		h.ack(w, req, framing.AckLimit, "SSE clients hold "+strconv.Itoa(s.shares.sseMax)+
+	if client && h.chans.sseShareFull(channel) {
+		h.chans.logLimit("SSE clients (with sibling processes')", h.chans.sseShare())
+		h.ack(w, req, framing.AckLimit, "SSE clients hold "+strconv.Itoa(h.chans.sseShare())+
 			" channels together, their share of the LISTEN session")
 		return
 	}
@@ -470,15 +474,19 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 		h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(h.maxWorkerChannels)+" channels per worker")
 		return
 	}
-	if existing := s.channels[string(channel)]; (existing == nil || existing.hub.workers == 0) && h.channels >= h.maxChannels && !w.sibling {
-		s.logChannelLimit("hub workers", h.maxChannels)
+	if existing := h.chans.lookup(channel); (existing == nil || existing.hub.workers == 0) && h.channels >= h.maxChannels && !w.sibling {
+		h.chans.logLimit("hub workers", h.maxChannels)
 		h.ack(w, req, framing.AckLimit, "the hub's workers hold "+strconv.Itoa(h.maxChannels)+
 			" channels together, their share of the LISTEN session (the rest is kept for SSE clients)")
 		return
 	}
 	// Register before LISTEN (docs/architecture.md, invariant 4); ACK once it completed on this
 	// session.
-	ch := s.holdChannel(string(channel))
+	hold := h.chans.hold
+	if client {
+		hold = h.chans.holdClient
+	}
+	ch := hold(string(channel))
 	if !w.sibling {
 		if ch.hub.workers == 0 {
 			h.channels++
@@ -488,13 +496,10 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	if ch.hub.name == nil {
 		ch.hub.name = []byte(ch.name)
 	}
-	if client {
-		s.holdClient(ch)
-	}
 	sub := &hubSub{w: w, ch: ch, mode: mode, client: client, idx: int32(len(ch.hub.subs))}
 	ch.hub.subs = append(ch.hub.subs, sub)
 	w.subs[ch.name] = sub
-	if ch.listening && s.listenUp {
+	if h.chans.isLive(ch) {
 		sub.acked = true
 		h.ack(w, req, framing.AckOK, "")
 		return
@@ -503,7 +508,7 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	ch.hub.waiting++
 }
 
-func (h *hub) unsub(w *worker, req uint32, channel []byte) {
+func (h *hubServer) unsub(w *worker, req uint32, channel []byte) {
 	sub := w.subs[string(channel)]
 	if sub == nil {
 		h.ack(w, req, framing.AckNotSubscribed, "not subscribed to "+string(channel))
@@ -525,7 +530,7 @@ func controlText(text string) string {
 	return text
 }
 
-func (h *hub) ack(w *worker, req uint32, code framing.AckCode, msg string) {
+func (h *hubServer) ack(w *worker, req uint32, code framing.AckCode, msg string) {
 	h.msg = append(h.msg[:0], controlText(msg)...)
 	h.buf = framing.AppendAck(h.buf[:0], req, code, h.msg)
 	h.push(w, h.buf)
@@ -533,33 +538,33 @@ func (h *hub) ack(w *worker, req uint32, code framing.AckCode, msg string) {
 
 // status encodes a STATUS frame into the control scratch buffer (valid until the next
 // control frame is encoded).
-func (h *hub) status(code framing.StatusCode, channel []byte, text string) []byte {
+func (h *hubServer) status(code framing.StatusCode, channel []byte, text string) []byte {
 	h.msg = append(h.msg[:0], controlText(text)...)
 	h.buf = framing.AppendStatus(h.buf[:0], code, channel, h.msg)
 	return h.buf
 }
 
 // protocolError answers bad input (best effort) and closes that worker only.
-func (h *hub) protocolError(w *worker, reason string) {
+func (h *hubServer) protocolError(w *worker, reason string) {
 	if w.closing {
 		return
 	}
-	h.srv.log.Warn("hub: protocol error; closing the worker", "pid", w.pid, "name", w.name, "err", reason)
+	h.log.Warn("hub: protocol error; closing the worker", "pid", w.pid, "name", w.name, "err", reason)
 	h.final(w, h.status(framing.StatusProtocolError, nil, reason), hubFinalGraceMS)
 }
 
 // evict closes a worker that does not read fast enough for its lossless subscriptions; why
 // is for the log.
-func (h *hub) evict(w *worker, why string) {
+func (h *hubServer) evict(w *worker, why string) {
 	if w.closing {
 		return
 	}
-	h.srv.metrics.evictions.Inc()
-	h.srv.log.Warn("hub: evicting a worker that does not read its notifications: "+why, "pid", w.pid, "name", w.name,
+	h.metrics.evictions.Inc()
+	h.log.Warn("hub: evicting a worker that does not read its notifications: "+why, "pid", w.pid, "name", w.name,
 		"buffered", w.out.Len(), "buffer", w.out.Cap())
 	// The worker stopped reading: nothing queued would reach it in time (but the rest of a
 	// frame its socket has begun, so that EVICTED arrives as a frame).
-	h.keepPartial(w)
+	h.tail = w.keepPartial(h.tail)
 	h.final(w, h.status(framing.StatusEvicted, nil,
 		"outbound buffer of "+strconv.Itoa(w.out.Cap())+" bytes full: read faster or subscribe in wake mode"), hubFinalGraceMS)
 }
@@ -568,7 +573,7 @@ func (h *hub) evict(w *worker, why string) {
 // begun frame only), stops reading and queueing, and closes once it is all written — or after
 // a grace period if the worker never reads it. The worker leaves its channels now, not at the
 // close (docs/hub-protocol.md: eviction releases them like a disconnect).
-func (h *hub) final(w *worker, frame []byte, graceMS int64) {
+func (h *hubServer) final(w *worker, frame []byte, graceMS int64) {
 	w.closing = true
 	w.draining = false
 	h.unstallDrop(w)
@@ -582,7 +587,7 @@ func (h *hub) final(w *worker, frame []byte, graceMS int64) {
 		return
 	}
 	if w.out.Free() < len(frame) {
-		h.keepPartial(w)
+		h.tail = w.keepPartial(h.tail)
 	}
 	w.out.Push(frame) // fits: the ring holds two maximal frames, one of them begun at most
 	h.pump(w)
@@ -593,28 +598,13 @@ func (h *hub) final(w *worker, frame []byte, graceMS int64) {
 		_ = w.c.Close()
 		return
 	}
-	w.lingerUntilMS = h.srv.nowMS + graceMS
+	w.lingerUntilMS = h.nowMS + graceMS
 	h.lingering = append(h.lingering, w)
-}
-
-// keepPartial drops what w's ring holds but the rest of the frame its socket has begun.
-func (h *hub) keepPartial(w *worker) {
-	if w.partial == 0 {
-		w.out.Reset()
-		return
-	}
-	a, b := w.out.Peek()
-	h.tail = append(h.tail[:0], a[:min(len(a), w.partial)]...)
-	if rest := w.partial - len(h.tail); rest > 0 {
-		h.tail = append(h.tail, b[:rest]...)
-	}
-	w.out.Reset()
-	w.out.Push(h.tail)
 }
 
 // closeLingering writes the final frames still queued and closes the workers whose last bytes
 // left, or whose grace ran out.
-func (h *hub) closeLingering() {
+func (h *hubServer) closeLingering() {
 	keep := h.lingering[:0]
 	for _, w := range h.lingering {
 		if w.gone {
@@ -624,7 +614,7 @@ func (h *hub) closeLingering() {
 		if w.gone {
 			continue
 		}
-		if w.out.Len() == 0 || h.srv.nowMS >= w.lingerUntilMS {
+		if w.out.Len() == 0 || h.nowMS >= w.lingerUntilMS {
 			_ = w.c.Close()
 			continue
 		}
@@ -638,7 +628,7 @@ func (h *hub) closeLingering() {
 
 // push queues one frame for w; a frame that does not fit evicts the worker (it is not
 // reading). Returns false if w is (now) closing.
-func (h *hub) push(w *worker, frame []byte) bool {
+func (h *hubServer) push(w *worker, frame []byte) bool {
 	if w.closing {
 		return false
 	}
@@ -653,7 +643,7 @@ func (h *hub) push(w *worker, frame []byte) bool {
 	return true
 }
 
-func (h *hub) queue(w *worker) {
+func (h *hubServer) queue(w *worker) {
 	if !w.queued {
 		w.queued = true
 		h.pending = append(h.pending, w)
@@ -662,8 +652,8 @@ func (h *hub) queue(w *worker) {
 
 // pump writes what w's ring holds to its socket, as much as the socket takes now: one writev,
 // straight to the socket. What it does not take stays in the ring, and the socket is watched
-// for room (Server.watchWorker); a socket that failed is closed.
-func (h *hub) pump(w *worker) {
+// for room (outbound.watchOnce); a socket that failed is closed.
+func (h *hubServer) pump(w *worker) {
 	if w.gone || w.out.Len() == 0 {
 		return
 	}
@@ -690,34 +680,16 @@ func (h *hub) pump(w *worker) {
 		_ = w.c.Close()
 		return
 	}
-	h.consume(w, int(n))
+	w.consume(int(n))
 	w.pumped = w.out.Len()
-	if w.full = w.pumped > 0; w.full {
-		h.srv.watchWorker(w)
-	}
-}
-
-// consume drops n written bytes from the front of w's ring, keeping w.partial.
-func (h *hub) consume(w *worker, n int) {
-	for n > 0 {
-		if w.partial == 0 {
-			a, b := w.out.Peek()
-			var hdr [framing.HeaderLen]byte
-			if k := copy(hdr[:], a); k < len(hdr) {
-				copy(hdr[k:], b)
-			}
-			w.partial = framing.HeaderLen + int(binary.BigEndian.Uint32(hdr[:]))
-		}
-		k := min(n, w.partial)
-		w.out.Consume(k)
-		w.partial -= k
-		n -= k
+	if w.full = w.pumped > 0; w.full && !w.gone {
+		w.watched = h.out.watchOnce(w.fd, w.onRoom) || w.watched
 	}
 }
 
 // service writes what w has queued and does what that makes possible: the RESYNCs it is owed,
 // the NOTIFY it stalled on (unstall), the close of a drained SHUTDOWN.
-func (h *hub) service(w *worker) {
+func (h *hubServer) service(w *worker) {
 	if w.closing {
 		return
 	}
@@ -735,23 +707,8 @@ func (h *hub) service(w *worker) {
 	}
 }
 
-// writable: w's socket has room again (the writability set).
-func (h *hub) writable(w *worker) {
-	if w.gone {
-		return
-	}
-	h.enter()
-	w.full = false
-	if w.closing {
-		h.pump(w) // a final frame; closeLingering closes once it has left
-	} else {
-		h.service(w)
-	}
-	h.leave()
-}
-
 // oweResyncs queues one STATUS RESYNC per channel whose wake notifications were coalesced.
-func (h *hub) oweResyncs(w *worker) {
+func (h *hubServer) oweResyncs(w *worker) {
 	marked := w.marked
 	w.marked = w.marked[:0]
 	for i, sub := range marked {
@@ -769,7 +726,7 @@ func (h *hub) oweResyncs(w *worker) {
 // flush writes to every worker with queued bytes: at the end of each loop entry (one write per
 // worker per notification batch, unless a ring filled past hubWriteMarkBytes meanwhile) and on
 // every tick (a safety net under the writability set, and all there is without one).
-func (h *hub) flush() {
+func (h *hubServer) flush() {
 	if len(h.pending) == 0 {
 		return
 	}
@@ -793,51 +750,12 @@ func (h *hub) flush() {
 
 // --- stalls ------------------------------------------------------------------------------
 
-// stallOn makes w owe frame, a lossless NOTIFY that does not fit in its ring now, and the hub
-// wait for it (see the top of this file) — or reports false when the stall budget is used up
-// (the caller evicts w).
-func (h *hub) stallOn(w *worker, frame []byte) bool {
-	st := &h.stall
-	if len(st.workers) == 0 {
-		now := time.Now()
-		if st.creditAt.IsZero() {
-			st.credit = hubStallBudgetMS * time.Millisecond
-		} else {
-			st.credit = min(hubStallBudgetMS*time.Millisecond, st.credit+now.Sub(st.creditAt)/hubStallRefill)
-		}
-		st.creditAt = now
-		if st.credit <= 0 {
-			return false
-		}
-		st.began = now
-		wait := min(hubStallMaxMS*time.Millisecond, st.credit)
-		st.until = now.Add(wait)
-		st.frame = append(st.frame[:0], frame...)
-		if st.timer == nil {
-			srv := h.srv
-			st.timer = time.AfterFunc(wait, func() {
-				srv.tasks.push(func() {
-					srv.enter()
-					defer srv.leave()
-					srv.hub.stallTimeout()
-				})
-			})
-		} else {
-			st.timer.Reset(wait)
-		}
-	}
-	w.stalled = true
-	st.workers = append(st.workers, w)
-	h.queue(w)
-	return true
-}
-
 // unstall queues the NOTIFY w owed, now that it fits, and reads what w sent meanwhile; the
 // last one to do so ends the stall.
-func (h *hub) unstall(w *worker) {
+func (h *hubServer) unstall(w *worker) {
 	w.out.Push(h.stall.frame)
 	if !w.sibling {
-		h.srv.metrics.deliveries.Inc()
+		h.metrics.deliveries.Inc()
 	}
 	h.unstallDrop(w)
 	h.queue(w)
@@ -848,13 +766,63 @@ func (h *hub) unstall(w *worker) {
 }
 
 // unstallDrop takes w off the stall (unstalled, evicted or gone); the last one ends it, and
-// the LISTEN source's events go on (Server.resumeSession).
-func (h *hub) unstallDrop(w *worker) {
+// the LISTEN source's events go on (listenState.resume).
+func (h *hubServer) unstallDrop(w *worker) {
 	if !w.stalled {
 		return
 	}
 	w.stalled = false
-	st := &h.stall
+	if waited, over := h.stall.drop(w); over {
+		h.metrics.hubStallSeconds.Add(waited.Seconds())
+		h.tasks.push(h.lsn.resume)
+	}
+}
+
+// stallTimeout evicts the workers still stalled once the stall's time is up (from the stall's
+// timer, as a task, and the tick).
+func (h *hubServer) stallTimeout() {
+	if !h.stalled() || time.Now().Before(h.stall.until) {
+		return
+	}
+	h.enter()
+	for _, w := range append([]*worker(nil), h.stall.workers...) {
+		h.evict(w, "it did not take a lossless notification within "+strconv.Itoa(hubStallMaxMS)+" ms")
+	}
+	h.leave()
+}
+
+// begin starts a stall on frame, a lossless NOTIFY a worker cannot take now, unless one is
+// on already (more workers stall on the same frame) — or reports false when the stall budget
+// is used up. timeout runs as a loop task (tasks) once the stall's time is up.
+func (st *hubStall) begin(frame []byte, tasks *taskQueue, timeout func()) bool {
+	if len(st.workers) > 0 {
+		return true
+	}
+	now := time.Now()
+	if st.creditAt.IsZero() {
+		st.credit = hubStallBudgetMS * time.Millisecond
+	} else {
+		st.credit = min(hubStallBudgetMS*time.Millisecond, st.credit+now.Sub(st.creditAt)/hubStallRefill)
+	}
+	st.creditAt = now
+	if st.credit <= 0 {
+		return false
+	}
+	st.began = now
+	wait := min(hubStallMaxMS*time.Millisecond, st.credit)
+	st.until = now.Add(wait)
+	st.frame = append(st.frame[:0], frame...)
+	if st.timer == nil {
+		st.timer = time.AfterFunc(wait, func() { tasks.push(timeout) })
+	} else {
+		st.timer.Reset(wait)
+	}
+	return true
+}
+
+// drop takes w off the stall; when it was the last, the stall is over: it reports how long it
+// took, charged to the budget.
+func (st *hubStall) drop(w *worker) (waited time.Duration, over bool) {
 	for i, x := range st.workers {
 		if x == w {
 			st.workers = append(st.workers[:i], st.workers[i+1:]...)
@@ -864,22 +832,45 @@ func (h *hub) unstallDrop(w *worker) {
 	}
 	clear(st.workers[len(st.workers):cap(st.workers)])
 	if len(st.workers) > 0 {
-		return
+		return 0, false
 	}
-	waited := time.Since(st.began)
+	waited = time.Since(st.began)
 	st.credit -= waited
-	h.srv.metrics.hubStallSeconds.Add(waited.Seconds())
-	h.srv.tasks.push(h.srv.resumeSession)
+	return waited, true
 }
 
-// stallTimeout evicts the workers still stalled once the stall's time is up (from the stall's
-// timer, and the tick).
-func (h *hub) stallTimeout() {
-	if !h.stalled() || time.Now().Before(h.stall.until) {
-		return
+// keepPartial drops what w's ring holds but the rest of the frame its socket has begun; tail
+// is scratch space, returned.
+func (w *worker) keepPartial(tail []byte) []byte {
+	if w.partial == 0 {
+		w.out.Reset()
+		return tail
 	}
-	for _, w := range append([]*worker(nil), h.stall.workers...) {
-		h.evict(w, "it did not take a lossless notification within "+strconv.Itoa(hubStallMaxMS)+" ms")
+	a, b := w.out.Peek()
+	tail = append(tail[:0], a[:min(len(a), w.partial)]...)
+	if rest := w.partial - len(tail); rest > 0 {
+		tail = append(tail, b[:rest]...)
+	}
+	w.out.Reset()
+	w.out.Push(tail)
+	return tail
+}
+
+// consume drops n written bytes from the front of w's ring, keeping w.partial.
+func (w *worker) consume(n int) {
+	for n > 0 {
+		if w.partial == 0 {
+			a, b := w.out.Peek()
+			var hdr [framing.HeaderLen]byte
+			if k := copy(hdr[:], a); k < len(hdr) {
+				copy(hdr[k:], b)
+			}
+			w.partial = framing.HeaderLen + int(binary.BigEndian.Uint32(hdr[:]))
+		}
+		k := min(n, w.partial)
+		w.out.Consume(k)
+		w.partial -= k
+		n -= k
 	}
 }
 
@@ -888,8 +879,8 @@ func (h *hub) stallTimeout() {
 // notify queues a notification for the channel's workers: encoded once, copied into each
 // ring, written at once to a worker whose ring has filled past hubWriteMarkBytes. payload is
 // valid only during the call. It reports whether a lossless worker could not take it (a
-// stall: the caller's batch waits, Server.pauseSession).
-func (h *hub) notify(ch *channel, pid uint32, payload []byte) (stalled bool) {
+// stall: the caller's batch waits, listenState.pause).
+func (h *hubServer) notify(ch *channel, pid uint32, payload []byte) (stalled bool) {
 	if len(ch.hub.subs) == 0 {
 		return false
 	}
@@ -932,9 +923,14 @@ func (h *hub) notify(ch *channel, pid uint32, payload []byte) (stalled bool) {
 			if !w.out.Push(frame) {
 				// Lossless and it does not fit: wait for this worker's socket, within the
 				// stall's bounds; beyond them, this worker only is evicted.
-				if !h.stallOn(w, frame) {
+				if !h.stall.begin(frame, h.tasks, h.stallTimeout) {
 					h.evict(w, "its buffer is full and the hub's stall budget is used up")
+					continue
 				}
+				// w owes frame; the hub waits for it (see the top of this file).
+				w.stalled = true
+				h.stall.workers = append(h.stall.workers, w)
+				h.queue(w)
 				continue
 			}
 		}
@@ -950,17 +946,17 @@ func (h *hub) notify(ch *channel, pid uint32, payload []byte) (stalled bool) {
 		h.queue(w)
 	}
 	if delivered > 0 {
-		h.srv.metrics.deliveries.Add(float64(delivered))
+		h.metrics.deliveries.Add(float64(delivered))
 	}
 	if coalesced > 0 {
-		h.srv.metrics.droppedWakeCoalesced.Add(float64(coalesced))
+		h.metrics.droppedWakeCoalesced.Add(float64(coalesced))
 	}
 	h.leave()
 	return h.stalled()
 }
 
 // channelLive answers the SUBs waiting for this channel's LISTEN.
-func (h *hub) channelLive(ch *channel) {
+func (h *hubServer) channelLive(ch *channel) {
 	if ch.hub.waiting == 0 {
 		return
 	}
@@ -982,7 +978,7 @@ func (h *hub) channelLive(ch *channel) {
 
 // channelFailed answers the SUBs waiting for this channel's LISTEN with LISTEN_FAILED and
 // drops them (the session dropped the reference).
-func (h *hub) channelFailed(ch *channel, err error) {
+func (h *hubServer) channelFailed(ch *channel, err error) {
 	if ch.hub.waiting == 0 {
 		return
 	}
@@ -1008,7 +1004,7 @@ func (h *hub) channelFailed(ch *channel, err error) {
 }
 
 // broadcast queues a STATUS for every worker that said HELLO.
-func (h *hub) broadcast(code framing.StatusCode, text string) {
+func (h *hubServer) broadcast(code framing.StatusCode, text string) {
 	h.enter()
 	for _, w := range h.workers {
 		if w.hello && !w.closing && !w.draining {
@@ -1020,17 +1016,17 @@ func (h *hub) broadcast(code framing.StatusCode, text string) {
 }
 
 // listenerDown tells every worker the LISTEN session was lost.
-func (h *hub) listenerDown() {
+func (h *hubServer) listenerDown() {
 	h.broadcast(framing.StatusListenerDown, "LISTEN session lost; reconnecting")
 }
 
 // resync tells every worker the session is back and every channel LISTENed again.
-func (h *hub) resync() {
+func (h *hubServer) resync() {
 	h.broadcast(framing.StatusResync, "LISTEN session re-established: re-read your state")
 }
 
 // shutdown sends SHUTDOWN to every worker; each is closed once flushed (pump).
-func (h *hub) shutdown() {
+func (h *hubServer) shutdown() {
 	h.enter()
 	for _, w := range h.workers {
 		if w.closing {
@@ -1056,13 +1052,13 @@ func (h *hub) shutdown() {
 // tick runs on every tick (every 20 ms while a worker waits to drain or the hub for a stalled
 // one): retry writing, end a stall whose time is up, close workers whose final frame left, or
 // that never said HELLO.
-func (h *hub) tick() {
+func (h *hubServer) tick() {
 	h.flush()
 	h.enter()
 	h.stallTimeout()
 	h.closeLingering()
 	for _, w := range h.workers {
-		if !w.hello && !w.closing && h.srv.nowMS-w.openedMS > hubHelloTimeoutMS {
+		if !w.hello && !w.closing && h.nowMS-w.openedMS > hubHelloTimeoutMS {
 			h.protocolError(w, "no HELLO within "+strconv.Itoa(hubHelloTimeoutMS/1000)+"s")
 		}
 	}
