@@ -26,8 +26,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/names"
-	"github.com/pgsse/pgsse/scripts/pgtest"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -331,7 +331,7 @@ func TestVersion(t *testing.T) {
 	requireOK(t, r)
 	assert.Regexp(t, `^pgsse \S+ commit \S+.* `+regexp.QuoteMeta(runtime.Version())+` `+runtime.GOOS+`/`+runtime.GOARCH+"\n$", r.stdout)
 	// The commit is what the toolchain stamped into the binary (none with -buildvcs=false).
-	out, err := exec.Command("go", "version", "-m", binary).Output()
+	out, err := exec.Command("go", "version", "-m", binary(t)).Output()
 	require.NoError(t, err)
 	if m := regexp.MustCompile(`(?m)^\s*build\s+vcs\.revision=([0-9a-f]+)$`).FindSubmatch(out); m != nil {
 		assert.Contains(t, r.stdout, " commit "+string(m[1]))
