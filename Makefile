@@ -7,7 +7,7 @@ FUZZTIME ?= 3s
 # Packages holding Fuzz targets.
 FUZZ_PKGS ?= $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all build run test lint unit fuzz bench e2e docs-check image release go-install-check clean
+.PHONY: all build run test lint unit fuzz bench e2e docs-check rules image release go-install-check clean
 
 all: build
 
@@ -57,6 +57,15 @@ e2e:
 # (e2e/docs_test.go, which says how blocks are marked). Part of `make test`.
 docs-check:
 	scripts/pg.sh with $(GO) test -count=1 -v -timeout 15m -run '^TestDocs_|^TestCurl_README' ./e2e/
+
+# The Prometheus rules of deploy/prometheus/: promtool's syntax check and their unit tests
+# (Debian's prometheus package has promtool; scripts/e2e-deps.sh installs it). `make test` runs
+# both too (e2e/prometheus_test.go), and evaluates the rules and the Grafana dashboard of
+# deploy/grafana/ against a real Prometheus scraping pgsse.
+rules:
+	@command -v promtool >/dev/null 2>&1 || scripts/e2e-deps.sh
+	promtool check rules deploy/prometheus/pgsse.rules.yml
+	cd deploy/prometheus && promtool test rules pgsse.rules.test.yml
 
 bench:
 	scripts/pg.sh with $(GO) test -run '^$$' -bench . -benchmem ./framing/... ./sse/... ./ring/... ./pglisten/... ./engine/... ./bench/...

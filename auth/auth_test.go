@@ -199,8 +199,11 @@ func TestVerifyErrors(t *testing.T) {
 		{"bad base64", hs, []byte("a!.b.c"), ErrMalformed},
 		{"not JSON", hs, []byte("YWJj.YWJj.YWJj"), ErrMalformed},
 		{"too long", hs, []byte(strings.Repeat("a", MaxTokenBytes+1)), ErrMalformed},
-		{"exp not a number", hs, sign(t, jwt.SigningMethodHS256, secret, jwt.MapClaims{"exp": "soon"}), ErrMalformed},
-		{"pgsse claim wrong shape", hs, sign(t, jwt.SigningMethodHS256, secret, jwt.MapClaims{"exp": exp, "pgsse": []int{1}}), ErrMalformed},
+		{"exp not a number", hs, sign(t, jwt.SigningMethodHS256, secret, jwt.MapClaims{"exp": "soon"}), ErrClaims},
+		{"pgsse claim wrong shape", hs, sign(t, jwt.SigningMethodHS256, secret, jwt.MapClaims{"exp": exp, "pgsse": []int{1}}), ErrClaims},
+		{"claims not an object", hs, signRaw(t, secret, hsHeader, `[1]`), ErrMalformed},
+		{"claims null", hs, signRaw(t, secret, hsHeader, `null`), ErrMalformed},
+		{"claims a string", hs, signRaw(t, secret, hsHeader, `"exp"`), ErrMalformed},
 		{"HS256 wrong secret", hs, sign(t, jwt.SigningMethodHS256, []byte("another secret, equally long...."), ok), ErrSignature},
 		{"HS256 tampered payload", hs, tampered, ErrSignature},
 		{"RS256 other key", rs, sign(t, jwt.SigningMethodRS256, k.rsa2, ok), ErrSignature},
@@ -227,7 +230,7 @@ func TestVerifyErrors(t *testing.T) {
 		{"EdDSA token, EC key", es, sign(t, jwt.SigningMethodEdDSA, k.ed, ok), ErrAlgorithm},
 		{"unknown alg", hs, []byte("eyJhbGciOiJYWVoiLCJ0eXAiOiJKV1QifQ.eyJleHAiOjF9.c2ln"), ErrAlgorithm},
 	}
-	all := []error{ErrMalformed, ErrSignature, ErrExpired, ErrNotYetValid, ErrNoExp, ErrIssuer, ErrAudience, ErrAlgorithm}
+	all := []error{ErrMalformed, ErrSignature, ErrExpired, ErrNotYetValid, ErrNoExp, ErrIssuer, ErrAudience, ErrAlgorithm, ErrClaims, ErrHeader}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			v, err := NewVerifier(tc.cfg)
@@ -296,9 +299,8 @@ func TestClaimExtraction(t *testing.T) {
 			"streams":  []string{"orders/42", "chat/*"},
 			"channels": []string{"jobs", "ops*"},
 			"tags":     []string{"user:7"},
-			"extra":    true, // unknown keys are ignored
 		},
-		"other": "ignored",
+		"other": map[string]any{"the application's": "claims are ignored"},
 	})
 	v, err := NewVerifier(Config{Secret: secret})
 	require.NoError(t, err)
@@ -650,14 +652,16 @@ func TestOnPublicStream(t *testing.T) {
 	}
 }
 
-// An exp far in the future (here 1.8e16 s, past int64 milliseconds) is capped at maxExpires,
-// so that the engine's millisecond deadline and the cache's nanosecond one do not overflow
-// into the past and end the connection at once.
+// An exp far in the future (here 1e11 s, the largest not taken for milliseconds, past
+// 2262's int64 nanoseconds) is capped at maxExpires, so that the engine's millisecond
+// deadline and the cache's nanosecond one do not overflow into the past and end the
+// connection at once. (1.8e16 s, which used to be capped, is now refused: it can only be a
+// clock in finer units.)
 func TestVerifyCapsFarExp(t *testing.T) {
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	v, err := NewVerifier(Config{Secret: secret})
 	require.NoError(t, err)
-	c, err := v.Verify(sign(t, jwt.SigningMethodHS256, secret, jwt.MapClaims{"exp": 1.8e16}), t0)
+	c, err := v.Verify(sign(t, jwt.SigningMethodHS256, secret, jwt.MapClaims{"exp": 1e11}), t0)
 	require.NoError(t, err)
 	assert.Equal(t, maxExpires, c.Expires)
 	assert.Greater(t, c.Expires.UnixMilli(), t0.UnixMilli())

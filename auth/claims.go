@@ -24,6 +24,29 @@ type Claims struct {
 	// NotBefore is the token's nbf, zero if absent; a cached verification
 	// honours it.
 	NotBefore time.Time
+	// Misplaced lists the grant keys (streams, channels, publish, tags) the token carries at
+	// its top level rather than under "pgsse": other claims are the application's business,
+	// so they are not refused, but a refusal says where grants belong (NotGranted).
+	Misplaced []string
+}
+
+// NotGranted is the text of a 403 for something the claims do not grant ("stream
+// orders/42", "publishing to stream orders/42"): "token does not grant " + what, and, when the
+// token carries grants at its top level, that they belong under "pgsse" (docs/http.md,
+// Authorization).
+func (c *Claims) NotGranted(what string) string {
+	s := "token does not grant " + what
+	if c == nil || len(c.Misplaced) == 0 {
+		return s
+	}
+	s += " (the token has "
+	for i, k := range c.Misplaced {
+		if i > 0 {
+			s += ", "
+		}
+		s += strconv.Quote(k)
+	}
+	return s + ` at its top level, but pgsse reads grants only under "pgsse": {"pgsse":{"streams":[…],"publish":[…]}})`
 }
 
 // AllowsStream reports whether some stream pattern matches name. It does not allocate.

@@ -8,6 +8,12 @@
 // Invariants:
 //   - a key accepts only its own algorithm family, so a token can never choose how it is
 //     checked (no "none", no HS256 keyed with a public key);
+//   - a token's JSON is read strictly (wire.go), so that no two decoders could read it
+//     differently: no repeated key anywhere (claims or header), no crit header, each
+//     registered claim and the "pgsse" claim of its documented type and keys, exp and nbf
+//     in seconds; each refusal names the claim. Grants at the top level are not refused
+//     (other claims are the application's) but remembered, so a 403 can say where they
+//     belong (Claims.NotGranted);
 //   - a verified token's claims are immutable and obey the name rules (patterns, tags,
 //     at most MaxClaimEntries per list), so nothing a token carries can make SQL or a
 //     LISTEN fail; a token that breaks them is refused like a bad signature (ErrClaims);

@@ -1,14 +1,13 @@
 package auth
 
 import (
+	"bytes"
 	"crypto"
-	"encoding/json"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/golang-jwt/jwt/v5"
 )
@@ -29,92 +28,37 @@ var (
 // MaxTokenBytes bounds the token Verify will look at.
 const MaxTokenBytes = 8192
 
-// wireClaims is the token's JSON payload: the registered claims plus ours under "pgsse".
+// wireClaims is what Mint signs: the registered claims plus ours under "pgsse". Verify
+// reads tokens with decodeClaims (wire.go) instead, strictly.
 type wireClaims struct {
 	jwt.RegisteredClaims
 	PGSSE wirePGSSE `json:"pgsse"`
 }
 
 type wirePGSSE struct {
-	Streams  claimStrings `json:"streams,omitempty"`
-	Channels claimStrings `json:"channels,omitempty"`
-	Publish  claimStrings `json:"publish,omitempty"`
-	Tags     claimStrings `json:"tags,omitempty"`
+	Streams  []string `json:"streams,omitempty"`
+	Channels []string `json:"channels,omitempty"`
+	Publish  []string `json:"publish,omitempty"`
+	Tags     []string `json:"tags,omitempty"`
 }
 
-// claimStrings is a list of names in the "pgsse" claim, decoded faithfully: encoding/json
-// turns invalid UTF-8 and lone surrogate escapes into U+FFFD without a word, which would grant
-// a token tags and patterns it was never signed with. An entry whose JSON text does not spell
-// valid UTF-8 gets an invalid byte instead, so that Claims.Check refuses it and names the
-// claim (docs/http.md, Authorization).
-type claimStrings []string
+// signedClaims is what the JWT library decodes the claims into while it checks the
+// signature: nothing but the claims' JSON text (which the library has checked is JSON), so
+// that decodeClaims reads exactly what was signed. The library validates no claim
+// (jwt.WithoutClaimsValidation); these methods exist for its interface.
+type signedClaims struct{ payload []byte }
 
-// notUTF8 marks an entry that was not valid UTF-8 on the wire.
-const notUTF8 = "\xff"
-
-func (l *claimStrings) UnmarshalJSON(b []byte) error {
-	var raw []json.RawMessage
-	if err := json.Unmarshal(b, &raw); err != nil {
-		return err
-	}
-	if raw == nil {
-		*l = nil
-		return nil
-	}
-	out := make([]string, len(raw))
-	for i, r := range raw {
-		if err := json.Unmarshal(r, &out[i]); err != nil {
-			return err
-		}
-		if !jsonStringIsUTF8(r) {
-			out[i] += notUTF8
-		}
-	}
-	*l = out
+func (c *signedClaims) UnmarshalJSON(b []byte) error {
+	c.payload = append(c.payload[:0], b...)
 	return nil
 }
 
-// jsonStringIsUTF8 reports whether the JSON string literal s (quotes included, already known
-// to be well-formed JSON) spells valid UTF-8: its bytes are UTF-8 and every \u escape of a
-// surrogate is half of a high-low pair.
-func jsonStringIsUTF8(s []byte) bool {
-	if !utf8.Valid(s) {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] != '\\' {
-			continue
-		}
-		i++ // the escaped byte
-		if i >= len(s) || s[i] != 'u' {
-			continue
-		}
-		r := hex4(s[i+1 : i+5])
-		i += 4
-		switch {
-		case r >= 0xDC00 && r <= 0xDFFF:
-			return false // a low surrogate without its high half
-		case r >= 0xD800 && r <= 0xDBFF:
-			if i+6 >= len(s) || s[i+1] != '\\' || s[i+2] != 'u' {
-				return false
-			}
-			if lo := hex4(s[i+3 : i+7]); lo < 0xDC00 || lo > 0xDFFF {
-				return false
-			}
-			i += 6
-		}
-	}
-	return true
-}
-
-// hex4 is the value of the 4 hex digits of a \u escape (-1 if they are not).
-func hex4(digits []byte) rune {
-	v, err := strconv.ParseUint(string(digits), 16, 16)
-	if err != nil {
-		return -1
-	}
-	return rune(v)
-}
+func (*signedClaims) GetExpirationTime() (*jwt.NumericDate, error) { return nil, nil }
+func (*signedClaims) GetIssuedAt() (*jwt.NumericDate, error)       { return nil, nil }
+func (*signedClaims) GetNotBefore() (*jwt.NumericDate, error)      { return nil, nil }
+func (*signedClaims) GetIssuer() (string, error)                   { return "", nil }
+func (*signedClaims) GetSubject() (string, error)                  { return "", nil }
+func (*signedClaims) GetAudience() (jwt.ClaimStrings, error)       { return nil, nil }
 
 // Verifier checks tokens against one configuration. It is safe for concurrent use.
 type Verifier struct {
@@ -175,54 +119,80 @@ func (v *Verifier) key(t *jwt.Token) (any, error) {
 	return nil, ErrAlgorithm
 }
 
-// Verify checks token's signature and its exp, nbf, iss and aud against now and the
-// configuration, then the contents of its "pgsse" claim against the name rules
-// (Claims.Check), and returns the granted claims. Every error is one of the Err* values
-// above or a *ClaimError (errors.Is(err, ErrClaims)).
+// Verify checks token's header (no repeated parameter, no crit: checkHeader), its signature,
+// then reads its claims strictly (decodeClaims: no repeated key anywhere, each registered
+// claim and the "pgsse" claim of its documented shape, exp and nbf in seconds) and checks
+// exp, nbf, iss and aud against now and the configuration, then the contents of the "pgsse"
+// claim against the name rules (Claims.Check), and returns the granted claims. Every error is
+// one of the Err* values above, a *HeaderError (errors.Is(err, ErrHeader)) or a *ClaimError
+// (errors.Is(err, ErrClaims)).
 func (v *Verifier) Verify(token []byte, now time.Time) (*Claims, error) {
 	if len(token) == 0 || len(token) > MaxTokenBytes {
 		return nil, ErrMalformed
 	}
-	var wc wireClaims
-	if _, err := v.parser.ParseWithClaims(string(token), &wc, v.keyFunc); err != nil {
+	if err := checkTokenHeader(token); err != nil {
+		return nil, err
+	}
+	var sc signedClaims
+	if _, err := v.parser.ParseWithClaims(string(token), &sc, v.keyFunc); err != nil {
 		return nil, classify(err)
 	}
-	if wc.ExpiresAt == nil {
+	wc, err := decodeClaims(sc.payload)
+	if err != nil {
+		return nil, err
+	}
+	if wc.exp == nil {
 		if !v.cfg.AllowNoExp {
 			return nil, ErrNoExp
 		}
-	} else if !now.Before(wc.ExpiresAt.Time) {
+	} else if !now.Before(wc.exp.Time) {
 		return nil, ErrExpired
 	}
-	if wc.NotBefore != nil && now.Before(wc.NotBefore.Time) {
+	if wc.nbf != nil && now.Before(wc.nbf.Time) {
 		return nil, ErrNotYetValid
 	}
-	if v.cfg.Issuer != "" && wc.Issuer != v.cfg.Issuer {
+	if v.cfg.Issuer != "" && wc.iss != v.cfg.Issuer {
 		return nil, ErrIssuer
 	}
-	if v.cfg.Audience != "" && !slices.Contains(wc.Audience, v.cfg.Audience) {
+	if v.cfg.Audience != "" && !slices.Contains(wc.aud, v.cfg.Audience) {
 		return nil, ErrAudience
 	}
 	c := &Claims{
-		Streams:  wc.PGSSE.Streams,
-		Channels: wc.PGSSE.Channels,
-		Publish:  wc.PGSSE.Publish,
-		Tags:     wc.PGSSE.Tags,
-		Subject:  wc.Subject,
+		Streams:   wc.lists[0],
+		Channels:  wc.lists[1],
+		Publish:   wc.lists[2],
+		Tags:      wc.lists[3],
+		Subject:   wc.sub,
+		Misplaced: wc.misplaced,
 	}
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
-	if wc.ExpiresAt != nil {
-		c.Expires = wc.ExpiresAt.Time
+	if wc.exp != nil {
+		c.Expires = wc.exp.Time
 		if c.Expires.After(maxExpires) {
-			c.Expires = maxExpires // beyond it, UnixNano (the cache) and UnixMilli would overflow
+			c.Expires = maxExpires // beyond it, UnixNano (the cache) would overflow
 		}
 	}
-	if wc.NotBefore != nil {
-		c.NotBefore = wc.NotBefore.Time
+	if wc.nbf != nil {
+		c.NotBefore = wc.nbf.Time
 	}
 	return c, nil
+}
+
+// checkTokenHeader applies checkHeader to the token's first segment, when it decodes (when
+// it does not, the JWT library says the token is malformed).
+func checkTokenHeader(token []byte) error {
+	seg, _, ok := bytes.Cut(token, []byte{'.'})
+	if !ok {
+		return nil
+	}
+	header := make([]byte, base64.RawURLEncoding.DecodedLen(len(seg)))
+	n, err := base64.RawURLEncoding.Strict().Decode(header, seg)
+	if err != nil {
+		return nil
+	}
+	return checkHeader(header[:n])
 }
 
 // maxExpires caps a token's exp: a later one is treated as this (still centuries away), so

@@ -1,6 +1,7 @@
 // Package e2e judges pgsse with clients nobody here wrote: Debian's Chromium (its
-// EventSource, driven through playwright-core), the npm `eventsource` package, curl, and
-// nginx and Caddy as reverse proxies in front of `pgsse serve`.
+// EventSource, driven through playwright-core), the npm `eventsource` package, curl,
+// nginx and Caddy as reverse proxies in front of `pgsse serve`, and Debian's Prometheus
+// scraping it with the rules and dashboard of deploy/ (prometheus_test.go).
 //
 // The package holds only tests. TestMain installs the clients (scripts/e2e-deps.sh: apt
 // packages and `npm ci` in e2e/js, never a browser download); cmd/pgsse is built once, and

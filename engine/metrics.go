@@ -1,9 +1,11 @@
 package engine
 
 import (
+	"context"
 	"strconv"
 	"sync/atomic"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgsse/pgsse/auth"
@@ -29,6 +31,12 @@ type metrics struct {
 
 	outboundBytes     prometheus.Gauge // bytes queued for SSE connections (budget.go)
 	outboundWatermark prometheus.Gauge // a durable subscriber's high watermark at the moment
+	outboundBudget    prometheus.Gauge // --max-outbound-memory, for alerting on bytes ÷ budget
+
+	// pgsse_notify_queue_usage: pg_notification_queue_usage() as the schema check last read it
+	// (schema.go, every schemaCheckInterval). nil in a sibling of --procs, which exports none of
+	// the state series (newMetrics).
+	notifyQueue prometheus.Gauge
 
 	// pgsse_dropped_total{reason}
 	droppedSlowClient    prometheus.Counter // an ephemeral or channel subscriber over its buffer limit, closed
@@ -67,7 +75,13 @@ var rejectedStatuses = []int{400, 401, 403, 404, 405, 431}
 // over HTTP).
 var publishStatuses = []int{200, 400, 401, 403, 408, 411, 413, 415, 417, 431, 500, 501, 503}
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics registers the series of s (whose cfg is complete) on reg.
+//
+// The state series — pgsse_ready, pgsse_listen_up, pgsse_schema_ok (read from s's atomics
+// when scraped) and pgsse_notify_queue_usage — are registered only by a server that owns its
+// LISTEN session and answers /readyz, never by a sibling of --procs: the first process's
+// /metrics sums every pgsse_* series over the processes, and a readiness of 2 means nothing.
+func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_dropped_total", Help: "Deliveries or connections dropped, by reason."}, []string{"reason"})
 	rejected := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgsse_rejected_total", Help: "HTTP requests refused, by status."}, []string{"status"})
 	m := &metrics{
@@ -89,6 +103,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Bytes queued for SSE connections that their sockets have not taken yet (shared event encodings counted once); bounded by --max-outbound-memory."}),
 		outboundWatermark: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_outbound_watermark_bytes",
 			Help: "The queued bytes over which a live durable subscriber stops taking live writes; shrinks from 256 KiB once pgsse_outbound_bytes passes a quarter of the budget, to its floor at half."}),
+		outboundBudget: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_outbound_budget_bytes",
+			Help: "--max-outbound-memory: the bytes pgsse_outbound_bytes may reach; the queues settle below half of it."}),
 		droppedSlowClient:    dropped.WithLabelValues("slow_client"),
 		droppedBadPayload:    dropped.WithLabelValues("bad_payload"),
 		droppedWakeCoalesced: dropped.WithLabelValues("hub_wake_coalesced"),
@@ -148,14 +164,57 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Requests shed because the verifier pool's queue was full."},
 			stat(func(st *auth.Stats) uint64 { return st.QueueFull.Load() })),
 	}
-	for _, c := range append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
+	m.outboundBudget.Set(float64(s.cfg.MaxOutboundMemory))
+	collectors := append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
 		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark,
-		m.publishConns, published, m.publishBatch, m.publishCommit}, tokens...) {
+		m.outboundBudget, m.publishConns, published, m.publishBatch, m.publishCommit}, tokens...)
+	if s.cfg.SiblingHub == nil {
+		m.notifyQueue = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_notify_queue_usage",
+			Help: "PostgreSQL's NOTIFY queue in use, 0 to 1 (pg_notification_queue_usage(), read every 10 s); at 1 every NOTIFY, and so every publish, fails at commit."})
+		up := func(b *atomic.Bool) func() float64 {
+			return func() float64 {
+				if b.Load() {
+					return 1
+				}
+				return 0
+			}
+		}
+		collectors = append(collectors, m.notifyQueue,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pgsse_ready",
+				Help: "1 while /readyz answers 200 (the LISTEN session is up and the schema is at the expected version), else 0."},
+				func() float64 {
+					if s.Ready() {
+						return 1
+					}
+					return 0
+				}),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pgsse_listen_up",
+				Help: "1 while the LISTEN session is up, else 0 (clients are told to retry and publishing answers 503)."}, up(&s.listenOK)),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pgsse_schema_ok",
+				Help: "1 while the database's pgsse schema is at the version this binary expects (checked every 10 s), else 0."}, up(&s.schemaOK)),
+		)
+	}
+	for _, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// readNotifyQueue sets pgsse_notify_queue_usage from pg_notification_queue_usage() on conn
+// (the schema check's connection; a failed query leaves the last value). Nothing in a sibling.
+func (m *metrics) readNotifyQueue(ctx context.Context, conn *pgconn.PgConn) {
+	if m.notifyQueue == nil {
+		return
+	}
+	res, err := conn.Exec(ctx, "SELECT pg_notification_queue_usage()").ReadAll()
+	if err != nil || len(res) != 1 || len(res[0].Rows) != 1 || len(res[0].Rows[0]) != 1 {
+		return
+	}
+	if u, err := strconv.ParseFloat(string(res[0].Rows[0][0]), 64); err == nil {
+		m.notifyQueue.Set(u)
+	}
 }
 
 // rejectedFor is the pgsse_rejected_total counter of one status.

@@ -126,6 +126,9 @@ func (s *Server) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	case s.pool == nil:
 		s.refusePublish(sc, 401, "token authentication is not configured")
 		return
+	case crossSiteCookie(req, cors) && len(req.Origin) == 0:
+		s.refusePublish(sc, 403, "a publish authorised by the pgsse_token cookie must come from the same site: this one says Sec-Fetch-Site: "+string(req.SecFetchSite)+" (send the token in Authorization, or from a page of one of --cors-origins)")
+		return
 	case crossSiteCookie(req, cors):
 		s.refusePublish(sc, 403, "a publish authorised by the pgsse_token cookie must come from the same origin or one of --cors-origins")
 		return
@@ -180,7 +183,7 @@ func (s *Server) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Claims, 
 		s.refusePublish(sc, 401, err.Error())
 		return
 	case !pub.batch && !claims.AllowsPublish([]byte(pub.stream)):
-		s.refusePublish(sc, 403, "token does not grant publishing to stream "+pub.stream)
+		s.refusePublish(sc, 403, claims.NotGranted("publishing to stream "+pub.stream))
 		return
 	}
 	pub.claims, pub.granted = claims, true
@@ -269,7 +272,7 @@ func (s *Server) submitPublish(sc *sseConn) {
 		}
 		for i := range events {
 			if !pub.claims.AllowsPublish([]byte(events[i].Stream)) {
-				s.answerPublishError(sc, 403, "line "+strconv.Itoa(i+1)+": token does not grant publishing to stream "+events[i].Stream)
+				s.answerPublishError(sc, 403, "line "+strconv.Itoa(i+1)+": "+pub.claims.NotGranted("publishing to stream "+events[i].Stream))
 				return
 			}
 		}

@@ -46,6 +46,12 @@ func (s *Server) readRequest(sc *sseConn) {
 				s.finish(sc, nil) // the client does not read its answers
 				return
 			}
+			if in, _ := sc.c.Peek(-1); sse.EmptyLines(in) == len(in) {
+				// The CRLF a client may send after a body (RFC 9112 §2.2): still idle, so
+				// the keep-alive timeout applies, not the request head's.
+				_, _ = sc.c.Discard(len(in))
+				return
+			}
 			s.nextRequest(sc)
 		case statePublishCommit:
 			if sc.c.InboundBuffered() > publishPipelineBytes {
@@ -65,8 +71,10 @@ func (s *Server) readRequestHead(sc *sseConn) bool {
 	c := sc.c
 	buf, _ := c.Peek(-1)
 	// Parse only once the head can be complete (or is too big): a client trickling one byte
-	// per packet must not make us re-parse a growing head each time.
-	if head := buf[:min(len(buf), s.cfg.MaxHeaderBytes+len(crlfcrlf))]; len(buf) <= s.cfg.MaxHeaderBytes &&
+	// per packet must not make us re-parse a growing head each time. The empty lines the
+	// parser skips before a request line (RFC 9112 §2.2) are no end of a head.
+	head := buf[:min(len(buf), s.cfg.MaxHeaderBytes+len(crlfcrlf))]
+	if head = head[sse.EmptyLines(head):]; len(buf) <= s.cfg.MaxHeaderBytes &&
 		!bytes.Contains(head, crlfcrlf) && !bytes.Contains(head, lflf) {
 		return false
 	}
@@ -84,13 +92,12 @@ func (s *Server) readRequestHead(sc *sseConn) bool {
 			status, reason = pe.Status, pe.Reason
 		}
 		if isPOST(buf) {
-			// A body may follow: linger so that the client reads the answer.
 			s.metrics.publishRequestsFor(status).Inc()
-			s.linger(sc, sse.AppendError(s.scratch[:0], status, reason, sse.CORS{}))
-			return false
+		} else {
+			s.metrics.rejectedFor(status).Inc()
 		}
-		s.reject(sc, status, reason, sse.CORS{})
-		_, _ = c.Discard(-1)
+		// A body may follow, whatever the method: linger so that the client reads the answer.
+		s.linger(sc, sse.AppendError(s.scratch[:0], status, reason, sse.CORS{}))
 		return false
 	}
 	s.route(sc, req)
@@ -141,12 +148,24 @@ func (s *Server) route(sc *sseConn, req *sse.Request) {
 
 // notFound answers 404 (a HEAD request gets the head only: RFC 9110 §9.3.2).
 func (s *Server) notFound(sc *sseConn, req *sse.Request, cors sse.CORS) {
+	s.metrics.rejectedFor(404).Inc()
 	if req.Method == sse.MethodHEAD {
-		s.metrics.rejectedFor(404).Inc()
 		s.finish(sc, sse.AppendErrorHead(s.scratch[:0], 404, "not found", cors))
 		return
 	}
-	s.reject(sc, 404, "not found", cors)
+	s.endRequest(sc, req, sse.AppendError(s.scratch[:0], 404, "not found", cors))
+}
+
+// endRequest writes the final answer to req and closes the connection, lingering when req
+// carries a body (which nothing reads on this path: a POST to a path that takes none, another
+// method's: sse.Request.Framing), so that the client reads the answer rather than a reset
+// and nothing in the body is taken for a request.
+func (s *Server) endRequest(sc *sseConn, req *sse.Request, answer []byte) {
+	if req.Framing != sse.BodyNone {
+		s.linger(sc, answer)
+		return
+	}
+	s.finish(sc, answer)
 }
 
 // allowedMethods is the Allow header (405) and the preflight's
@@ -171,7 +190,7 @@ func (s *Server) methodNotAllowed(sc *sseConn, req *sse.Request, cors sse.CORS) 
 		s.finish(sc, sse.AppendReplyHead(s.scratch[:0], 405, "method not allowed: use "+use, r))
 		return
 	}
-	s.finish(sc, sse.AppendReply(s.scratch[:0], 405, "method not allowed: use "+use, r))
+	s.endRequest(sc, req, sse.AppendReply(s.scratch[:0], 405, "method not allowed: use "+use, r))
 }
 
 // reject answers with an error status and a one-line text/plain body, and closes.
@@ -300,10 +319,10 @@ func (s *Server) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims, e
 		s.unauthorized(sc, err.Error())
 		return
 	case sub.isChan && !claims.AllowsChannel([]byte(sub.name)):
-		s.reject(sc, 403, "token does not grant channel "+sub.name, s.connCORS(sc))
+		s.reject(sc, 403, claims.NotGranted("channel "+sub.name), s.connCORS(sc))
 		return
 	case !sub.isChan && !claims.AllowsStream([]byte(sub.name)):
-		s.reject(sc, 403, "token does not grant stream "+sub.name, s.connCORS(sc))
+		s.reject(sc, 403, claims.NotGranted("stream "+sub.name), s.connCORS(sc))
 		return
 	default:
 		tags = claims.Tags
@@ -342,12 +361,17 @@ func requestToken(req *sse.Request) []byte {
 
 // crossSiteCookie reports whether req is authorised only by the pgsse_token cookie and comes
 // from a page of another site: an Origin that is neither one of --cors-origins (cors) nor the
-// request's own Host. A browser attaches the cookie to any site's POST, so publishing on it
-// would let every web page publish as the visitor (cross-site request forgery; Mercure's hub
-// refuses it the same way). Clients that are not browsers send no Origin.
+// request's own Host, or, without an Origin, a Sec-Fetch-Site other than same-origin,
+// same-site or none (sse.Request.CrossSiteFetch). A browser attaches the cookie to any site's
+// POST, so publishing on it would let every web page publish as the visitor (cross-site
+// request forgery; Mercure's hub refuses it the same way). Clients that are not browsers send
+// neither header.
 func crossSiteCookie(req *sse.Request, cors sse.CORS) bool {
-	if len(req.Origin) == 0 || cors.Origin != nil || bearer(req.Authorization) != nil || len(req.Token) > 0 {
+	if cors.Origin != nil || bearer(req.Authorization) != nil || len(req.Token) > 0 {
 		return false
+	}
+	if len(req.Origin) == 0 {
+		return req.CrossSiteFetch()
 	}
 	_, host, ok := bytes.Cut(req.Origin, []byte("://"))
 	return !ok || len(req.Host) == 0 || !bytes.EqualFold(host, req.Host)

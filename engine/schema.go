@@ -86,6 +86,7 @@ func (s *Server) checkDatabase(ctx context.Context, timeout time.Duration, atSta
 		return nil
 	}
 	defer conn.Close(context.Background())
+	s.metrics.readNotifyQueue(cctx, conn) // pgsse_notify_queue_usage
 	v, err := store.Version(cctx, conn)
 	var msg string
 	switch {

@@ -134,7 +134,7 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.verifier = v
 	}
-	m, err := newMetrics(cfg.Registry)
+	m, err := newMetrics(cfg.Registry, s)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/pgsse/pgsse/names"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -63,6 +64,9 @@ func refParseLine(line string) (refEvent, error) {
 			return ev, errRefDepth
 		}
 		return ev, errors.New("invalid JSON")
+	}
+	if !refStringsUTF8(line) {
+		return ev, errors.New("a string with a lone surrogate escape")
 	}
 	dec := json.NewDecoder(strings.NewReader(line))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
@@ -154,7 +158,34 @@ func refParseLine(line string) (refEvent, error) {
 	if !seen["stream"] || !seen["data"] {
 		return ev, errors.New("missing")
 	}
+	// The name rules (fuzzed against their own references in FuzzNames).
+	if names.CheckStream(ev.stream) != nil || ev.event != "" && names.CheckEvent(ev.event) != nil || names.CheckAudience(ev.audience) != nil {
+		return ev, errors.New("bad name")
+	}
 	return ev, nil
+}
+
+// refStringsUTF8 reports whether every string literal of the valid JSON text line (keys and
+// values, at any depth) spells UTF-8 (refJSONStringUTF8): a lone surrogate escape anywhere
+// makes the line invalid.
+func refStringsUTF8(line string) bool {
+	for i := 0; i < len(line); i++ {
+		if line[i] != '"' {
+			continue
+		}
+		j := i + 1
+		for line[j] != '"' {
+			if line[j] == '\\' {
+				j++
+			}
+			j++
+		}
+		if !refJSONStringUTF8([]byte(line[i : j+1])) {
+			return false
+		}
+		i = j
+	}
+	return true
 }
 
 func FuzzParseBatch(f *testing.F) {
@@ -162,6 +193,10 @@ func FuzzParseBatch(f *testing.F) {
 		`{"stream":"orders/42","data":"{\"total\":3}","event":"created","audience":["user:7","role:admin"],"ephemeral":false}`,
 		"{\"stream\":\"a\",\"data\":\"1\"}\r\n{\"stream\":\"b\",\"data\":{\"x\":[1,2.5e-3,null]}}\n\n",
 		`{"stream":"s","data":"\ud834\udd1e\ud834x\u0000\n"}`,
+		`{"stream":"s","data":"\ud834\udd1e\u0000\n"}`,
+		`{"stream":"s","data":{"\udd1e":"\ud834\\u0041"}}`,
+		`{"stream":"bad name","data":"d"}`,
+		`{"stream":"s","data":"d","event":"pgsse:gap","audience":["\u0001"]}`,
 		`{"str\u0065am":"s","data":"d","stream":"t"}`,
 		`{"stream":"s","data":null}`,
 		`{"stream":"s","data":-0.5E+10,"event":null,"audience":[],"ephemeral":true}`,

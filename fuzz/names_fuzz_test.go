@@ -113,7 +113,7 @@ func sameErr(t *testing.T, what, s string, want, got error) {
 // both string and []byte inputs.
 func FuzzNames(f *testing.F) {
 	for _, s := range []string{
-		"", "a", "orders/42", "a.b_c:d@e/f=g+h~i-j", "pgsse:gap", "a b", "a%20", "a\x00b", "\x80", "a\n",
+		"", "a", "orders/42", "a.b_c:d@e/f=g+h~i-j", "pgsse:gap", "pgsse:", "pgsse", "a b", "a%20", "a\x00b", "\x80", "a\n",
 		strings.Repeat("x", 63), strings.Repeat("x", 64), strings.Repeat("x", 65),
 		strings.Repeat("x", 200), strings.Repeat("x", 201),
 		"\xff\xfe", "caf\xc3", "\xed\xa0\x80", "\xf4\x90\x80\x80", "user:\x00", "a\x7f", "é",
@@ -133,8 +133,17 @@ func FuzzNames(f *testing.F) {
 			return refCharset(s, 200, "._:@/=+~-", names.ErrStreamLength, names.ErrStreamChars)
 		}, names.CheckStream[string], names.CheckStream[[]byte]},
 		{"CheckEvent", func(s string) error {
-			return refCharset(s, 64, "._:-", names.ErrEventLength, names.ErrEventChars)
+			if err := refCharset(s, 64, "._:-", names.ErrEventLength, names.ErrEventChars); err != nil {
+				return err
+			}
+			if strings.HasPrefix(s, "pgsse:") {
+				return names.ErrEventReserved
+			}
+			return nil
 		}, names.CheckEvent[string], names.CheckEvent[[]byte]},
+		{"CheckEventSyntax", func(s string) error {
+			return refCharset(s, 64, "._:-", names.ErrEventLength, names.ErrEventChars)
+		}, names.CheckEventSyntax[string], names.CheckEventSyntax[[]byte]},
 		{"CheckChannel", refChannel, names.CheckChannel[string], names.CheckChannel[[]byte]},
 		{"CheckChannelUTF8", refChannelUTF8, names.CheckChannelUTF8[string], names.CheckChannelUTF8[[]byte]},
 		{"CheckTag", refTag, names.CheckTag[string], names.CheckTag[[]byte]},

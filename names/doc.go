@@ -12,5 +12,7 @@
 // SQL's pgsse.check_args accepts, so nothing a token carries can make a
 // replay query fail; a name a client subscribes to (CheckChannelUTF8) is
 // one PostgreSQL can LISTEN on; a grant pattern's non-star part obeys the
-// rule of the names it grants.
+// rule of the names it grants; an event name a publisher may use does not
+// start with the reserved "pgsse:" (CheckEvent), while what the database
+// already holds is read by the syntax alone (CheckEventSyntax).
 package names

@@ -23,6 +23,7 @@ var (
 	ErrStreamChars   = errors.New("stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -")
 	ErrEventLength   = errors.New("event name must be 1-64 bytes")
 	ErrEventChars    = errors.New("event name may contain only A-Z a-z 0-9 and . _ : -")
+	ErrEventReserved = errors.New("event names starting with pgsse: are reserved") // SQL's text too (docs/sql.md)
 	ErrChannelEmpty  = errors.New("channel name must be 1-63 bytes")
 	ErrChannelLength = errors.New("channel name must be at most 63 bytes")
 	ErrChannelNUL    = errors.New("channel name must not contain a NUL byte")
@@ -72,10 +73,31 @@ func CheckStream[T Text](s T) error {
 	return nil
 }
 
-// CheckEvent reports whether s is a valid SSE event name:
-// 1–64 bytes of [A-Za-z0-9._:-]. An absent event (SQL NULL, "") means
-// "message"; callers substitute that themselves before or instead of checking.
+// ReservedEventPrefix starts the names of pgsse's own events (pgsse:gap,
+// pgsse:presence), which no publisher may use: a client must be able to trust
+// them (docs/sql.md, The functions: Names).
+const ReservedEventPrefix = "pgsse:"
+
+// CheckEvent reports whether s is an event name a publisher may use: 1–64
+// bytes of [A-Za-z0-9._:-] (CheckEventSyntax), not starting with
+// ReservedEventPrefix (ErrEventReserved; case-sensitive, as event names are).
+// An absent event (SQL NULL, "") means "message"; callers substitute that
+// themselves before or instead of checking.
 func CheckEvent[T Text](s T) error {
+	if err := CheckEventSyntax(s); err != nil {
+		return err
+	}
+	if len(s) >= len(ReservedEventPrefix) && string(s[:len(ReservedEventPrefix)]) == ReservedEventPrefix {
+		return ErrEventReserved
+	}
+	return nil
+}
+
+// CheckEventSyntax is CheckEvent without the reserved prefix: the length and
+// character rule alone, for reading an event the database already holds (a
+// NOTIFY payload), which may predate the reservation (schema v3) and is
+// delivered as stored, live as in replay. Publishing checks CheckEvent.
+func CheckEventSyntax[T Text](s T) error {
 	if len(s) == 0 || len(s) > MaxEvent {
 		return ErrEventLength
 	}

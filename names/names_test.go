@@ -69,7 +69,15 @@ func TestCheckEvent(t *testing.T) {
 		{"lenMax", strings.Repeat("e", MaxEvent), nil},
 		{"lenMax+1", strings.Repeat("e", MaxEvent+1), ErrEventLength},
 		{"typical", "order.created", nil},
-		{"gap", "pgsse:gap", nil},
+		{"gap", "pgsse:gap", ErrEventReserved},
+		{"presence", "pgsse:presence", ErrEventReserved},
+		{"the prefix alone", "pgsse:", ErrEventReserved},
+		{"prefix then a bad byte", "pgsse: x", ErrEventChars},
+		{"pgsse without a colon", "pgsse", nil},
+		{"pgsse.gap", "pgsse.gap", nil},
+		{"prefix not at the start", "x:pgsse:gap", nil},
+		{"prefix in another case", "PGSSE:gap", nil},
+		{"short", "pgss", nil},
 		{"all punct", "a.b_c:d-e", nil},
 		{"space", "a b", ErrEventChars},
 		{"percent", "a%", ErrEventChars},
@@ -87,6 +95,14 @@ func TestCheckEvent(t *testing.T) {
 		cases = append(cases, nameCase{"stream-only " + string(p), "a" + string(p), ErrEventChars})
 	}
 	both(t, CheckEvent[string], CheckEvent[[]byte], cases)
+
+	// CheckEventSyntax is the same rule without the reservation.
+	for i := range cases {
+		if cases[i].err == ErrEventReserved {
+			cases[i].err = nil
+		}
+	}
+	both(t, CheckEventSyntax[string], CheckEventSyntax[[]byte], cases)
 }
 
 func TestCheckChannel(t *testing.T) {
@@ -308,6 +324,7 @@ func TestErrorMessages(t *testing.T) {
 		ErrStreamChars:   "stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -",
 		ErrEventLength:   "event name must be 1-64 bytes",
 		ErrEventChars:    "event name may contain only A-Z a-z 0-9 and . _ : -",
+		ErrEventReserved: "event names starting with pgsse: are reserved",
 		ErrChannelEmpty:  "channel name must be 1-63 bytes",
 		ErrChannelLength: "channel name must be at most 63 bytes",
 		ErrChannelNUL:    "channel name must not contain a NUL byte",

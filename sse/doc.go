@@ -10,8 +10,14 @@
 // scratch) valid until the next Parse, never allocates in steady state, and
 // rejects anything ambiguous with an error naming the rule.
 //
-// Bodies: only POST carries one. Its framing is decided from the whole head
-// (RFC 9112 §6.3): Content-Length (one header, digits only) or
+// Up to MaxEmptyLines empty lines before a request line are skipped (RFC 9112
+// §2.2) and count toward the head's size; one more is a 400.
+//
+// Bodies: only a POST's is read. GET, HEAD and OPTIONS with one are a 400; a
+// method this server does not implement may carry one, whose framing is
+// recorded with KeepAlive false, so that it is answered (405, 404) and the
+// connection closed without the body being taken for a request. The framing
+// is decided from the whole head (RFC 9112 §6.3): Content-Length (one header, digits only) or
 // Transfer-Encoding: chunked (exactly; other codings 501), never both (a
 // request-smuggling ambiguity: 400), no Transfer-Encoding in HTTP/1.0, and
 // a POST with neither is refused with 411 by BodyDecoder.Start. The

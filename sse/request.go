@@ -3,6 +3,7 @@ package sse
 import (
 	"bytes"
 	"errors"
+	"strconv"
 
 	"github.com/pgsse/pgsse/names"
 )
@@ -117,8 +118,11 @@ type Request struct {
 	Host           []byte
 	ACRMethod      []byte // Access-Control-Request-Method
 	ACRHeaders     []byte // Access-Control-Request-Headers
+	SecFetchSite   []byte // Sec-Fetch-Site (Fetch Metadata): where a browser says the request comes from
 	HTTP10         bool   // the request line said HTTP/1.0
-	HeadLen        int    // bytes of input the head occupied, including the final CRLFCRLF
+	// HeadLen is the bytes of input the head occupied: the empty lines skipped before
+	// the request line (RFC 9112 §2.2), the head, and its final CRLFCRLF.
+	HeadLen int
 
 	// KeepAlive: the client lets the connection carry another request after
 	// this one's response (HTTP/1.1 unless "Connection: close"; HTTP/1.0 only
@@ -130,9 +134,13 @@ type Request struct {
 	// AppendContinue before sending its body.
 	Expect100 bool
 
-	// Body framing and type. Only POST may carry a body; any other method
-	// with a non-zero Content-Length or a Transfer-Encoding is refused, and
-	// its Framing is always BodyNone.
+	// Body framing and type. Only a POST's body is ever read. GET, HEAD and
+	// OPTIONS with a non-zero Content-Length or a Transfer-Encoding are
+	// refused (400). A method this server does not implement (MethodOther)
+	// may carry one, so that it is answered as its method and path deserve
+	// (405, 404): its Framing says so, KeepAlive is false, and the caller
+	// answers without reading the body and closes — nothing in a body that
+	// is not parsed can be taken for the next request.
 	Framing       BodyFraming
 	ContentLength int64  // with BodyLength
 	ContentType   []byte // the raw Content-Type value, nil if absent
@@ -218,6 +226,7 @@ var (
 	errVersion       = badRequest("HTTP version must be HTTP/1.1 or HTTP/1.0")
 	errBareCR        = badRequest("bare CR in request head: lines must end in CRLF")
 	errBareLF        = badRequest("bare LF in request head: lines must end in CRLF")
+	errEmptyLines    = badRequest("more than " + strconv.Itoa(MaxEmptyLines) + " empty lines before the request line")
 	errObsFold       = badRequest("obsolete header line folding is not accepted")
 	errHeaderName    = badRequest("header name must be a token")
 	errSpaceColon    = badRequest("whitespace between header name and colon is not accepted")
@@ -233,6 +242,7 @@ var (
 	errDupOrigin     = badRequest("duplicate Origin header")
 	errDupACRMethod  = badRequest("duplicate Access-Control-Request-Method header")
 	errDupACRHeaders = badRequest("duplicate Access-Control-Request-Headers header")
+	errDupFetchSite  = badRequest("duplicate Sec-Fetch-Site header")
 
 	// Bodies and publishing (docs/http.md, Publishing over HTTP).
 	errDupCL        = badRequest("duplicate Content-Length header")
@@ -286,6 +296,7 @@ const (
 	seenTE
 	seenCT
 	seenExpect
+	seenFetchSite
 )
 
 // Parser states, one per position in the head's grammar.
@@ -300,9 +311,33 @@ const (
 
 var crlfcrlf = []byte("\r\n\r\n")
 
-// Parse parses one request head from the start of buf.
+// MaxEmptyLines bounds the empty lines skipped before a request line. RFC 9112 §2.2 asks a
+// server to ignore at least one (a client may end a POST body with an extra CRLF); more
+// than a few is no client's mistake.
+const MaxEmptyLines = 8
+
+// EmptyLines returns the length of the empty lines (CRLF, or a bare LF) that start buf,
+// counting at most MaxEmptyLines of them: where a request line may start. Those bytes
+// count against the head's size limit (Request.HeadLen includes them).
+func EmptyLines(buf []byte) int {
+	i := 0
+	for n := 0; n < MaxEmptyLines; n++ {
+		switch {
+		case i < len(buf) && buf[i] == '\n':
+			i++
+		case i+1 < len(buf) && buf[i] == '\r' && buf[i+1] == '\n':
+			i += 2
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// Parse parses one request head from the start of buf, after at most MaxEmptyLines empty
+// lines (EmptyLines), which it skips; one more is a 400.
 //
-// It finds the end of the head (the first CRLFCRLF) before anything else,
+// It finds the end of the head (the first CRLFCRLF after them) before anything else,
 // so calling it on a growing buffer after every read is cheap, and then
 // makes one pass over the head. Bytes after the head (a pipelined request)
 // are not looked at; Request.HeadLen says where the head ended.
@@ -327,7 +362,12 @@ func (p *Parser) Parse(buf []byte, maxHead int) (*Request, error) {
 	p.cookieS = -1
 	p.close, p.keep = false, false
 	tooLarge := false
-	if end := bytes.Index(buf, crlfcrlf); end >= 0 && end+4 <= maxHead {
+	start := EmptyLines(buf)
+	end := bytes.Index(buf[start:], crlfcrlf)
+	if end >= 0 {
+		end += start
+	}
+	if end >= 0 && end+4 <= maxHead {
 		buf = buf[:end+4]
 	} else if end >= 0 || len(buf) > maxHead {
 		// Too large — unless a rule is already broken within the first
@@ -341,7 +381,7 @@ func (p *Parser) Parse(buf []byte, maxHead int) (*Request, error) {
 		p.scratch = make([]byte, 0, max(len(buf), min(maxHead, 64<<10)))
 	}
 	p.scratch = p.scratch[:0]
-	err := p.scan(buf)
+	err := p.scan(buf, min(start, len(buf)))
 	if tooLarge && err == ErrIncomplete {
 		err = ErrHeadTooLarge
 	}
@@ -351,14 +391,15 @@ func (p *Parser) Parse(buf []byte, maxHead int) (*Request, error) {
 	return &p.req, nil
 }
 
-// scan is the state machine over the head. It returns nil once it has
+// scan is the state machine over the head, whose request line starts at
+// b[start] (after the empty lines skipped). It returns nil once it has
 // consumed the blank line that ends the head, ErrIncomplete if it runs out
 // of input first, or the *ParseError of the first rule broken.
-func (p *Parser) scan(b []byte) error {
+func (p *Parser) scan(b []byte, start int) error {
 	r := &p.req
 	state := stMethod
 	mark, nameEnd, valStart, valEnd := 0, 0, 0, 0
-	for i := 0; i < len(b); i++ {
+	for i := start; i < len(b); i++ {
 		switch state {
 		case stMethod:
 			for i < len(b) && isToken[b[i]] {
@@ -367,15 +408,21 @@ func (p *Parser) scan(b []byte) error {
 			if i == len(b) {
 				return ErrIncomplete
 			}
-			if c := b[i]; c == '\r' || c == '\n' {
+			if c := b[i]; (c == '\r' || c == '\n') && i == start {
+				// EmptyLines stopped here: one empty line too many, or a CR alone.
+				if err := lineError(b, i, errEmptyLines); err != errBareLF {
+					return err
+				}
+				return errEmptyLines
+			} else if c == '\r' || c == '\n' {
 				return lineError(b, i, errRequestLine)
 			} else if c != ' ' {
 				return errMethod
 			}
-			if i == 0 {
+			if i == start {
 				return errMethod
 			}
-			r.RawMethod = b[0:i:i]
+			r.RawMethod = b[start:i:i]
 			r.Method = methodOf(r.RawMethod)
 			mark = i + 1
 			state = stTarget
@@ -837,11 +884,17 @@ func (p *Parser) header(name, value []byte) error {
 			r.ContentType, r.Media = value, m
 		}
 	case 14:
-		if foldEq(name, "content-length") {
+		switch {
+		case foldEq(name, "content-length"):
 			if err := p.once(seenCL, errDupCL); err != nil {
 				return err
 			}
 			return p.contentLength(value)
+		case foldEq(name, "sec-fetch-site"):
+			if err := p.once(seenFetchSite, errDupFetchSite); err != nil {
+				return err
+			}
+			r.SecFetchSite = value
 		}
 	case 17:
 		if foldEq(name, "transfer-encoding") {
@@ -1018,6 +1071,16 @@ func (p *Parser) finish() error {
 		return errTEHTTP10
 	case te && cl:
 		return errCLAndTE // the classic request-smuggling ambiguity
+	case r.Method == MethodOther && (te || r.ContentLength > 0):
+		// Answered as its method and path deserve (405, 404) without reading the
+		// body, and closed (Request.Framing).
+		r.KeepAlive = false
+		if te {
+			r.Framing = BodyChunked
+		} else {
+			r.Framing = BodyLength
+		}
+		return nil
 	case r.Method != MethodPOST:
 		if te || r.ContentLength > 0 {
 			return errBody
@@ -1037,6 +1100,15 @@ func (p *Parser) finish() error {
 		}
 	}
 	return nil
+}
+
+// CrossSiteFetch reports whether a browser said, in Sec-Fetch-Site (W3C Fetch Metadata),
+// that the request does not come from this site: any value but same-origin, same-site and
+// none (the user's own navigation), ASCII case-insensitive. false when the header is absent
+// (a client that is not a browser, or a browser that predates the header).
+func (r *Request) CrossSiteFetch() bool {
+	v := r.SecFetchSite
+	return v != nil && !equalFold(v, "same-origin") && !equalFold(v, "same-site") && !equalFold(v, "none")
 }
 
 // cookie records a Cookie header. RFC 9113 lets a client split cookies over

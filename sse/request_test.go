@@ -205,6 +205,38 @@ func TestParsePublishHeads(t *testing.T) {
 			assert.True(t, r.KeepAlive)
 			assert.Equal(t, BodyNone, r.Framing)
 		}},
+		// A method that is not implemented may carry a body: answered (405, 404) without
+		// reading it, then closed (issue 23: a PUT with a body on a stream was a 400).
+		{"PUT with a body", "PUT /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, MethodOther, r.Method)
+			assert.Equal(t, RouteStream, r.Route)
+			assert.Equal(t, BodyLength, r.Framing)
+			assert.Equal(t, int64(5), r.ContentLength)
+			assert.False(t, r.KeepAlive, "a body that is not read ends the connection")
+			assert.False(t, r.HasEvent)
+		}},
+		{"chunked DELETE", "DELETE /streams/a?event=x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, BodyChunked, r.Framing)
+			assert.False(t, r.KeepAlive)
+			assert.False(t, r.HasEvent, "publish parameters are a POST's")
+		}},
+		{"PATCH without a body keeps the connection", "PATCH /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, BodyNone, r.Framing)
+			assert.True(t, r.KeepAlive)
+		}},
+		{"Sec-Fetch-Site", "POST /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nSec-Fetch-Site:  cross-site \r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, "cross-site", string(r.SecFetchSite))
+			assert.True(t, r.CrossSiteFetch())
+		}},
+		// RFC 9112 §2.2: empty lines before the request line are skipped, at most MaxEmptyLines.
+		{"an empty line before the request line", "\r\nPOST /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, "POST", string(r.RawMethod))
+			assert.Equal(t, "a", string(r.Name))
+		}},
+		{"empty lines up to the bound, CRLF and bare LF", "\n\r\n\n\r\n\r\n\n\n\r\nGET /streams/b HTTP/1.1\r\nHost: x\r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, "GET", string(r.RawMethod))
+			assert.Equal(t, "b", string(r.Name))
+		}},
 		{"multipart is only refused where it would be data", "POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Type: multipart/mixed\r\n\r\n", func(t *testing.T, r *Request) {
 			assert.Equal(t, MediaMultipart, r.Media)
 		}},
@@ -272,7 +304,12 @@ func TestParseRejects(t *testing.T) {
 		head string
 		want *ParseError
 	}{
-		{"empty request line", "\r\n\r\n", errRequestLine},
+		{"empty request line", "\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\n", errEmptyLines},
+		{"one empty line over the bound", strings.Repeat("\r\n", MaxEmptyLines) + "\r\nGET / HTTP/1.1" + h, errEmptyLines},
+		{"one bare LF over the bound", strings.Repeat("\n", MaxEmptyLines) + "\nGET / HTTP/1.1" + h, errEmptyLines},
+		{"a bare CR after empty lines", "\r\n\rGET / HTTP/1.1" + h, errBareCR},
+		{"a bare CR after the bound", strings.Repeat("\r\n", MaxEmptyLines) + "\rGET / HTTP/1.1" + h, errBareCR},
+		{"a space line before the request line", "\r\n \r\nGET / HTTP/1.1" + h, errMethod},
 		{"method not a token", "G(T / HTTP/1.1" + h, errMethod},
 		{"leading space", " GET / HTTP/1.1" + h, errMethod},
 		{"HTTP/0.9 style", "GET /\r\nHost: x\r\n\r\n", errRequestLine},
@@ -327,7 +364,9 @@ func TestParseRejects(t *testing.T) {
 		{"Transfer-Encoding on GET", "GET /streams/a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", errBody},
 		{"Content-Length non-zero on GET", "GET /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n", errBody},
 		{"Content-Length on OPTIONS", "OPTIONS /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n", errBody},
-		{"chunked DELETE", "DELETE /streams/a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", errBody},
+		{"Content-Length on HEAD", "HEAD /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n", errBody},
+		{"both lengths on PUT", "PUT /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", errCLAndTE},
+		{"duplicate Sec-Fetch-Site", "POST / HTTP/1.1" + h[:len(h)-2] + "Sec-Fetch-Site: same-origin\r\nsec-fetch-site: cross-site\r\n\r\n", errDupFetchSite},
 		{"duplicate Content-Length, same value", "POST /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", errDupCL},
 		{"conflicting Content-Length", "POST /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\ncontent-length: 6\r\n\r\n", errDupCL},
 		{"duplicate zero Content-Length on GET", "GET /a HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n", errDupCL},
@@ -399,7 +438,8 @@ func TestParseRejects(t *testing.T) {
 		errNoHost, errHost, errDupHost, errDupAuth, errDupLastID, errDupOrigin, errDupACRMethod,
 		errDupACRHeaders, errDupCL, errCLTooLarge, errDupTE, errTESyntax, errTENotFinal, errTEUnknown,
 		errTEHTTP10, errCLAndTE, errDupCT, errContentType, errMultipart, errNotNDJSON, errConnection,
-		errDupExpect, errExpect, errDupEvent, errDupEphemeral, errEphemeral, errAudienceMax}
+		errDupExpect, errExpect, errDupEvent, errDupEphemeral, errEphemeral, errAudienceMax,
+		errEmptyLines, errDupFetchSite}
 	distinct := map[string]bool{}
 	for _, e := range all {
 		assert.False(t, distinct[e.Reason], "reason used twice: %q", e.Reason)
@@ -428,14 +468,51 @@ func TestParseRejectsEarly(t *testing.T) {
 
 func TestParseIncremental(t *testing.T) {
 	var p Parser
-	head := []byte(chromiumHead)
-	for n := 0; n < len(head); n++ {
-		_, err := p.Parse(head[:n], 8192)
-		require.Equal(t, ErrIncomplete, err, "prefix of %d bytes", n)
+	for _, lead := range []string{"", "\r\n", "\n\r\n" + strings.Repeat("\r\n", MaxEmptyLines-2)} {
+		head := []byte(lead + chromiumHead)
+		for n := 0; n < len(head); n++ {
+			_, err := p.Parse(head[:n], 8192)
+			require.Equal(t, ErrIncomplete, err, "prefix of %d bytes", n)
+		}
+		req, err := p.Parse(head, 8192)
+		require.NoError(t, err)
+		assert.Equal(t, "orders/42", string(req.Name))
+		assert.Equal(t, len(head), req.HeadLen)
 	}
-	req, err := p.Parse(head, 8192)
+}
+
+// Empty lines before the request line count against the head's size limit.
+func TestParseEmptyLinesCountAgainstTheLimit(t *testing.T) {
+	var p Parser
+	head := "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+	req, err := p.Parse([]byte(head), len(head))
 	require.NoError(t, err)
-	assert.Equal(t, "orders/42", string(req.Name))
+	assert.Equal(t, len(head), req.HeadLen)
+	_, err = p.Parse([]byte("\r\n"+head), len(head))
+	assert.Equal(t, ErrHeadTooLarge, err)
+	req, err = p.Parse([]byte("\r\n"+head), len(head)+2)
+	require.NoError(t, err)
+	assert.Equal(t, len(head)+2, req.HeadLen)
+}
+
+func TestEmptyLines(t *testing.T) {
+	for in, want := range map[string]int{
+		"": 0, "GET": 0, "\r": 0, "\r\n": 2, "\n": 1, "\r\nGET": 2, "\n\r\n\rX": 3, " \r\n": 0,
+		strings.Repeat("\r\n", MaxEmptyLines+3): 2 * MaxEmptyLines,
+		strings.Repeat("\n", MaxEmptyLines+3):   MaxEmptyLines,
+	} {
+		assert.Equal(t, want, EmptyLines([]byte(in)), "%q", in)
+	}
+}
+
+// CrossSiteFetch: only what a browser says about another site counts.
+func TestCrossSiteFetch(t *testing.T) {
+	for v, want := range map[string]bool{"cross-site": true, "Cross-Site": true, "elsewhere": true, "": true,
+		"same-origin": false, "same-site": false, "none": false, "NONE": false} {
+		r := Request{SecFetchSite: []byte(v)}
+		assert.Equal(t, want, r.CrossSiteFetch(), "%q", v)
+	}
+	assert.False(t, (&Request{}).CrossSiteFetch(), "absent: not a browser")
 }
 
 func TestParseHeadTooLarge(t *testing.T) {

@@ -110,6 +110,23 @@ func (e *EventError) Unwrap() error { return e.Err }
 // data), in the order pgsse.publish_many checks: stream, event, audience, size.
 // maxEventBytes < 0 skips the durable size check.
 func (ev *PublishEvent) checkNames(maxEventBytes int64) error {
+	if err := ev.checkNameRules(); err != nil {
+		return err
+	}
+	if ev.Ephemeral {
+		if n := ev.maxEphemeralPayload(); n > MaxPayload {
+			return &EventError{Field: "data", Err: &PayloadTooLargeError{Size: n}}
+		}
+	} else if maxEventBytes >= 0 && int64(len(ev.Data)) > maxEventBytes {
+		return &EventError{Field: "data", Err: &DataTooLargeError{Size: int64(len(ev.Data)), Limit: maxEventBytes}}
+	}
+	return nil
+}
+
+// checkNameRules applies the name rules alone (stream, event, audience, in that order),
+// as an *EventError naming the field: what ParseBatch checks on each line, before any grant
+// is looked at (docs/http.md, Publishing over HTTP).
+func (ev *PublishEvent) checkNameRules() *EventError {
 	if err := names.CheckStream(ev.Stream); err != nil {
 		return &EventError{Field: "stream", Err: err}
 	}
@@ -120,13 +137,6 @@ func (ev *PublishEvent) checkNames(maxEventBytes int64) error {
 	}
 	if err := names.CheckAudience(ev.Audience); err != nil {
 		return &EventError{Field: "audience", Err: err}
-	}
-	if ev.Ephemeral {
-		if n := ev.maxEphemeralPayload(); n > MaxPayload {
-			return &EventError{Field: "data", Err: &PayloadTooLargeError{Size: n}}
-		}
-	} else if maxEventBytes >= 0 && int64(len(ev.Data)) > maxEventBytes {
-		return &EventError{Field: "data", Err: &DataTooLargeError{Size: int64(len(ev.Data)), Limit: maxEventBytes}}
 	}
 	return nil
 }

@@ -20,7 +20,10 @@ var (
 	ErrFieldNotTags   = errors.New("must be an array of strings, or null")
 	ErrFieldNotBool   = errors.New("must be true, false or null")
 	ErrDataNull       = errors.New("must not be null")
-	errEmptyEvent     = errors.New("must not be empty (leave it out or use null for the default \"message\")")
+	// ErrLoneSurrogate: RFC 8259 §8.2 leaves such a string's meaning open and I-JSON (RFC
+	// 7493 §2.1) forbids it; decoding it as U+FFFD would store text nobody sent.
+	ErrLoneSurrogate = errors.New("must be UTF-8 text: a lone surrogate escape (\\ud800-\\udfff without its other half) is not a character")
+	errEmptyEvent    = errors.New("must not be empty (leave it out or use null for the default \"message\")")
 )
 
 // Field names of a batch line.
@@ -53,10 +56,14 @@ func (e *JSONSyntaxError) Error() string {
 // whose decoded text is the event's data, or any other JSON value except null, whose
 // exact bytes (as written in the line) are the data: {"data":{"total":3}} publishes
 // `{"total":3}`. Anything else is an error: unknown or repeated fields, other types, an
-// empty event string, a body that is not UTF-8, blank lines before the last event (blank
-// lines after it are ignored), more than MaxBatchEvents events, none at all. The error
-// is an *EventError with the 1-based line and, when it is about a value, the field.
-// ParseBatch checks the JSON shape only; names and sizes are checked by the Publisher.
+// empty event string, a body that is not UTF-8, a string anywhere in a line (data's JSON
+// value included) with a lone surrogate escape (ErrLoneSurrogate), blank lines before the
+// last event (blank lines after it are ignored), more than MaxBatchEvents events, none at
+// all. Each line's stream, event and audience must then follow the name rules
+// (names.CheckStream, CheckEvent, CheckAudience), so that a bad name is refused as such
+// before any grant is looked at (docs/http.md, Publishing over HTTP). The error is an
+// *EventError with the 1-based line and, when it is about a value, the field. Sizes are
+// checked by the Publisher.
 //
 // The events' Data slices point into body when the string had no escapes (so body must
 // stay unchanged until the publish is done) and are fresh copies otherwise.
@@ -122,14 +129,24 @@ func isBlank(line []byte) bool {
 	return true
 }
 
-// lineParser reads one line; i is the index of the next byte.
+// lineParser reads one line; i is the index of the next byte. surrogate is set when a
+// string failed because it holds a lone surrogate escape (not a syntax error).
 type lineParser struct {
-	s []byte
-	i int
+	s         []byte
+	i         int
+	surrogate bool
 }
 
 func (p *lineParser) syntax(what string) *EventError {
 	return &EventError{Err: &JSONSyntaxError{Offset: p.i + 1, What: what}}
+}
+
+// failed is the error of a string or value that did not parse: a lone surrogate, or what.
+func (p *lineParser) failed(what string) *EventError {
+	if p.surrogate {
+		return &EventError{Err: ErrLoneSurrogate}
+	}
+	return p.syntax(what)
 }
 
 // eat consumes c when it is the next byte.
@@ -165,7 +182,7 @@ func parseBatchLine(line []byte) (PublishEvent, *EventError) {
 			}
 			key, ok := p.str()
 			if !ok {
-				return ev, p.syntax("bad string")
+				return ev, p.failed("bad string")
 			}
 			p.skipSpace()
 			if !p.eat(':') {
@@ -215,7 +232,7 @@ func parseBatchLine(line []byte) (PublishEvent, *EventError) {
 	if !seen[1] {
 		return ev, &EventError{Field: batchFieldData, Err: ErrFieldMissing}
 	}
-	return ev, nil
+	return ev, ev.checkNameRules()
 }
 
 // value parses the value of field (an index into stream, data, event, audience,
@@ -232,21 +249,21 @@ func (p *lineParser) value(field int, ev *PublishEvent) *EventError {
 		}
 		s, ok := p.str()
 		if !ok {
-			return p.syntax("bad string")
+			return p.failed("bad string")
 		}
 		ev.Stream = string(s)
 	case 1: // data
 		if c == '"' {
 			s, ok := p.str()
 			if !ok {
-				return p.syntax("bad string")
+				return p.failed("bad string")
 			}
 			ev.Data = s
 			return nil
 		}
 		start := p.i
 		if !p.skipValue() {
-			return p.syntax("bad value")
+			return p.failed("bad value")
 		}
 		if string(p.s[start:p.i]) == "null" {
 			p.i = start
@@ -262,7 +279,7 @@ func (p *lineParser) value(field int, ev *PublishEvent) *EventError {
 		}
 		s, ok := p.str()
 		if !ok {
-			return p.syntax("bad string")
+			return p.failed("bad string")
 		}
 		if len(s) == 0 {
 			return &EventError{Err: errEmptyEvent}
@@ -292,7 +309,7 @@ func (p *lineParser) value(field int, ev *PublishEvent) *EventError {
 			}
 			s, ok := p.str()
 			if !ok {
-				return p.syntax("bad string")
+				return p.failed("bad string")
 			}
 			tags = append(tags, string(s))
 			p.skipSpace()
@@ -321,7 +338,7 @@ func (p *lineParser) value(field int, ev *PublishEvent) *EventError {
 func (p *lineParser) typeError(err error) *EventError {
 	start := p.i
 	if !p.skipValue() {
-		return p.syntax("bad value")
+		return p.failed("bad value")
 	}
 	p.i = start
 	return &EventError{Err: err}
@@ -337,8 +354,8 @@ func (p *lineParser) literal(lit string) bool {
 }
 
 // str parses the JSON string at p.i (which is '"') and returns its decoded bytes: a view
-// into the line when it holds no escapes, else a new slice. Lone surrogates decode to
-// U+FFFD, as in encoding/json.
+// into the line when it holds no escapes, else a new slice. A lone surrogate escape fails
+// it with p.surrogate set (encoding/json would decode it to U+FFFD).
 func (p *lineParser) str() ([]byte, bool) {
 	open := p.i
 	v, ok := p.strBody()
@@ -408,21 +425,10 @@ func (p *lineParser) strEscaped(start int) ([]byte, bool) {
 				return nil, false
 			}
 			if utf16.IsSurrogate(r) {
-				r2 := rune(-1)
-				if p.i+1 < len(p.s) && p.s[p.i] == '\\' && p.s[p.i+1] == 'u' {
-					save := p.i
-					p.i += 2
-					var ok2 bool
-					if r2, ok2 = p.hex4(); !ok2 {
-						return nil, false
-					}
-					if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
-						out = utf8.AppendRune(out, dec)
-						continue
-					}
-					p.i = save // not a pair: the second escape stands alone
+				r, ok = p.lowHalf(r)
+				if !ok {
+					return nil, false
 				}
-				r = utf8.RuneError
 			}
 			out = utf8.AppendRune(out, r)
 		default:
@@ -430,6 +436,25 @@ func (p *lineParser) strEscaped(start int) ([]byte, bool) {
 		}
 	}
 	return nil, false
+}
+
+// lowHalf completes the surrogate escape r (just read) with the \\u escape of its low
+// half, which must follow at p.i, into the character they spell. Anything else — r a low
+// half, no escape after it, an escape that is not a low half — fails with p.surrogate set
+// (or as bad syntax when the next escape's hex digits are bad).
+func (p *lineParser) lowHalf(r rune) (rune, bool) {
+	if r < 0xDC00 && p.i+1 < len(p.s) && p.s[p.i] == '\\' && p.s[p.i+1] == 'u' {
+		p.i += 2
+		r2, ok := p.hex4()
+		if !ok {
+			return 0, false
+		}
+		if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+			return dec, true
+		}
+	}
+	p.surrogate = true
+	return 0, false
 }
 
 func (p *lineParser) hex4() (rune, bool) {
@@ -554,8 +579,14 @@ func (p *lineParser) skipStr() (int, bool) {
 				p.i += 2
 			case 'u':
 				p.i += 2
-				if _, ok := p.hex4(); !ok {
+				r, ok := p.hex4()
+				if !ok {
 					return 0, false
+				}
+				if utf16.IsSurrogate(r) {
+					if _, ok := p.lowHalf(r); !ok {
+						return 0, false
+					}
 				}
 			default:
 				return 0, false

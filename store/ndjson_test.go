@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/names"
 )
 
 func TestParseBatch(t *testing.T) {
@@ -29,8 +31,11 @@ func TestParseBatch(t *testing.T) {
 			[]PublishEvent{ev("a", "1", "", nil, false), ev("b", "2", "", nil, false)}},
 		{"escapes", `{"stream":"s","data":"a\"b\\c\/d\b\f\n\r\t\u00e9\u20ac\ud834\udd1e"}`,
 			[]PublishEvent{ev("s", "a\"b\\c/d\b\f\n\r\té€𝄞", "", nil, false)}},
-		{"lone surrogates become U+FFFD", `{"stream":"s","data":"\ud834x\udd1e\ud834\u0041"}`,
-			[]PublishEvent{ev("s", "\uFFFDx\uFFFD\uFFFDA", "", nil, false)}},
+		{"surrogate pairs", `{"stream":"s","data":"\ud834\udd1e\uD83D\uDC18","audience":["\ud83d\udc18"]}`,
+			[]PublishEvent{ev("s", "𝄞🐘", "", []string{"🐘"}, false)}},
+		{"U+FFFD itself", `{"stream":"s","data":"\ufffd"}`, []PublishEvent{ev("s", "\uFFFD", "", nil, false)}},
+		{"an escaped backslash before u", `{"stream":"s","data":"\\ud800"}`, []PublishEvent{ev("s", `\ud800`, "", nil, false)}},
+		{"a pair inside a JSON data value", `{"stream":"s","data":["\ud83d\udc18"]}`, []PublishEvent{ev("s", `["\ud83d\udc18"]`, "", nil, false)}},
 		{"escaped keys", `{"str\u0065am":"s","data":"d"}`, []PublishEvent{ev("s", "d", "", nil, false)}},
 		{"data as JSON: exact bytes", `{"stream":"s","data": {"a": [1, 2.5e3, -0, true, null, "x\n"]} }`,
 			[]PublishEvent{ev("s", `{"a": [1, 2.5e3, -0, true, null, "x\n"]}`, "", nil, false)}},
@@ -57,6 +62,7 @@ func TestParseBatch(t *testing.T) {
 }
 
 func TestParseBatchErrors(t *testing.T) {
+	surrogate := ErrLoneSurrogate.Error()
 	over := strings.Repeat(`{"stream":"s","data":"d"}`+"\n", MaxBatchEvents+1)
 	tests := []struct {
 		name string
@@ -93,6 +99,28 @@ func TestParseBatchErrors(t *testing.T) {
 		{"unclosed data object", `{"stream":"s","data":{"a":1}`, 1, "line 1: invalid JSON at byte 29: expected ',' or '}'", nil},
 		{"bad value of a typed field", `{"stream":nul,"data":"d"}`, 1, `line 1, field "stream": invalid JSON at byte 11: bad value`, nil},
 		{"unterminated", `{"stream":"s`, 1, `line 1, field "stream": invalid JSON at byte 11: bad string`, nil},
+		// Name rules, checked on each line (before any grant: docs/http.md).
+		{"bad stream name", "{\"stream\":\"a\",\"data\":\"1\"}\n{\"stream\":\"bad name\",\"data\":\"2\"}", 2,
+			`line 2, field "stream": stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -`, names.ErrStreamChars},
+		{"empty stream name", `{"stream":"","data":"d"}`, 1, `line 1, field "stream": stream name must be 1-200 bytes`, names.ErrStreamLength},
+		{"bad event name", `{"stream":"s","data":"d","event":"a/b"}`, 1, `line 1, field "event": event name may contain only A-Z a-z 0-9 and . _ : -`, names.ErrEventChars},
+		{"reserved event name", `{"stream":"s","data":"d","event":"pgsse:gap"}`, 1, `line 1, field "event": event names starting with pgsse: are reserved`, names.ErrEventReserved},
+		{"bad tag", `{"stream":"s","data":"d","audience":["ok","a\u0000"]}`, 1, `line 1, field "audience": audience tag must not contain control characters`, names.ErrTagControl},
+		{"stream name before event name", `{"event":"a b","stream":"a b","data":"d"}`, 1, `line 1, field "stream": stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -`, names.ErrStreamChars},
+		// Lone surrogate escapes: not UTF-8 text (they used to become U+FFFD).
+		{"lone high surrogate in data", `{"stream":"s","data":"a\ud800b"}`, 1, `line 1, field "data": ` + surrogate, ErrLoneSurrogate},
+		{"lone low surrogate in data", `{"stream":"s","data":"\udc00"}`, 1, `line 1, field "data": ` + surrogate, ErrLoneSurrogate},
+		{"high surrogate at the end", `{"stream":"s","data":"\ud834"}`, 1, `line 1, field "data": ` + surrogate, ErrLoneSurrogate},
+		{"high surrogate before a non-surrogate escape", `{"stream":"s","data":"\ud834\u0041"}`, 1, `line 1, field "data": ` + surrogate, ErrLoneSurrogate},
+		{"two high surrogates", `{"stream":"s","data":"\ud834\ud834"}`, 1, `line 1, field "data": ` + surrogate, ErrLoneSurrogate},
+		{"reversed pair", `{"stream":"s","data":"\udd1e\ud834"}`, 1, `line 1, field "data": ` + surrogate, ErrLoneSurrogate},
+		{"in a stream name", `{"stream":"s\ud800","data":"d"}`, 1, `line 1, field "stream": ` + surrogate, ErrLoneSurrogate},
+		{"in an event name", `{"stream":"s","data":"d","event":"\udfff"}`, 1, `line 1, field "event": ` + surrogate, ErrLoneSurrogate},
+		{"in a tag", `{"stream":"s","data":"d","audience":["\udfff"]}`, 1, `line 1, field "audience": ` + surrogate, ErrLoneSurrogate},
+		{"inside a JSON data value", `{"stream":"s","data":{"k":["\ud83d"]}}`, 1, `line 1, field "data": ` + surrogate, ErrLoneSurrogate},
+		{"in a key inside a JSON data value", `{"stream":"s","data":{"\ud83d":1}}`, 1, `line 1, field "data": ` + surrogate, ErrLoneSurrogate},
+		{"in a field name", `{"stream":"s","data":"d","\ud800":1}`, 1, "line 1: " + surrogate, ErrLoneSurrogate},
+		{"a pair whose second half has bad hex", `{"stream":"s","data":"\ud834\uzzzz"}`, 1, `line 1, field "data": invalid JSON at byte 22: bad string`, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -104,7 +104,7 @@ func ParsePayload(src []byte, p *Payload) error {
 		i++
 	}
 	event := src[start:i]
-	if len(event) > 0 && names.CheckEvent(event) != nil {
+	if len(event) > 0 && names.CheckEventSyntax(event) != nil { // as stored: it may predate the reserved prefix
 		return ErrPayloadEvent
 	}
 	if i >= len(src) {

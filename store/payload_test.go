@@ -26,6 +26,8 @@ func TestParsePayloadValid(t *testing.T) {
 			tags: []string{"user:7", "role:admin"}, data: "line1\nline2"},
 		{name: "tag with space and colon", in: "D1 1 s 1  1 5:a b:c\n", want: Payload{Kind: KindDurable, TimeUS: 1, ID: 1, NTags: 1}, tags: []string{"a b:c"}},
 		{name: "max id", in: "D1 0 s 9223372036854775807  0\nx", want: Payload{Kind: KindDurable, ID: 9223372036854775807}, data: "x"},
+		// Stored before schema v3 reserved the prefix: delivered as stored, live as in replay.
+		{name: "reserved event name", in: "D1 1 s 1 pgsse:gap 0\nx", want: Payload{Kind: KindDurable, TimeUS: 1, ID: 1}, event: "pgsse:gap", data: "x"},
 		{name: "utf-8 tag and data", in: "D1 1 s 1  1 2:é\nü€", want: Payload{Kind: KindDurable, TimeUS: 1, ID: 1, NTags: 1}, tags: []string{"é"}, data: "ü€"},
 	}
 	for _, tc := range tests {

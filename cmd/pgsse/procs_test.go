@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgsse/pgsse/engine"
 	"github.com/pgsse/pgsse/internal/testkit"
 	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/internal/testkit/servetest"
@@ -80,6 +81,14 @@ func TestProcsShareOneListenSession(t *testing.T) {
 	assert.Positive(t, first, "the first process has subscribers")
 	assert.Positive(t, second, "the sibling has subscribers")
 	assert.Equal(t, 2.0, p.Metric("pgsse_procs"))
+	// The state series are the first process's alone (a sibling exports none), so a ready
+	// host reads 1, not 2; each process's outbound budget is summed like its queued bytes.
+	assert.Equal(t, 1.0, p.Metric("pgsse_ready"))
+	assert.Equal(t, 1.0, p.Metric("pgsse_listen_up"))
+	assert.Equal(t, 1.0, p.Metric("pgsse_schema_ok"))
+	waitFor(t, 15*time.Second, "both processes' outbound budgets", func() bool {
+		return p.Metric("pgsse_outbound_budget_bytes") == float64(2*engine.DefaultMaxOutboundMemory)
+	})
 
 	ssetest.PublishRange(t, dsn, "spread", 1, 50, nil)
 	ssetest.RequireAll(t, rs, 50, 30*time.Second)

@@ -320,6 +320,16 @@ func (s *Server) Port() int { return s.port }
 // Origin is the server's origin as a browser names it.
 func (s *Server) Origin() string { return s.URL("") }
 
+// AdminPort is the admin listener's port.
+func (s *Server) AdminPort() int {
+	_, port, _ := strings.Cut(s.Admin, ":")
+	n, _ := strconv.Atoi(port)
+	return n
+}
+
+// DSN is the database the server was started with (Options.DSN).
+func (s *Server) DSN() string { return s.opts.DSN }
+
 // AdminURL is the admin listener's URL plus path.
 func (s *Server) AdminURL(path string) string { return "http://" + s.Admin + path }
 
