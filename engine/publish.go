@@ -290,7 +290,7 @@ func (s *Server) submitPublish(sc *sseConn) {
 	if err := p.Submit(&pub.req, func(res store.PublishResult) {
 		s.tasks.push(func() { s.onCommitted(sc, seq, res) })
 	}); err != nil {
-		status, reason := publishErrorStatus(err)
+		status, reason := s.publishFailed(err)
 		s.answerPublishError(sc, status, reason)
 		return
 	}
@@ -307,7 +307,7 @@ func (s *Server) onCommitted(sc *sseConn, seq uint32, res store.PublishResult) {
 		return
 	}
 	if res.Err != nil {
-		status, reason := publishErrorStatus(res.Err)
+		status, reason := s.publishFailed(res.Err)
 		s.answerPublishError(sc, status, reason)
 	} else {
 		var body []byte
@@ -437,8 +437,22 @@ func statusOf(err error) int {
 	return 400
 }
 
+// The answers to publishes the server could not carry out: fixed texts that say what happened
+// and nothing of the server's configuration (docs/http.md, Publishing over HTTP) — the
+// Publisher logs the cause with its details (the connection string's user and database,
+// PostgreSQL's message).
+const (
+	publishUnavailableText = "PostgreSQL is unavailable; nothing was published"
+	publishNotMigratedText = "the database is not set up for pgsse yet (its operator must run pgsse migrate); nothing was published"
+	publishUnknownText     = "the connection to PostgreSQL was lost during COMMIT: the events may or may not have been published"
+	publishQueueFullText   = "too many publishes are queued; retry shortly; nothing was published"
+	publishClosedText      = "the server is shutting down; retry elsewhere"
+	publishInternalText    = "the server could not publish the request (its log says why); nothing was published"
+)
+
 // publishErrorStatus maps the Publisher's errors to the statuses of docs/http.md, Publishing over
-// HTTP.
+// HTTP. What names the request (its fields, its size) is answered as it is; anything about the
+// server is answered with a fixed text.
 func publishErrorStatus(err error) (int, string) {
 	var ee *store.EventError
 	switch {
@@ -446,10 +460,29 @@ func publishErrorStatus(err error) (int, string) {
 		return 413, err.Error()
 	case errors.As(err, &ee):
 		return 400, err.Error()
-	case errors.Is(err, store.ErrUnavailable), errors.Is(err, store.ErrPublishQueueFull), errors.Is(err, store.ErrPublisherClosed):
-		return 503, err.Error()
+	case errors.Is(err, store.ErrNotMigrated):
+		return 503, publishNotMigratedText
+	case errors.Is(err, store.ErrOutcomeUnknown):
+		return 503, publishUnknownText
+	case errors.Is(err, store.ErrUnavailable):
+		return 503, publishUnavailableText
+	case errors.Is(err, store.ErrPublishQueueFull):
+		return 503, publishQueueFullText
+	case errors.Is(err, store.ErrPublisherClosed):
+		return 503, publishClosedText
 	}
-	return 500, err.Error() // e.g. pgsse.max_event_bytes is not a number: the operator must fix it
+	return 500, publishInternalText // e.g. pgsse.max_event_bytes is not a number: publishFailed logs it
+}
+
+// publishFailed is publishErrorStatus for an answer about to be sent: a 500, which the
+// Publisher has not explained in the log, is logged here (the repeat limiter keeps it to one
+// line per cause per 30 s).
+func (s *Server) publishFailed(err error) (int, string) {
+	status, reason := publishErrorStatus(err)
+	if status == 500 {
+		s.log.Error("publish failed; the request was answered 500", "err", err)
+	}
+	return status, reason
 }
 
 func resultStatus(res store.PublishResult) int {

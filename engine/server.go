@@ -55,6 +55,7 @@ type Server struct {
 	anchorPeer net.Conn
 
 	sseOpen   atomic.Int64  // SSE connections open on the loop (the acceptor's hard cap)
+	sseLn     atomic.Value  // net.Listener: --listen, once bound (StopAccepting)
 	healthyAt atomic.Int64  // unix nanoseconds of the last tick the loop ran
 	needPoll  atomic.Bool   // someone waits for a socket to drain: tick fast (ticker)
 	pollNow   chan struct{} // wakes the ticker when needPoll turns on
@@ -152,6 +153,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("--listen %s: %w", s.cfg.Listen, bindError(err))
 	}
 	defer sseLn.Close()
+	s.sseLn.Store(sseLn)
 	var hubLn net.Listener
 	if s.cfg.HubSocket != "" {
 		cleanup, err := s.hub.socket.prepare(s.cfg.HubSocket, s.cfg.HubSocketMode, s.log)
@@ -349,6 +351,15 @@ func (s *Server) drain() {
 		case <-time.After(drainAskTimeout):
 		}
 		time.Sleep(drainPollInterval)
+	}
+}
+
+// StopAccepting closes --listen: the connections open are served on, new ones go to whoever
+// else listens on the port. An orphaned --procs sibling calls it (docs/scaling.md), so that a new
+// set of processes can bind the port while it drains. Valid after Started.
+func (s *Server) StopAccepting() {
+	if ln, ok := s.sseLn.Load().(net.Listener); ok {
+		_ = ln.Close() // its acceptor sees net.ErrClosed and stops
 	}
 }
 

@@ -309,22 +309,43 @@ func (s *Server) uncountPublisher(sc *sseConn) {
 // shed answers 200 with a jittered retry and a comment saying why, and closes: EventSource
 // treats any non-200 as final, so load shedding must not use 503. For a connection whose
 // response head has not been sent (head, verifying, queued, pending).
-func (s *Server) shed(sc *sseConn, why shedReason) {
+func (s *Server) shed(sc *sseConn, why shedReason) { s.shedSaying(sc, why, nil) }
+
+// schemaMissingComment follows ":database unavailable" when the database has no pgsse schema
+// (docs/http.md, Responses and errors): a second comment line, so that the first stays the
+// reason a client matches, exactly as before, and this one says what to do.
+var schemaMissingComment = []byte("schema not installed: the server's operator must run pgsse migrate")
+
+// shedSaying is shed with a second comment line, detail, after the reason (nil: none).
+func (s *Server) shedSaying(sc *sseConn, why shedReason, detail []byte) {
 	s.metrics.shed[why].Inc()
 	b := sse.AppendStreamHead(s.scratch[:0], s.connCORS(sc))
 	b = sse.AppendRetry(b, jitteredRetryMS())
 	b = sse.AppendComment(b, shedComments[why])
+	if detail != nil {
+		b = sse.AppendComment(b, detail)
+	}
 	b = append(b, '\n')
 	s.finish(sc, b)
 }
 
 // closeWithRetry ends a streaming connection with a jittered retry field (shutdown, token
 // expiry, too slow for ephemeral traffic).
-func (s *Server) closeWithRetry(sc *sseConn) {
+func (s *Server) closeWithRetry(sc *sseConn) { s.closeWithRetrySaying(sc) }
+
+// tokenExpiredComment says why a stream closes at its token's exp (docs/http.md,
+// Authorization): a client that reconnects with the same token will get 401.
+var tokenExpiredComment = []byte("token expired")
+
+// closeWithRetrySaying is closeWithRetry with comment lines after the retry field.
+func (s *Server) closeWithRetrySaying(sc *sseConn, comments ...[]byte) {
 	if sc.closed || sc.state == stateClosing {
 		return
 	}
 	b := sse.AppendRetry(s.scratch[:0], jitteredRetryMS())
+	for _, c := range comments {
+		b = sse.AppendComment(b, c)
+	}
 	s.finish(sc, append(b, '\n'))
 }
 
@@ -456,7 +477,7 @@ func (s *Server) sweepConns() {
 			}
 		case stateCatchUp, stateLive, stateLagging:
 			if sc.expiresMS > 0 && s.nowMS >= sc.expiresMS {
-				s.closeWithRetry(sc) // token expired
+				s.closeWithRetrySaying(sc, tokenExpiredComment)
 				continue
 			}
 			if s.nowMS-sc.lastWriteMS >= heartbeatMS {

@@ -572,6 +572,15 @@ func (s *Server) retryRead(sc *sseConn, err error) {
 	}
 	if sc.retries > limit {
 		s.log.Warn("history read keeps failing; client told to retry later", "stream", sc.stream.name, "err", err)
+		switch {
+		case !schemaMissing(err):
+		case sc.state == statePending: // not migrated: say so
+			s.shedSaying(sc, shedDatabaseUnavailable, schemaMissingComment)
+			return
+		case sc.state >= stateCatchUp:
+			s.closeWithRetrySaying(sc, shedComments[shedDatabaseUnavailable], schemaMissingComment)
+			return
+		}
 		s.retryLater(sc, shedDatabaseUnavailable)
 		return
 	}

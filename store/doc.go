@@ -117,7 +117,9 @@
 // When PostgreSQL is unavailable the request's error matches ErrUnavailable (503 with
 // Retry-After) and nothing of it was published: a connection that fails before COMMIT
 // aborts the transaction, and the group is retried once on a new connection before the
-// error is given. While no connection can be made, Submit refuses at once and everything
+// error is given. A database whose pgsse schema is missing or older than SchemaVersion
+// gives the same error, also matching ErrNotMigrated, whose text says to run pgsse migrate
+// (not that PostgreSQL is unavailable). While no connection can be made, Submit refuses at once and everything
 // queued fails; the connections are retried with backoff (0.1 s doubling to 5 s). A
 // connection lost after COMMIT was sent is the one case whose outcome is not known at
 // once: the statement's answer carried the transaction's xid, so the Publisher opens a new

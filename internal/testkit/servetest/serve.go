@@ -47,11 +47,14 @@ type Options struct {
 	// ListenHost is --listen's host (default 127.0.0.1; AllAddresses for ":port").
 	ListenHost   string
 	AllAddresses bool
-	NoAdmin      bool // --admin-listen "" (then Wait must be WaitServing)
-	Procs        int  // --procs (0: not given); Start waits for every process
-	NoFile       int  // RLIMIT_NOFILE soft limit of the server (0: the test's)
-	Wait         Wait
-	StopTimeout  time.Duration // how long SIGTERM may take (default 30 s)
+	// Listen is --listen exactly (host:port), for a server that must take over another's
+	// port; empty: a free port.
+	Listen      string
+	NoAdmin     bool // --admin-listen "" (then Wait must be WaitServing)
+	Procs       int  // --procs (0: not given); Start waits for every process
+	NoFile      int  // RLIMIT_NOFILE soft limit of the server (0: the test's)
+	Wait        Wait
+	StopTimeout time.Duration // how long SIGTERM may take (default 30 s)
 }
 
 // Server is `pgsse serve` running for one test. Stop and Start reuse its ports, so that
@@ -100,15 +103,23 @@ func Start(t testing.TB, o Options) *Server {
 	// A free port can be taken by another process before pgsse binds it: then new ports
 	// (only here; a restart keeps its ports).
 	for attempt := 1; ; attempt++ {
-		s.port = testkit.FreePort(t)
-		host := o.ListenHost
-		if host == "" {
-			host = "127.0.0.1"
+		if o.Listen != "" {
+			_, port, _ := strings.Cut(o.Listen, ":")
+			if s.port, err = strconv.Atoi(port); err != nil {
+				t.Fatalf("servetest: Listen %q: want host:port", o.Listen)
+			}
+			s.Listen = o.Listen
+		} else {
+			s.port = testkit.FreePort(t)
+			host := o.ListenHost
+			if host == "" {
+				host = "127.0.0.1"
+			}
+			if o.AllAddresses {
+				host = ""
+			}
+			s.Listen = host + ":" + strconv.Itoa(s.port)
 		}
-		if o.AllAddresses {
-			host = ""
-		}
-		s.Listen = host + ":" + strconv.Itoa(s.port)
 		admin := ""
 		if !o.NoAdmin {
 			s.Admin = "127.0.0.1:" + strconv.Itoa(testkit.FreePort(t))
