@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"errors"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,11 @@ import (
 // false and the caller sheds the request. The job's done function runs on
 // the verifying goroutine — the caller hands the result back to its loop.
 // Every accepted job's done runs exactly once, also when the pool closes.
+//
+// With PoolConfig.Nice the verifiers run at a lower scheduling priority than the rest of the
+// process, on Ps of their own (lowPriority), so that a burst of verifications takes only the
+// CPU time nothing else in the process wants: the caller's event loop and the goroutines
+// feeding it win the CPU whenever they are runnable.
 type Pool struct {
 	v     *Verifier
 	cache *Cache
@@ -25,6 +31,11 @@ type Pool struct {
 	wg    sync.WaitGroup
 	stats *Stats
 	bufs  sync.Pool // *[]byte token copies, reused
+
+	nice      int         // PoolConfig.Nice
+	procs     int         // Ps this pool added (addProcs), given back by Close
+	onNiceErr func(error) // PoolConfig.OnPriorityError
+	niceErr   sync.Once
 }
 
 type poolJob struct {
@@ -40,6 +51,14 @@ type PoolConfig struct {
 	CacheEntries   int   // verified tokens remembered (NewCache); < 0 disables
 	CacheBytes     int64 // bytes of claims remembered; < 0 disables
 	FailureEntries int   // failed tokens remembered; < 0 disables
+	// Nice > 0 runs the verifiers that much nicer than the process (at most nice 19): each
+	// worker goroutine is locked to an OS thread of its own, whose nice value it raises
+	// (Linux only), and the pool adds as many Ps (GOMAXPROCS) as it has workers for its
+	// lifetime (see lowPriority).
+	Nice int
+	// OnPriorityError, if set, is called once when a worker's priority could not be
+	// lowered (that worker then runs at the process's priority).
+	OnPriorityError func(error)
 }
 
 // DefaultPoolQueue is the default number of tokens waiting for a verifier:
@@ -71,10 +90,20 @@ func NewPool(v *Verifier, cfg PoolConfig) *Pool {
 	}
 	stats := new(Stats)
 	p := &Pool{
-		v:     v,
-		cache: NewCache(cfg.CacheEntries, cfg.CacheBytes, cfg.FailureEntries, stats),
-		queue: make(chan poolJob, queue),
-		stats: stats,
+		v:         v,
+		cache:     NewCache(cfg.CacheEntries, cfg.CacheBytes, cfg.FailureEntries, stats),
+		queue:     make(chan poolJob, queue),
+		stats:     stats,
+		nice:      max(cfg.Nice, 0),
+		onNiceErr: cfg.OnPriorityError,
+	}
+	switch {
+	case p.nice > 0 && !threadPrioritySupported:
+		p.nice = 0
+		p.priorityFailed(errNoThreadPriority)
+	case p.nice > 0:
+		p.procs = workers
+		addProcs(workers)
 	}
 	p.wg.Add(workers)
 	for range workers {
@@ -133,11 +162,48 @@ func (p *Pool) Close() {
 		p.shut = true
 		close(p.queue)
 	}
+	procs := p.procs
+	p.procs = 0
 	p.mu.Unlock()
 	p.wg.Wait()
+	addProcs(-procs)
 }
 
+// work is a worker: with Nice, on a thread of its own at the lowered priority.
 func (p *Pool) work() {
+	if p.nice == 0 {
+		p.verify()
+		return
+	}
+	runtime.LockOSThread() // never unlocked, but on the main thread: the thread ends with the worker
+	if !onMainThread() {
+		p.priorityFailed(lowerThreadPriority(p.nice))
+		p.verify()
+		return
+	}
+	// The process's main thread cannot end (the runtime parks it for good when a locked
+	// goroutine returns on it), and ps shows its priority as the whole process's: leave it
+	// as it is. The worker starts again while this goroutine holds the main thread, so the
+	// new one is locked to another, and only then lets it go.
+	locked := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		close(locked)
+		p.priorityFailed(lowerThreadPriority(p.nice))
+		p.verify()
+	}()
+	<-locked
+	runtime.UnlockOSThread()
+}
+
+// errNoThreadPriority: PoolConfig.Nice where threads have no priority of their own.
+var errNoThreadPriority = errors.New("verifier threads at a lower priority are supported on Linux only")
+
+// onMainThread is isMainThread; tests make another thread play the main one.
+var onMainThread = isMainThread
+
+// verify runs jobs until the pool closes.
+func (p *Pool) verify() {
 	defer p.wg.Done()
 	for j := range p.queue {
 		tok := *j.token
@@ -158,4 +224,46 @@ func (p *Pool) work() {
 		}
 		j.done(claims, err)
 	}
+}
+
+func (p *Pool) priorityFailed(err error) {
+	if err != nil && p.onNiceErr != nil {
+		p.niceErr.Do(func() { p.onNiceErr(err) })
+	}
+}
+
+// lowPriority counts the Ps that pools with lowered-priority workers added to GOMAXPROCS.
+//
+// Why a worker brings its own P: a goroutine runs only on a P (at most GOMAXPROCS at once),
+// and a worker holds one for as long as it verifies — also while the kernel, doing what the
+// lower priority asks, keeps its thread off the CPU in favour of the event loop. Without a P
+// of its own, a worker at a lower priority would hold one of the Ps the loop, the LISTEN
+// session's reader and the replay reads need, and they would queue for the other ones behind
+// each other: the kernel would give the loop the CPU, and the Go scheduler would have no P
+// to run it on. Measured in the reconnect storm (bench/RESULTS.md, issue 24): the LISTEN
+// reader waited up to 50 ms for a P that way.
+var lowPriority struct {
+	sync.Mutex
+	added int
+}
+
+// addProcs raises GOMAXPROCS by n (lowers it, for n < 0). A process whose GOMAXPROCS was
+// the runtime's default no longer follows changes of its CPU limit once a pool has set it
+// (runtime.GOMAXPROCS): the value it keeps is the one it had plus the workers.
+func addProcs(n int) {
+	if n == 0 {
+		return
+	}
+	lowPriority.Lock()
+	defer lowPriority.Unlock()
+	lowPriority.added += n
+	runtime.GOMAXPROCS(max(1, runtime.GOMAXPROCS(0)+n))
+}
+
+// Procs is GOMAXPROCS without the Ps that pools with lowered-priority workers added: the Ps
+// for everything else, which is what a caller sizes its pools by.
+func Procs() int {
+	lowPriority.Lock()
+	defer lowPriority.Unlock()
+	return max(1, runtime.GOMAXPROCS(0)-lowPriority.added)
 }
