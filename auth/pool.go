@@ -21,7 +21,10 @@ import (
 // With PoolConfig.Nice the verifiers run at a lower scheduling priority than the rest of the
 // process, on Ps of their own (lowPriority), so that a burst of verifications takes only the
 // CPU time nothing else in the process wants: the caller's event loop and the goroutines
-// feeding it win the CPU whenever they are runnable.
+// feeding it win the CPU whenever they are runnable. Lowered workers only delay tokens by so
+// much: a job that has waited longer than PoolConfig.StarveAfter (the host busy with more
+// than the loop: other processes, PostgreSQL) is verified at the process's priority by a
+// goroutine that helps until the queue's wait is short again (rescue).
 type Pool struct {
 	v     *Verifier
 	cache *Cache
@@ -36,12 +39,20 @@ type Pool struct {
 	procs     int         // Ps this pool added (addProcs), given back by Close
 	onNiceErr func(error) // PoolConfig.OnPriorityError
 	niceErr   sync.Once
+
+	// With Nice: the starvation bound (PoolConfig.StarveAfter), the last time a worker took
+	// a job (UnixNano), and the rescuer's wake-up and stop.
+	starveAfter time.Duration
+	lastTake    atomic.Int64
+	wake        chan struct{}
+	stop        chan struct{}
 }
 
 type poolJob struct {
-	token *[]byte
-	now   time.Time
-	done  func(*Claims, error)
+	token  *[]byte
+	now    time.Time // the verification's clock (Submit's now)
+	queued int64     // when Submit queued it (UnixNano of the wall clock)
+	done   func(*Claims, error)
 }
 
 // PoolConfig sizes a Pool; zero values select the defaults.
@@ -59,7 +70,17 @@ type PoolConfig struct {
 	// OnPriorityError, if set, is called once when a worker's priority could not be
 	// lowered (that worker then runs at the process's priority).
 	OnPriorityError func(error)
+	// StarveAfter bounds what Nice may cost a token: one that has waited this long is
+	// verified at the process's priority (default DefaultStarveAfter; Stats.Rescued counts
+	// them).
+	StarveAfter time.Duration
 }
+
+// DefaultStarveAfter is PoolConfig.StarveAfter's default: a reconnect storm of a few thousand
+// ES256 tokens is verified within it on an idle core, so the rescue is for a host whose CPU
+// something else (another process, PostgreSQL) keeps from the lowered threads — before
+// callers give up on a token (the engine sheds a check that takes 10 s).
+const DefaultStarveAfter = time.Second
 
 // DefaultPoolQueue is the default number of tokens waiting for a verifier:
 // with ES256 at ≈ 0.2 ms each on one core, a full queue is ≈ 0.4 s of work
@@ -75,6 +96,7 @@ type Stats struct {
 	Verified    atomic.Uint64 // verifications that succeeded
 	Failed      atomic.Uint64 // verifications that failed
 	QueueFull   atomic.Uint64 // Submit refused: the queue was full (or the pool closed)
+	Rescued     atomic.Uint64 // jobs verified at the process's priority after StarveAfter (Nice)
 	Evictions   atomic.Uint64 // cache entries removed to make room
 }
 
@@ -104,6 +126,14 @@ func NewPool(v *Verifier, cfg PoolConfig) *Pool {
 	case p.nice > 0:
 		p.procs = workers
 		addProcs(workers)
+		p.starveAfter = cfg.StarveAfter
+		if p.starveAfter <= 0 {
+			p.starveAfter = DefaultStarveAfter
+		}
+		p.lastTake.Store(time.Now().UnixNano())
+		p.wake, p.stop = make(chan struct{}, 1), make(chan struct{})
+		p.wg.Add(1)
+		go p.rescue()
 	}
 	p.wg.Add(workers)
 	for range workers {
@@ -135,8 +165,12 @@ func (p *Pool) Submit(token []byte, now time.Time, done func(*Claims, error)) bo
 		buf = new([]byte)
 	}
 	*buf = append((*buf)[:0], token...)
+	queued := time.Now().UnixNano()
+	if p.wake != nil && len(p.queue) > 0 && queued-p.lastTake.Load() > int64(p.starveAfter) {
+		p.wakeRescuer() // jobs wait, and no worker has taken one for StarveAfter
+	}
 	select {
-	case p.queue <- poolJob{token: buf, now: now, done: done}:
+	case p.queue <- poolJob{token: buf, now: now, queued: queued, done: done}:
 		return true
 	default:
 		p.bufs.Put(buf)
@@ -161,6 +195,9 @@ func (p *Pool) Close() {
 	if !p.shut {
 		p.shut = true
 		close(p.queue)
+		if p.stop != nil {
+			close(p.stop)
+		}
 	}
 	procs := p.procs
 	p.procs = 0
@@ -206,24 +243,79 @@ var onMainThread = isMainThread
 func (p *Pool) verify() {
 	defer p.wg.Done()
 	for j := range p.queue {
-		tok := *j.token
-		// The same token may have been verified while this job waited (two
-		// tabs of one browser, a burst of retries): ask the cache again.
-		claims, err, hit := p.cache.lookup(tok, j.now, false)
-		if !hit {
-			claims, err = p.v.Verify(tok, j.now)
-			if err != nil {
-				p.stats.Failed.Add(1)
-			} else {
-				p.stats.Verified.Add(1)
+		if p.wake != nil {
+			now := time.Now().UnixNano()
+			p.lastTake.Store(now)
+			if now-j.queued > int64(p.starveAfter) {
+				p.wakeRescuer() // this one waited too long: so do the ones behind it
 			}
-			p.cache.Store(tok, claims, err, j.now)
 		}
-		if cap(tok) <= 2*MaxTokenBytes {
-			p.bufs.Put(j.token)
-		}
-		j.done(claims, err)
+		p.run(j)
 	}
+}
+
+func (p *Pool) wakeRescuer() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// rescue is the goroutine of a pool with lowered workers that verifies at the process's
+// priority once jobs have waited longer than StarveAfter: woken, it takes jobs until the
+// queue is empty or the one it took had waited less than half of StarveAfter (the workers
+// keep up again), then waits to be woken again. It ends with the pool (the workers finish
+// what is queued then).
+func (p *Pool) rescue() {
+	defer p.wg.Done()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.wake:
+		}
+	help:
+		for {
+			select {
+			case <-p.stop:
+				return
+			case j, ok := <-p.queue:
+				if !ok {
+					return
+				}
+				now := time.Now().UnixNano()
+				p.lastTake.Store(now)
+				p.stats.Rescued.Add(1)
+				p.run(j)
+				if now-j.queued < int64(p.starveAfter)/2 {
+					break help
+				}
+			default:
+				break help
+			}
+		}
+	}
+}
+
+// run verifies one job (unless the cache has it by now) and calls its done.
+func (p *Pool) run(j poolJob) {
+	tok := *j.token
+	// The same token may have been verified while this job waited (two
+	// tabs of one browser, a burst of retries): ask the cache again.
+	claims, err, hit := p.cache.lookup(tok, j.now, false)
+	if !hit {
+		claims, err = p.v.Verify(tok, j.now)
+		if err != nil {
+			p.stats.Failed.Add(1)
+		} else {
+			p.stats.Verified.Add(1)
+		}
+		p.cache.Store(tok, claims, err, j.now)
+	}
+	if cap(tok) <= 2*MaxTokenBytes {
+		p.bufs.Put(j.token)
+	}
+	j.done(claims, err)
 }
 
 func (p *Pool) priorityFailed(err error) {

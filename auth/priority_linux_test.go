@@ -66,7 +66,7 @@ func TestPoolNiceWorkers(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			procs := runtime.GOMAXPROCS(0)
 			priorityErr := make(chan error, 1)
-			p := NewPool(hsVerifier(t), PoolConfig{Workers: 2, Nice: tc.nice, CacheEntries: -1, FailureEntries: -1,
+			p := NewPool(hsVerifier(t), PoolConfig{Workers: 2, Nice: tc.nice, CacheEntries: -1, FailureEntries: -1, StarveAfter: time.Hour, // no rescue: every job on a lowered thread
 				OnPriorityError: func(err error) { priorityErr <- err }})
 			closed := false
 			defer func() {
@@ -161,4 +161,50 @@ func TestPoolNiceWorkerLeavesTheMainThread(t *testing.T) {
 	n, err = readNice(main)
 	require.NoError(t, err, "the main thread is still there")
 	assert.Equal(t, base, n, "the main thread keeps the process's priority")
+}
+
+// A pool whose lowered workers take no job for StarveAfter (here: its one worker is stuck in a
+// done function, as a thread the kernel keeps off the CPU would be) verifies the jobs waiting
+// behind at the process's priority, on another thread, and counts them in Stats.Rescued; once
+// the queue is empty the rescue stops.
+func TestPoolNiceStarvedJobsAreRescued(t *testing.T) {
+	const starve = 50 * time.Millisecond
+	base, err := readNice(unix.Getpid())
+	require.NoError(t, err)
+	p := NewPool(hsVerifier(t), PoolConfig{Workers: 1, Nice: 19, StarveAfter: starve, CacheEntries: -1, FailureEntries: -1})
+	defer p.Close()
+	tok := func(i int) []byte {
+		return hsToken(t, jwt.MapClaims{"sub": "user-" + strconv.Itoa(i), "exp": t0.Add(time.Hour).Unix()})
+	}
+	stuck, release := make(chan int, 1), make(chan struct{})
+	require.True(t, p.Submit(tok(0), t0, func(_ *Claims, err error) {
+		assert.NoError(t, err)
+		stuck <- unix.Gettid()
+		<-release
+	}))
+	worker := <-stuck
+	defer close(release)
+	type seen struct{ tid, nice int }
+	ch := make(chan seen, 2)
+	done := func(_ *Claims, err error) {
+		assert.NoError(t, err)
+		n, err := readNice(unix.Gettid())
+		assert.NoError(t, err)
+		ch <- seen{unix.Gettid(), n}
+	}
+	require.True(t, p.Submit(tok(1), t0, done)) // waits: the worker is stuck
+	// The rule is about time: no worker has taken a job for StarveAfter when the next comes.
+	time.Sleep(2 * starve)
+	require.True(t, p.Submit(tok(2), t0, done))
+	for range 2 {
+		select {
+		case s := <-ch:
+			assert.NotEqual(t, worker, s.tid, "verified by the rescue, not the stuck worker")
+			assert.Equal(t, base, s.nice, "at the process's priority")
+		case <-time.After(10 * time.Second):
+			t.Fatal("the jobs behind a stuck worker were not rescued")
+		}
+	}
+	assert.EqualValues(t, 2, p.Stats().Rescued.Load())
+	assert.Zero(t, p.Queued())
 }
