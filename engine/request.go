@@ -141,6 +141,12 @@ func (s *Server) route(sc *sseConn, req *sse.Request) {
 			return
 		}
 		s.notFound(sc, req, cors)
+	case sse.RouteClientScript:
+		if req.Method == sse.MethodGET || req.Method == sse.MethodHEAD {
+			s.endRequest(sc, req, clientScriptAnswer(req))
+			return
+		}
+		s.methodNotAllowed(sc, req, cors)
 	default:
 		s.notFound(sc, req, cors)
 	}
@@ -176,6 +182,8 @@ func allowedMethods(r sse.Route) (allow, use string) {
 		return sse.AllowStream, "GET or POST"
 	case sse.RoutePublish:
 		return sse.AllowPublish, "POST"
+	case sse.RouteClientScript:
+		return "GET, HEAD", "GET"
 	}
 	return "GET, OPTIONS", "GET"
 }

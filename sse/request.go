@@ -42,8 +42,8 @@ type Route uint8
 
 // Routes. Matching is on the raw (still percent-encoded), case-sensitive
 // path: "/streams/…" and "/channels/…" need the trailing slash ("/streams"
-// alone is RouteOther), the root is exactly "/" and the batch endpoint
-// exactly "/publish".
+// alone is RouteOther), the root is exactly "/", the batch endpoint
+// exactly "/publish" and the browser client exactly "/pgsse.js".
 const (
 	RouteNone    Route = iota
 	RouteStream        // /streams/{stream}: GET subscribes, POST publishes one event
@@ -51,6 +51,7 @@ const (
 	RouteRoot          // "/", the demo page
 	RouteOther         // anything else: 404
 	RoutePublish       // /publish: POST an NDJSON batch (docs/http.md, Publishing over HTTP)
+	RouteClientScript  // /pgsse.js: the browser client (clients/js), GET or HEAD
 )
 
 func (r Route) String() string {
@@ -65,6 +66,8 @@ func (r Route) String() string {
 		return "other"
 	case RoutePublish:
 		return "publish"
+	case RouteClientScript:
+		return "client script"
 	}
 	return "none"
 }
@@ -119,6 +122,7 @@ type Request struct {
 	ACRMethod      []byte // Access-Control-Request-Method
 	ACRHeaders     []byte // Access-Control-Request-Headers
 	SecFetchSite   []byte // Sec-Fetch-Site (Fetch Metadata): where a browser says the request comes from
+	IfNoneMatch    []byte // If-None-Match (a cache revalidating /pgsse.js); several lines: the last one
 	HTTP10         bool   // the request line said HTTP/1.0
 	// HeadLen is the bytes of input the head occupied: the empty lines skipped before
 	// the request line (RFC 9112 §2.2), the head, and its final CRLFCRLF.
@@ -651,6 +655,8 @@ func (p *Parser) target(t []byte) error {
 		r.Name = p.decode(path[len("/channels/"):], false)
 	case string(path) == "/publish":
 		r.Route = RoutePublish
+	case string(path) == "/pgsse.js":
+		r.Route = RouteClientScript
 	default:
 		r.Route = RouteOther
 	}
@@ -867,6 +873,8 @@ func (p *Parser) header(name, value []byte) error {
 				return err
 			}
 			r.LastEventID, r.HasLastEventID = value, true
+		case foldEq(name, "if-none-match"):
+			r.IfNoneMatch = value
 		}
 	case 10:
 		if foldEq(name, "connection") {
