@@ -352,6 +352,14 @@ export class Subscription extends EventTarget {
   // _hold runs while this tab holds the lock: until close() or the tab goes away.
   _hold() {
     if (this._closed) return undefined;
+    // A closing tab lets go of the lock at once rather than when the browser has torn the page
+    // down, so that the next tab takes over sooner.
+    if (!this._onPageHide && typeof addEventListener === 'function') {
+      this._onPageHide = (e) => {
+        if (!e.persisted) this.close();
+      };
+      addEventListener('pagehide', this._onPageHide);
+    }
     this._setRole('holder');
     if (this.readyState === OPEN) this._setState(CONNECTING); // the previous holder's connection is gone
     this._post({ kind: 'holder', from: this._tab });
@@ -369,15 +377,17 @@ export class Subscription extends EventTarget {
     this.dispatchEvent(new Event('statechange'));
   }
 
-  // _setState moves readyState; like EventSource, every failed attempt fires error, and the
-  // move to OPEN fires open. The holder tells the other tabs.
-  _setState(state) {
+  // _setState moves readyState; like EventSource, a failed attempt (failed) fires error, and
+  // the move to OPEN fires open. The holder tells the other tabs.
+  _setState(state, failed = false) {
     if (this._closed) return;
     const changed = this.readyState !== state;
     this.readyState = state;
     if (changed) this.dispatchEvent(new Event('statechange'));
-    if (changed || state === CONNECTING) this._emit(new Event(state === OPEN ? 'open' : 'error'));
-    if (changed && this.role === 'holder') this._post({ kind: 'state', state });
+    if ((changed && state === OPEN) || (state === CONNECTING && (changed || failed))) {
+      this._emit(new Event(state === OPEN ? 'open' : 'error'));
+    }
+    if ((changed || failed) && this.role === 'holder') this._post({ kind: 'state', state, failed });
   }
 
   _fail(message) {
@@ -434,7 +444,7 @@ export class Subscription extends EventTarget {
         }
         return;
       case 'state':
-        if (this.role === 'follower' && (!msg.to || msg.to === this._tab)) this._setState(msg.state === OPEN ? OPEN : CONNECTING);
+        if (this.role === 'follower' && (!msg.to || msg.to === this._tab)) this._setState(msg.state === OPEN ? OPEN : CONNECTING, !!msg.failed);
         return;
     }
   }
@@ -587,7 +597,7 @@ export class Subscription extends EventTarget {
       return;
     }
     if (link !== this._link) return;
-    this._setState(CONNECTING);
+    this._setState(CONNECTING, true);
     if (final) {
       // EventSource gives up after a non-200 answer (401 after exp, 403, a CORS refusal):
       // reopen with backoff, at the cursors, with a fresh token if there is a function.
