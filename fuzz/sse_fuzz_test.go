@@ -91,6 +91,7 @@ func FuzzParseRequest(f *testing.F) {
 		"PATCH /streams/a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 		"DELETE /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
 		"POST /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nSec-Fetch-Site: cross-site\r\n\r\nx",
+		"HEAD /pgsse.js?v=1 HTTP/1.1\r\nHost: x\r\nIf-None-Match: \"a\", W/\"b\"\r\nif-none-match: *\r\n\r\n",
 	} {
 		f.Add([]byte(s), uint16(8192))
 	}
@@ -147,6 +148,7 @@ func FuzzParseRequest(f *testing.F) {
 			"Since": req.Since, "LastEventID": req.LastEventID, "Authorization": req.Authorization,
 			"Cookie": req.Cookie, "Origin": req.Origin, "Host": req.Host, "ACRMethod": req.ACRMethod,
 			"ACRHeaders": req.ACRHeaders, "ContentType": req.ContentType, "Event": req.Event,
+			"IfNoneMatch": req.IfNoneMatch,
 		}
 		for i, a := range req.Audience {
 			views["Audience"+strconv.Itoa(i)] = a
