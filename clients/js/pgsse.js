@@ -285,7 +285,7 @@ export class Subscription extends EventTarget {
     }
     this._refreshBefore = options.refreshBefore;
     this._names = new Set(['message']);
-    for (const name of options.events ?? []) this._names.add(String(name));
+    for (const name of options.events ?? []) this._want(name, false);
     this._cursors = new Cursors(streams.length, initialSince(options.since, streams));
     this._share = options.share !== false;
     this._key = 'pgsse ' + JSON.stringify([this.url, this.streams, this._presence, this.withCredentials, String(options.shareKey ?? '')]);
@@ -295,6 +295,7 @@ export class Subscription extends EventTarget {
     this._next = null; // while replacing it: the one being opened
     this._timer = null; // reconnect or refresh
     this._failures = 0;
+    this._gen = 0; // of _connect calls: a later one supersedes one still waiting for its token
     this._presenceState = new Map(); // index → {present: Set, anonymous}: for tabs that join
     this._channel = null;
     this._abort = null;
@@ -316,6 +317,8 @@ export class Subscription extends EventTarget {
   /** close ends the subscription in this tab; if it held the connection, another tab takes over. */
   close() {
     if (this._closed) return;
+    if (this.role === 'holder' && this.readyState === OPEN) this._post({ kind: 'state', state: CONNECTING });
+    if (this._onPageHide) removeEventListener('pagehide', this._onPageHide);
     this._closed = true;
     this.readyState = CLOSED;
     clearTimeout(this._timer);
@@ -396,9 +399,10 @@ export class Subscription extends EventTarget {
     this._emit(ev);
   }
 
+  // _emit dispatches ev, then calls the matching handler property, as EventSource does.
   _emit(ev) {
     this.dispatchEvent(ev);
-    const h = this['on' + ev.type];
+    const h = ev.type === 'open' || ev.type === 'message' || ev.type === 'error' ? this['on' + ev.type] : null;
     if (typeof h === 'function') h.call(this, ev);
   }
 
@@ -521,15 +525,18 @@ export class Subscription extends EventTarget {
   // token function). With one open already, the new one replaces it once it is open.
   async _connect() {
     clearTimeout(this._timer);
+    const gen = ++this._gen;
     let token = null;
     if (typeof this._token === 'function') {
       try {
         token = await this._token();
       } catch (err) {
+        if (gen !== this._gen || !this._holds()) return;
         this._fail('pgsse: the token function failed: ' + (err?.message ?? err));
         this._retryLater();
         return;
       }
+      if (gen !== this._gen || !this._holds()) return;
       if (typeof token !== 'string' || token === '') {
         this._fail('pgsse: the token function returned no token');
         this._retryLater();
@@ -537,14 +544,9 @@ export class Subscription extends EventTarget {
       }
     } else if (typeof this._token === 'string') {
       token = this._token;
-      const exp = tokenExpiry(token);
-      if (exp !== null && exp <= Date.now()) {
-        this._fail('pgsse: the token has expired and there is no token function to get another');
-        this.close();
-        return;
-      }
+      if (this._expired()) return;
     }
-    if (!this._holds()) return;
+    if (!this._holds() || gen !== this._gen) return;
     const url = subscriptionURL(this.url, this.streams, { since: this._cursors.since(), token, presence: this._presence });
     const link = new Link(this, url);
     if (this._link && this._link.es.readyState === OPEN) {
@@ -558,6 +560,16 @@ export class Subscription extends EventTarget {
       const exp = tokenExpiry(token);
       if (exp !== null) this._timer = setTimeout(() => this._connect(), refreshDelay(exp, Date.now(), this._refreshBefore));
     }
+  }
+
+  // _expired closes the subscription, saying why, when its token is a string whose exp has
+  // passed: nothing can make it valid again.
+  _expired() {
+    const exp = typeof this._token === 'string' ? tokenExpiry(this._token) : null;
+    if (exp === null || exp > Date.now()) return false;
+    this._fail('pgsse: the token has expired and there is no token function to get another');
+    this.close();
+    return true;
   }
 
   _retryLater() {
@@ -597,6 +609,7 @@ export class Subscription extends EventTarget {
       return;
     }
     if (link !== this._link) return;
+    if (this._expired()) return; // pgsse ended the stream at exp: reconnecting would be refused
     this._setState(CONNECTING, true);
     if (final) {
       // EventSource gives up after a non-200 answer (401 after exp, 403, a CORS refusal):
