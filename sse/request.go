@@ -45,13 +45,13 @@ type Route uint8
 // alone is RouteOther), the root is exactly "/", the batch endpoint
 // exactly "/publish" and the browser client exactly "/pgsse.js".
 const (
-	RouteNone    Route = iota
-	RouteStream        // /streams/{stream}: GET subscribes, POST publishes one event
-	RouteChannel       // /channels/{channel}
-	RouteRoot          // "/", the demo page
-	RouteOther         // anything else: 404
-	RoutePublish       // /publish: POST an NDJSON batch (docs/http.md, Publishing over HTTP)
-	RouteClientScript  // /pgsse.js: the browser client (clients/js), GET or HEAD
+	RouteNone         Route = iota
+	RouteStream             // /streams/{stream}: GET subscribes, POST publishes one event
+	RouteChannel            // /channels/{channel}
+	RouteRoot               // "/", the demo page
+	RouteOther              // anything else: 404
+	RoutePublish            // /publish: POST an NDJSON batch (docs/http.md, Publishing over HTTP)
+	RouteClientScript       // /pgsse.js: the browser client (clients/js), GET or HEAD
 )
 
 func (r Route) String() string {
