@@ -141,7 +141,7 @@ func (s *Server) route(sc *sseConn, req *sse.Request) {
 			return
 		}
 		s.notFound(sc, req, cors)
-	case sse.RouteClientScript:
+	case sse.RouteScript:
 		if req.Method == sse.MethodGET || req.Method == sse.MethodHEAD {
 			s.endRequest(sc, req, clientScriptAnswer(req))
 			return
@@ -182,7 +182,7 @@ func allowedMethods(r sse.Route) (allow, use string) {
 		return sse.AllowStream, "GET or POST"
 	case sse.RoutePublish:
 		return sse.AllowPublish, "POST"
-	case sse.RouteClientScript:
+	case sse.RouteScript:
 		return "GET, HEAD", "GET"
 	}
 	return "GET, OPTIONS", "GET"

@@ -45,13 +45,13 @@ type Route uint8
 // alone is RouteOther), the root is exactly "/", the batch endpoint
 // exactly "/publish" and the browser client exactly "/pgsse.js".
 const (
-	RouteNone         Route = iota
-	RouteStream             // /streams/{stream}: GET subscribes, POST publishes one event
-	RouteChannel            // /channels/{channel}
-	RouteRoot               // "/", the demo page
-	RouteOther              // anything else: 404
-	RoutePublish            // /publish: POST an NDJSON batch (docs/http.md, Publishing over HTTP)
-	RouteClientScript       // /pgsse.js: the browser client (clients/js), GET or HEAD
+	RouteNone    Route = iota
+	RouteStream        // /streams/{stream}: GET subscribes, POST publishes one event
+	RouteChannel       // /channels/{channel}
+	RouteRoot          // "/", the demo page
+	RouteOther         // anything else: 404
+	RoutePublish       // /publish: POST an NDJSON batch (docs/http.md, Publishing over HTTP)
+	RouteScript        // /pgsse.js: the browser client (clients/js), GET or HEAD
 )
 
 func (r Route) String() string {
@@ -66,8 +66,8 @@ func (r Route) String() string {
 		return "other"
 	case RoutePublish:
 		return "publish"
-	case RouteClientScript:
-		return "client script"
+	case RouteScript:
+		return "script"
 	}
 	return "none"
 }
@@ -656,7 +656,7 @@ func (p *Parser) target(t []byte) error {
 	case string(path) == "/publish":
 		r.Route = RoutePublish
 	case string(path) == "/pgsse.js":
-		r.Route = RouteClientScript
+		r.Route = RouteScript
 	default:
 		r.Route = RouteOther
 	}
