@@ -24,7 +24,7 @@ export interface SubscribeOptions {
   since?: Cursor | Readonly<Record<string, Cursor | null | undefined>>;
   /** Sent as ?token=. Absent: the pgsse_token cookie (see withCredentials) or public streams. */
   token?: TokenSource;
-  /** Replace the token this many ms before its exp. Default: a third of its lifetime, 1 s to 2 min. */
+  /** Replace the token this many ms before its exp. Default: halfway to exp, 1 s to 2 min before it. */
   refreshBefore?: number;
   /** EventSource's withCredentials: send the pgsse_token cookie to another origin. */
   withCredentials?: boolean;

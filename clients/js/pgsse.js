@@ -95,14 +95,15 @@ export function tokenExpiry(token) {
 }
 
 /**
- * refreshDelay is how long after now (ms) a token expiring at expMS is replaced: a third of
- * its remaining lifetime before exp, at least 1 s and at most 2 minutes before it (timers of a
- * background tab may run up to a minute late), or `before` ms when given; never sooner than
- * 250 ms from now.
+ * refreshDelay is how long after now (ms) a token expiring at expMS is replaced: halfway
+ * through its remaining lifetime, but at least 1 s and at most 2 minutes before exp (timers of
+ * a background tab may run up to a minute late; a loaded browser needs a second or two to
+ * fetch a token and open a connection), or `before` ms before exp when given; never sooner
+ * than 250 ms from now.
  */
 export function refreshDelay(expMS, nowMS, before) {
   const life = expMS - nowMS;
-  const margin = before ?? Math.min(120000, Math.max(1000, life / 3));
+  const margin = before ?? Math.min(120000, Math.max(1000, life / 2));
   return Math.max(250, life - margin);
 }
 

@@ -30,9 +30,10 @@ test('tokenExpiry decodes exp without verifying', () => {
   assert.equal(tokenExpiry(t), 2000000000000);
 });
 
-test('refreshDelay: a third of the lifetime before exp, 1 s to 2 min, never at once', () => {
+test('refreshDelay: halfway to exp, 1 s to 2 min before it, never at once', () => {
   const now = 1_000_000;
-  assert.equal(refreshDelay(now + 5000, now), 5000 - 5000 / 3);
+  assert.equal(refreshDelay(now + 5000, now), 2500);
+  assert.equal(refreshDelay(now + 200_000, now), 100_000);
   assert.equal(refreshDelay(now + 2000, now), 1000, 'at least 1 s before');
   assert.equal(refreshDelay(now + 3600_000, now), 3600_000 - 120_000, 'at most 2 min before');
   assert.equal(refreshDelay(now + 600, now), 250, 'never sooner than 250 ms');
