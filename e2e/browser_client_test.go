@@ -29,13 +29,18 @@ import (
 
 // clientTabPage loads the client from pgsse (?pgsse=) like an application page would, follows
 // ?streams= (comma-separated) with ?token= or, with ?tokenURL=, a token function fetching a
-// fresh one each time, and reports every callback through window.report.
+// fresh one each time, and reports every callback through window.report. ?without=locks or
+// ?without=broadcast takes Web Locks or BroadcastChannel away first, as in a browser without
+// them; ?share=false passes share: false.
 const clientTabPage = `<!doctype html>
 <html><head><meta charset="utf-8"><title>pgsse client tab</title></head><body>
 <script type="module">
 const q = new URLSearchParams(location.search);
+if (q.get('without') === 'locks') Object.defineProperty(Navigator.prototype, 'locks', { get: () => undefined, configurable: true });
+if (q.get('without') === 'broadcast') window.BroadcastChannel = undefined;
 const { subscribe } = await import(q.get('pgsse') + '/pgsse.js');
 const opts = { url: q.get('pgsse'), streams: q.get('streams').split(','), events: ['status'] };
+if (q.get('share') === 'false') opts.share = false;
 if (q.get('tokenURL')) {
   opts.token = async () => {
     const r = await fetch(q.get('tokenURL'), { cache: 'no-store' });
@@ -323,6 +328,60 @@ func TestBrowserClient_FiveTabsShareOneConnection(t *testing.T) {
 			assert.Equal(t, 1.0, s.Metric("pgsse_sse_connections"))
 			reqs := streamRequests(all)
 			assert.Len(t, reqs, 1, "one EventSource request from the whole browser: %v", reqs)
+			assert.Empty(t, filter(all, "client-error"))
+			assert.Empty(t, filter(all, "pageerror"))
+		})
+	}
+}
+
+// Without Web Locks or BroadcastChannel, or with share: false, each tab connects on its own
+// (role "alone"): as many connections at the server as tabs, and every tab still receives
+// every event once, in order.
+func TestBrowserClient_WithoutSharingEachTabConnects(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, query string }{
+		{"no Web Locks", "without=locks"},
+		{"no BroadcastChannel", "without=broadcast"},
+		{"share false", "share=false"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			streams := []string{"room/a"}
+			dsn := newDatabase(t)
+			ps := startClientPages(t)
+			s := startServer(t, dsn, "127.0.0.1", "--cors-origins", ps.URL)
+			b := startChromium(t, s)
+			const nTabs = 3
+			tabs := openTabs(t, b, nTabs, ps.tabURL(s, streams, mintToken(t, "room/*"), "")+"&"+tc.query)
+			all := b.waitFor(60*time.Second, fmt.Sprintf("%d tabs open", nTabs), func(all []obs) bool {
+				open := map[int]bool{}
+				for _, o := range filter(all, "client-open") {
+					open[o.Page] = true
+				}
+				return len(open) == nTabs
+			})
+			roles := map[int][]string{}
+			for _, o := range filter(all, "client-state") {
+				roles[o.Page] = append(roles[o.Page], o.Role)
+			}
+			for _, tab := range tabs {
+				require.NotEmpty(t, roles[tab], "tab %d reported its role", tab)
+				for _, r := range roles[tab] {
+					assert.Equal(t, "alone", r, "tab %d connects on its own", tab)
+				}
+			}
+			waitMetric(t, s, "pgsse_sse_connections", nTabs)
+
+			const n = 10
+			for i := 1; i <= n; i++ {
+				publishSQL(t, dsn, streams[0], fmt.Sprintf("%s #%d", streams[0], i))
+			}
+			all = b.waitFor(60*time.Second, "every event in every tab", allTabsHave(tabs, streams, n))
+			got := tabEvents(all)
+			for _, tab := range tabs {
+				assert.Equal(t, wantEvents(streams, n), got[tab], "tab %d: every event once, in order", tab)
+			}
+			assert.Len(t, streamRequests(all), nTabs, "one EventSource request per tab")
 			assert.Empty(t, filter(all, "client-error"))
 			assert.Empty(t, filter(all, "pageerror"))
 		})

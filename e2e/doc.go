@@ -3,7 +3,8 @@
 // nginx and Caddy as reverse proxies in front of `pgsse serve`, and Debian's Prometheus
 // scraping it with the rules and dashboard of deploy/ (prometheus_test.go). In Chromium it also
 // runs pgsse's own browser client, clients/js (browser_client_test.go: tabs sharing one
-// connection, a holder tab closed, a token refreshed), and Hotwire Turbo and htmx with the
+// connection, a holder tab closed, a token refreshed, each tab on its own without Web Locks or
+// BroadcastChannel), and Hotwire Turbo and htmx with the
 // pages and SQL of docs/frameworks.md (frameworks_test.go).
 //
 // The package holds only tests. TestMain installs the clients (scripts/e2e-deps.sh: apt
