@@ -4,8 +4,8 @@
 // scraping it with the rules and dashboard of deploy/ (prometheus_test.go). In Chromium it also
 // runs pgsse's own browser client, clients/js (browser_client_test.go: tabs sharing one
 // connection, a holder tab closed, a token refreshed, each tab on its own without Web Locks or
-// BroadcastChannel), and Hotwire Turbo and htmx with the
-// pages and SQL of docs/frameworks.md (frameworks_test.go).
+// BroadcastChannel), and Hotwire Turbo and htmx with the pages and SQL of docs/frameworks.md
+// (frameworks_test.go).
 //
 // The package holds only tests. TestMain installs the clients (scripts/e2e-deps.sh: apt
 // packages and `npm ci` in e2e/js, never a browser download), builds cmd/pgsse once, and
