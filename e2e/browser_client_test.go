@@ -459,6 +459,82 @@ func TestBrowserClient_HolderTabClosedAnotherTakesOver(t *testing.T) {
 	}
 }
 
+// A tab that joins an open connection after events were relayed, and takes over before another
+// one is: it resumes from the holder's positions, which the holder hands it on joining, not live
+// from the moment it connects — so what is published while the holder tab closes still reaches
+// it, once. (Without the hand-over its request has no since= and those events are lost.)
+func TestBrowserClient_LateTabTakesOverFromHolderCursors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range clientCases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dsn := newDatabase(t)
+			ps := startClientPages(t)
+			s := startServer(t, dsn, "127.0.0.1", "--cors-origins", ps.URL)
+			b := startChromium(t, s)
+			pageURL := ps.tabURL(s, tc.streams, mintToken(t, "room/*"), "")
+			first := openTabs(t, b, 1, pageURL)
+			tabsOpen(t, b, first)
+			const before = 3
+			for i := 1; i <= before; i++ {
+				for _, st := range tc.streams {
+					publishSQL(t, dsn, st, fmt.Sprintf("%s #%d", st, i))
+				}
+			}
+			b.waitFor(60*time.Second, "the first tab's events", allTabsHave(first, tc.streams, before))
+
+			var late int
+			require.NoError(t, json.Unmarshal(b.call(map[string]any{"cmd": "newPage"}), &late))
+			b.call(map[string]any{"cmd": "goto", "url": pageURL, "page": late})
+			tabsOpen(t, b, []int{first[0], late})
+			b.call(map[string]any{"cmd": "closePage", "page": first[0]})
+			// Published while the holder tab goes away, before the late tab's connection is open.
+			const after = 2
+			for i := before + 1; i <= before+after; i++ {
+				for _, st := range tc.streams {
+					publishSQL(t, dsn, st, fmt.Sprintf("%s #%d", st, i))
+				}
+			}
+			all := b.waitFor(60*time.Second, "the late tab holding the connection", func(all []obs) bool {
+				for _, o := range filter(all, "client-open") {
+					if o.Page == late && o.Role == "holder" {
+						return true
+					}
+				}
+				return false
+			})
+			reqs := streamRequests(all)
+			require.Len(t, reqs, 2, "the first tab's connection, then the late tab's")
+			u, err := url.Parse(reqs[1].URL)
+			require.NoError(t, err)
+			positions := strings.Repeat(fmt.Sprint(before)+",", len(tc.streams))
+			assert.Equal(t, positions[:len(positions)-1], u.Query().Get("since"), "the late tab resumes from the holder's positions")
+
+			all = b.waitFor(60*time.Second, "the events published during the takeover", func(all []obs) bool {
+				for _, st := range tc.streams {
+					if len(tabEvents(all)[late][st]) < after {
+						return false
+					}
+				}
+				return true
+			})
+			want := map[string][]string{}
+			for _, st := range tc.streams {
+				for i := before + 1; i <= before+after; i++ {
+					want[st] = append(want[st], fmt.Sprintf("%d:%s #%d", i, st, i))
+				}
+			}
+			assert.Equal(t, want, tabEvents(all)[late], "joined live, then every event once, in order")
+			for _, o := range filter(all, "client-error") {
+				// The takeover is a lost connection to the late tab (an error event, as
+				// EventSource fires); nothing the client had to explain.
+				assert.Empty(t, o.Message, "tab %d", o.Page)
+			}
+			assert.Empty(t, filter(all, "pageerror"))
+		})
+	}
+}
+
 // A token that lives 5 s, from a token function: the client reopens the stream with a fresh
 // token before each exp, at its cursors, so over 30 s the server never ends the stream (no
 // EventSource request ends by the server's hand, no 401, no error in the page) and no event is
@@ -492,7 +568,10 @@ func TestBrowserClient_TokenRefreshedBeforeExpiry(t *testing.T) {
 			assert.Empty(t, streamObs(all, "requestfinished"), "the server ended no stream (an expiry close ends the response)")
 			assert.Equal(t, 0.0, s.Metric(`pgsse_rejected_total{status="401"}`))
 			assert.GreaterOrEqual(t, ps.tokens.Load(), int64(7), "a fresh token before each exp")
-			assert.Equal(t, ps.tokens.Load(), int64(len(streamRequests(all))), "one connection per token")
+			// One connection per token; the last token may be minted and its connection not yet
+			// requested when the observations were taken (a refresh under way).
+			conns, minted := int64(len(streamRequests(all))), ps.tokens.Load()
+			assert.True(t, minted == conns || minted == conns+1, "one connection per token: %d tokens, %d connections", minted, conns)
 			assert.Empty(t, filter(all, "pageerror"))
 		})
 	}

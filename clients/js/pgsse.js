@@ -152,6 +152,18 @@ export class Cursors {
   }
 
   /**
+   * adopt takes the positions of a tab that holds the connection for the streams this tab has
+   * none in yet (a tab that joins an open connection starts where it stands), so that if this
+   * tab takes over before another event is relayed it resumes from there, not live.
+   */
+  adopt(cursors) {
+    if (!Array.isArray(cursors) || cursors.length !== this.c.length) return;
+    cursors.forEach((v, i) => {
+      if (this.c[i] === undefined && typeof v === 'string' && CURSOR.test(v)) this.c[i] = v;
+    });
+  }
+
+  /**
    * since is the `since` query parameter that resumes every stream where this tab stands:
    * the plain cursor for one stream, `c0,c1,…` (empty = live from the head) for several;
    * null when no stream has a position.
@@ -432,7 +444,8 @@ export class Subscription extends EventTarget {
         // connection next listens to them from its first event.
         for (const n of msg.names ?? []) this._want(n, false);
         if (this.role !== 'holder') return;
-        this._post({ kind: 'state', state: this.readyState, to: msg.from });
+        // Its positions go first: every event relayed after them is past them.
+        this._post({ kind: 'state', state: this.readyState, to: msg.from, cursors: this._cursors.c });
         for (const [index, p] of this._presenceState) {
           const json = { stream: this.streams[index], present: [...p.present].sort(), anonymous: p.anonymous };
           this._post({ kind: 'presence', type: PRESENCE, data: JSON.stringify(json), index, json, to: msg.from });
@@ -449,7 +462,9 @@ export class Subscription extends EventTarget {
         }
         return;
       case 'state':
-        if (this.role === 'follower' && (!msg.to || msg.to === this._tab)) this._setState(msg.state === OPEN ? OPEN : CONNECTING, !!msg.failed);
+        if (msg.to && msg.to !== this._tab) return;
+        if (msg.to) this._cursors.adopt(msg.cursors); // the holder's answer to this tab's hello
+        if (this.role === 'follower') this._setState(msg.state === OPEN ? OPEN : CONNECTING, !!msg.failed);
         return;
     }
   }

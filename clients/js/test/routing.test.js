@@ -116,6 +116,19 @@ test('Cursors: a tab that joins late takes the connection\'s positions', () => {
   assert.ok(cursors.event(0, ['8', '12', '']));
 });
 
+test('Cursors adopt the holder\'s positions only where this tab has none', () => {
+  const cursors = new Cursors(3, [null, '4', null]);
+  cursors.adopt(['9', '2', undefined]); // as structured-cloned from the holder's Cursors
+  assert.equal(cursors.since(), '9,4,', 'a from the holder, b kept (this tab\'s own), c still none');
+  assert.ok(!cursors.event(0, ['9', '4', '1']), 'a#9: the holder had relayed it before this tab joined');
+  assert.ok(cursors.event(0, ['10', '4', '1']));
+  for (const bad of [null, ['1', '2'], ['x', '1', '1']]) {
+    const c = new Cursors(3, null);
+    c.adopt(bad);
+    assert.equal(c.since(), bad && bad.length === 3 ? ',1,1' : null, JSON.stringify(bad));
+  }
+});
+
 test('Cursors start where since says and skip what is older', () => {
   const cursors = new Cursors(2, ['5', null]);
   assert.equal(cursors.since(), '5,');
