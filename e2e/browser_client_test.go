@@ -19,6 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/internal/testkit"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
 )
 
 // The browser client (clients/js/pgsse.js, served by pgsse at /pgsse.js) in Chromium: tabs of
@@ -158,7 +160,7 @@ func startClientPages(t *testing.T) *clientPages {
 
 // tabURL is the tab page following streams on s with a fixed token, or, when tokenQuery is not
 // empty, with a token function fetching /token?tokenQuery.
-func (ps *clientPages) tabURL(s *server, streams []string, token, tokenQuery string) string {
+func (ps *clientPages) tabURL(s *servetest.Server, streams []string, token, tokenQuery string) string {
 	q := url.Values{"pgsse": {s.Origin()}, "streams": {strings.Join(streams, ",")}}
 	if tokenQuery != "" {
 		q.Set("tokenURL", ps.URL+"/token?"+tokenQuery)
@@ -370,7 +372,7 @@ func TestBrowserClient_WithoutSharingEachTabConnects(t *testing.T) {
 					assert.Equal(t, "alone", r, "tab %d connects on its own", tab)
 				}
 			}
-			waitMetric(t, s, "pgsse_sse_connections", nTabs)
+			testkit.WaitFor(t, 15*time.Second, "pgsse_sse_connections "+fmt.Sprint(nTabs), func() bool { return s.Metric("pgsse_sse_connections") == nTabs })
 
 			const n = 10
 			for i := 1; i <= n; i++ {
@@ -453,7 +455,7 @@ func TestBrowserClient_HolderTabClosedAnotherTakesOver(t *testing.T) {
 				assert.Equal(t, want, got[tab], "tab %d: every event once, in order", tab)
 			}
 			assert.Len(t, streamRequests(all), 2, "one connection before, one after the takeover")
-			waitMetric(t, s, "pgsse_sse_connections", 1)
+			testkit.WaitFor(t, 15*time.Second, "pgsse_sse_connections 1", func() bool { return s.Metric("pgsse_sse_connections") == 1 })
 			assert.Empty(t, filter(all, "pageerror"))
 		})
 	}
@@ -603,20 +605,4 @@ func TestBrowserClient_StaticTokenEndsAtExpiry(t *testing.T) {
 	var rs int
 	require.NoError(t, json.Unmarshal(b.call(map[string]any{"cmd": "eval", "expr": "window.sub.readyState"}), &rs))
 	assert.Equal(t, 2, rs, "closed")
-}
-
-// waitMetric polls pgsse's /metrics until sample is want (there is no event for a gauge).
-func waitMetric(t *testing.T, s *server, sample string, want float64) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		v := s.Metric(sample)
-		if v == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s is %v, want %v", sample, v, want)
-		}
-		time.Sleep(100 * time.Millisecond) // polling the metric
-	}
 }

@@ -11,7 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
 )
 
 // The pages and SQL of docs/frameworks.md (Hotwire Turbo, htmx) and of clients/js/README.md, as
@@ -21,7 +22,7 @@ import (
 
 // docsPage is a page block of a Markdown file with pgsse's example address replaced by s's
 // and the example token by token.
-func docsPage(t *testing.T, file, info string, s *server, token string) string {
+func docsPage(t *testing.T, file, info string, s *servetest.Server, token string) string {
 	t.Helper()
 	page := docsBlock(t, file, info)
 	require.Contains(t, page, "https://rt.example.com", "%s: the example names pgsse as https://rt.example.com", info)
@@ -140,7 +141,7 @@ func TestFrameworks_HtmxSSE(t *testing.T) {
 
 // sharedTabs opens the page at path in two tabs of one browser, publishes the SQL blocks and
 // waits until both tabs show them (check reads one tab); pgsse holds one connection for both.
-func sharedTabs(t *testing.T, s *server, b *nodeProc, ps *clientPages, path, dsn string, sql []string, check func(tab int)) {
+func sharedTabs(t *testing.T, s *servetest.Server, b *nodeProc, ps *clientPages, path, dsn string, sql []string, check func(tab int)) {
 	t.Helper()
 	tabs := openTabs(t, b, 2, ps.URL+path)
 	// The holder's connection is live once pgsse answered it; the other tab is waiting for it.
