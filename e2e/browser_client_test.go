@@ -497,10 +497,12 @@ func TestBrowserClient_LateTabTakesOverFromHolderCursors(t *testing.T) {
 					publishSQL(t, dsn, st, fmt.Sprintf("%s #%d", st, i))
 				}
 			}
+			// The page's report of its open connection and chromium's of the request travel apart:
+			// wait for both.
 			all := b.waitFor(60*time.Second, "the late tab holding the connection", func(all []obs) bool {
 				for _, o := range filter(all, "client-open") {
 					if o.Page == late && o.Role == "holder" {
-						return true
+						return len(streamRequests(all)) >= 2
 					}
 				}
 				return false
