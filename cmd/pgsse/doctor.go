@@ -120,7 +120,7 @@ func (d *doctor) schema(ctx context.Context, conn *pgconn.PgConn) {
 func (d *doctor) presence(ctx context.Context, conn *pgconn.PgConn) {
 	procs, err := store.ReadPresenceProcesses(ctx, conn)
 	if err != nil {
-		d.report("WARN", "presence", "cannot read the presence leases (schema before version 3?): %v", err)
+		d.report("warn", "presence", "cannot read the presence leases (schema before version 3?): %v", err)
 		return
 	}
 	if len(procs) == 0 {
@@ -131,7 +131,7 @@ func (d *doctor) presence(ctx context.Context, conn *pgconn.PgConn) {
 	for _, p := range procs {
 		if !p.Live {
 			lapsed++
-			status = "WARN"
+			status = "warn"
 		}
 	}
 	d.report(status, "presence", "%d pgsse processes hold presence leases (%d lapsed)", len(procs), lapsed)
