@@ -149,6 +149,9 @@ func (p *presenceTable) closed(sc *sseConn) {
 		if m.watch {
 			delete(st.watchers, sc)
 			delete(st.fresh, sc)
+			if len(st.watchers) == 0 { // nobody to tell: no view to keep (a watcher's arrival reads it again)
+				st.view, st.announced, st.full = nil, nil, false
+			}
 		}
 		p.maybeDrop(st)
 	}
