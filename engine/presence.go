@@ -81,6 +81,8 @@ type presenceStream struct {
 	// and before that prevWritten. The view includes pendWritten once it has applied pendSeq.
 	prevWritten, pendWritten int32
 	pendSeq                  int64
+	handedAnon               int32 // the local anonymous count last handed to the writer
+	inflight                 bool  // a write with the anonymous count has no outcome yet
 }
 
 // presenceFreshPerRound bounds the full events encoded for newcomers outside the tick per
@@ -192,19 +194,25 @@ func (p *presenceTable) count(st *presenceStream, sub string, d int32) {
 
 // maybeDrop forgets a stream that has nothing left to count, write or tell.
 func (p *presenceTable) maybeDrop(st *presenceStream) {
-	if len(st.counts) == 0 && len(st.dirty) == 0 && len(st.watchers) == 0 && !st.reading && st.pendWritten == 0 &&
+	if len(st.counts) == 0 && len(st.dirty) == 0 && len(st.watchers) == 0 && !st.reading && st.pendWritten == 0 && !st.inflight &&
 		p.streams[st.name] == st {
 		delete(p.streams, st.name)
 	}
 }
 
 // takeChanges hands the writer every count that changed since it last took them (absolute
-// counts: a retried write changes nothing twice).
+// counts: a retried write changes nothing twice). A stream whose anonymous count goes with
+// this write is in flight until the write's outcome (flushed): until then nobody knows whether
+// the view's anonymous count includes it, so no event of it goes out.
 func (p *presenceTable) takeChanges() []store.PresenceCount {
 	out := p.counts[:0]
 	for _, st := range p.streams {
 		for sub := range st.dirty {
-			out = append(out, store.PresenceCount{Stream: st.name, Sub: sub, Connections: int(st.counts[sub])})
+			n := st.counts[sub]
+			out = append(out, store.PresenceCount{Stream: st.name, Sub: sub, Connections: int(n)})
+			if sub == "" {
+				st.handedAnon, st.inflight = n, true
+			}
 		}
 		clear(st.dirty)
 	}
@@ -216,9 +224,10 @@ func (p *presenceTable) takeChanges() []store.PresenceCount {
 	return res
 }
 
-// flushed takes a write's outcome (on the loop): the metrics, and for the streams whose
-// anonymous count it wrote, which change carries it.
-func (p *presenceTable) flushed(res store.PresenceFlush, written []store.PresenceCount) {
+// flushed takes a write's outcome (on the loop; ok: it committed): the metrics, and for the
+// streams whose anonymous count it wrote, which change carries it — then their events, which
+// waited for it.
+func (p *presenceTable) flushed(res store.PresenceFlush, ok bool) {
 	p.metrics.presenceWrites.Add(float64(res.Statements))
 	p.metrics.presenceLeaseExpired.Add(float64(len(res.Reaped)))
 	for _, r := range res.Reaped {
@@ -229,18 +238,21 @@ func (p *presenceTable) flushed(res store.PresenceFlush, written []store.Presenc
 	for _, c := range res.Changes {
 		seqs[c.Stream] = c.Seq
 	}
-	for _, c := range written {
-		if c.Sub != "" {
+	for _, st := range p.streams {
+		if !st.inflight && (!ok || st.handedAnon == st.pendWritten) {
 			continue
 		}
-		st := p.streams[c.Stream]
-		if st == nil {
-			continue
+		st.inflight = false
+		if ok && st.handedAnon != st.pendWritten {
+			st.prevWritten = p.writtenAnon(st)
+			st.pendWritten = st.handedAnon
+			st.pendSeq = seqs[st.name] // 0 when no change was announced: nobody's anonymous count moved
+			st.version++
 		}
-		st.prevWritten = p.writtenAnon(st)
-		st.pendWritten = int32(c.Connections)
-		st.pendSeq = seqs[c.Stream] // 0 when no change was announced: the count did not move anyone's view
-		st.version++
+		if st.view != nil && p.nowMS-st.lastEventMS >= p.cfg.PresenceInterval.Milliseconds() {
+			p.announce(st, false)
+		}
+		p.welcome(st, presenceFreshPerRound)
 		p.maybeDrop(st)
 	}
 }
@@ -394,7 +406,7 @@ func (p *presenceTable) current(st *presenceStream) (map[string]struct{}, int64)
 // full event when full is set (after a read that followed a LISTEN loss) — and makes that
 // what they were told. Newcomers get theirs in welcome.
 func (p *presenceTable) announce(st *presenceStream, afterRead bool) {
-	if st.view == nil || !st.view.Synced() {
+	if st.view == nil || !st.view.Synced() || st.inflight {
 		return
 	}
 	st.view.TakeChanges() // the view's own bookkeeping is not used: drop it
@@ -438,7 +450,7 @@ func (p *presenceTable) announce(st *presenceStream, afterRead bool) {
 // welcome sends at most n fresh watchers of st whose response head is out their first, full,
 // event (one encoding for all of them).
 func (p *presenceTable) welcome(st *presenceStream, n int) {
-	if len(st.fresh) == 0 || n <= 0 || st.view == nil || !st.view.Synced() {
+	if len(st.fresh) == 0 || n <= 0 || st.view == nil || !st.view.Synced() || st.inflight {
 		return
 	}
 	if st.announced == nil {

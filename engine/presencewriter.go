@@ -26,11 +26,11 @@ type presenceWriter struct {
 	p        *store.Presence
 	conn     *pgconn.PgConn
 	reads    chan presenceRead
-	take     func() []store.PresenceCount                     // on the loop: the changes to write
-	flushed  func(store.PresenceFlush, []store.PresenceCount) // on the loop: a write's outcome
-	pending  []store.PresenceCount                            // changes taken while no connection could be made
-	stopped  bool                                             // superseded: no more writes
-	failing  bool                                             // the last write failed (logged once per run of failures)
+	take     func() []store.PresenceCount           // on the loop: the changes to write
+	flushed  func(res store.PresenceFlush, ok bool) // on the loop: a write's outcome
+	pending  []store.PresenceCount                  // changes taken while no connection could be made
+	stopped  bool                                   // superseded: no more writes
+	failing  bool                                   // the last write failed (logged once per run of failures)
 	done     chan struct{}
 }
 
@@ -49,7 +49,7 @@ const presenceReadsQueued = 256
 func presenceTimeout(interval time.Duration) time.Duration { return max(3*interval, 2*time.Second) }
 
 func newPresenceWriter(dsn, key string, interval time.Duration, log *slog.Logger, tasks *taskQueue,
-	take func() []store.PresenceCount, flushed func(store.PresenceFlush, []store.PresenceCount)) (*presenceWriter, error) {
+	take func() []store.PresenceCount, flushed func(store.PresenceFlush, bool)) (*presenceWriter, error) {
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
@@ -143,14 +143,14 @@ func (w *presenceWriter) flush(ctx context.Context) {
 		}
 		w.failing = true
 		w.drop()
-		changes = nil // nothing was written
 	default:
 		if w.failing {
 			w.log.Info("presence: writing again")
 		}
 		w.failing = false
 	}
-	w.tasks.push(func() { w.flushed(res, changes) })
+	ok := err == nil
+	w.tasks.push(func() { w.flushed(res, ok) })
 }
 
 // answer runs one read and hands its answer to the loop.

@@ -4,14 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/auth"
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
 )
 
 // Presence across real processes (SPEC §3d; issue 21's "Must show"): `pgsse serve --procs 2`
@@ -27,45 +24,14 @@ import (
 
 const presenceInterval = 300 * time.Millisecond
 
-// servePresence starts `pgsse serve` on listen with presence for room/*, waiting until it is
-// ready; it is stopped (SIGTERM) when the test ends unless the test killed it.
-func servePresence(t *testing.T, dsn, listen string, procs int, interval time.Duration) *procsServer {
+// servePresence starts `pgsse serve` with presence for room/* (internal/testkit/servetest: on
+// listen, a free port when ""), waiting until it is ready; it is stopped when the test ends.
+func servePresence(t *testing.T, dsn, listen string, procs int, interval time.Duration) *servetest.Server {
 	t.Helper()
-	f, err := os.OpenFile(filepath.Join(t.TempDir(), "serve.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	require.NoError(t, err)
-	t.Cleanup(func() { f.Close() })
-	p := &procsServer{t: t, dsn: dsn, log: logFile{f}, exited: make(chan struct{})}
-	p.cmd = exec.Command(binary, "serve", "--listen", listen, "--admin-listen", "127.0.0.1:0",
-		"--log-format", "json", "--retention", "0", "--procs", strconv.Itoa(procs),
-		"--presence-streams", "room/*", "--presence-interval", interval.String())
-	p.cmd.Env = append(cleanEnv(), "DATABASE_URL="+dsn, "PGSSE_JWT_SECRET="+procsSecret)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	require.NoError(t, p.cmd.Start())
-	go func() { _ = p.cmd.Wait(); close(p.exited) }()
-	t.Cleanup(func() {
-		p.stop()
-		if t.Failed() {
-			t.Logf("pgsse serve --listen %s log:\n%s", listen, tail(p.log.String(), 8000))
-		}
-	})
-	waitFor(t, "pgsse serve to serve", 30*time.Second, func() bool {
-		select {
-		case <-p.exited:
-			t.Fatalf("pgsse serve exited at start:\n%s", p.log.String())
-		default:
-		}
-		for _, l := range p.lines() {
-			if l["msg"] == "pgsse serving" && l["proc"] == nil {
-				p.listen, _ = l["listen"].(string)
-				p.admin, _ = l["admin"].(string)
-				return true
-			}
-		}
-		return false
-	})
-	waitFor(t, "every sibling to serve", 30*time.Second, func() bool { return len(p.siblingPIDs()) == procs-1 })
-	waitFor(t, "/readyz 200", 30*time.Second, func() bool { c, _ := p.get("/readyz"); return c == 200 })
-	return p
+	return servetest.Start(t, servetest.Options{Bin: binary(t), Procs: procs, Listen: listen,
+		Env: []string{"DATABASE_URL=" + dsn, "PGSSE_JWT_SECRET=" + procsSecret},
+		Args: []string{"--retention", "0", "--procs", strconv.Itoa(procs),
+			"--presence-streams", "room/*", "--presence-interval", interval.String()}})
 }
 
 func presenceToken(t *testing.T, sub string) string {
@@ -152,9 +118,9 @@ func sqlPresence(t *testing.T, dsn, stream string) string {
 }
 
 // listed is GET /presence/{stream}'s subjects on p, as "sub:connections,…".
-func listed(t *testing.T, p *procsServer, stream string) string {
+func listed(t *testing.T, p *servetest.Server, stream string) string {
 	t.Helper()
-	req, err := http.NewRequest("GET", "http://"+p.listen+"/presence/"+stream, nil)
+	req, err := http.NewRequest("GET", p.URL("/presence/"+stream), nil)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer "+presenceToken(t, "reader"))
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
@@ -175,26 +141,17 @@ func listed(t *testing.T, p *procsServer, stream string) string {
 	return strings.Join(parts, ",")
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
-
 // TestPresenceAcrossProcesses: a subject connected to A (--procs 2), then B, then leaving A is
 // present throughout, with one join and no leave on A's watcher; B's subjects leave within 3
 // intervals of a SIGKILL of B, on A's events and in pgsse.presence; B restarted on its address
 // brings none of them back.
 func TestPresenceAcrossProcesses(t *testing.T) {
 	dsn := migrated(t)
-	a := servePresence(t, dsn, "127.0.0.1:0", 2, presenceInterval)
-	bAddr := freeAddr(t)
-	b := servePresence(t, dsn, bAddr, 1, presenceInterval)
+	a := servePresence(t, dsn, "", 2, presenceInterval)
+	b := servePresence(t, dsn, "", 1, presenceInterval)
+	bAddr := b.Listen
 
-	w := openPresence(t, a.listen, "room/1", "user:w", true)
+	w := openPresence(t, a.Listen, "room/1", "user:w", true)
 	first := w.next(t, 5*time.Second)
 	require.NotNil(t, first.Present)
 	require.Equal(t, []string{"user:w"}, *first.Present)
@@ -211,12 +168,12 @@ func TestPresenceAcrossProcesses(t *testing.T) {
 			}
 		}
 	}
-	sOnA := openPresence(t, a.listen, "room/1", "user:s", false)
-	waitFor(t, "user:s on A", 10*time.Second, func() bool { return listed(t, a, "room/1") == "user:s:1,user:w:1" })
-	sOnB := openPresence(t, b.listen, "room/1", "user:s", false)
-	waitFor(t, "user:s on A and B", 10*time.Second, func() bool { return sqlPresence(t, dsn, "room/1") == "user:s:2,user:w:1" })
+	sOnA := openPresence(t, a.Listen, "room/1", "user:s", false)
+	testkit.WaitFor(t, 10*time.Second, "user:s on A", func() bool { return listed(t, a, "room/1") == "user:s:1,user:w:1" })
+	sOnB := openPresence(t, b.Listen, "room/1", "user:s", false)
+	testkit.WaitFor(t, 10*time.Second, "user:s on A and B", func() bool { return sqlPresence(t, dsn, "room/1") == "user:s:2,user:w:1" })
 	sOnA.close()
-	waitFor(t, "user:s on B only", 10*time.Second, func() bool { return sqlPresence(t, dsn, "room/1") == "user:s:1,user:w:1" })
+	testkit.WaitFor(t, 10*time.Second, "user:s on B only", func() bool { return sqlPresence(t, dsn, "room/1") == "user:s:1,user:w:1" })
 	assert.Equal(t, "user:s:1,user:w:1", listed(t, a, "room/1"), "present throughout")
 	collect(3 * presenceInterval)
 	assert.Equal(t, []string{"user:s"}, joins, "one join")
@@ -224,17 +181,16 @@ func TestPresenceAcrossProcesses(t *testing.T) {
 
 	// More of B's subjects, then SIGKILL B.
 	for _, sub := range []string{"user:b1", "user:b2"} {
-		openPresence(t, b.listen, "room/1", sub, false)
+		openPresence(t, b.Listen, "room/1", sub, false)
 	}
-	waitFor(t, "B's subjects", 10*time.Second, func() bool {
+	testkit.WaitFor(t, 10*time.Second, "B's subjects", func() bool {
 		return sqlPresence(t, dsn, "room/1") == "user:b1:1,user:b2:1,user:s:1,user:w:1"
 	})
 	collect(2 * presenceInterval)
 	require.ElementsMatch(t, []string{"user:s", "user:b1", "user:b2"}, joins)
 	_ = sOnB
-	require.NoError(t, b.cmd.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
-	<-b.exited
+	b.Kill()
 	var left []string
 	var lastLeave time.Time
 	for len(left) < 3 {
@@ -249,12 +205,14 @@ func TestPresenceAcrossProcesses(t *testing.T) {
 	// 3 intervals, and one tick of the loop for the event to go out, on a loaded machine.
 	assert.Less(t, took, 3*presenceInterval+500*time.Millisecond, "leaves within 3 intervals")
 	assert.Equal(t, "user:w:1", sqlPresence(t, dsn, "room/1"))
-	assert.Positive(t, a.metric("pgsse_presence_lease_expiries_total"), "A counted the lapsed lease")
-	assert.Positive(t, a.metric("pgsse_presence_writes_total"))
+	assert.Positive(t, a.Metric("pgsse_presence_lease_expiries_total"), "A counted the lapsed lease")
+	assert.Positive(t, a.Metric("pgsse_presence_writes_total"))
 
 	// B again on its address: nothing of its old entries comes back.
-	b2 := servePresence(t, dsn, bAddr, 1, presenceInterval)
-	waitFor(t, "B registered again", 10*time.Second, func() bool {
+	b.Stop()
+	b.Start()
+	b2 := b
+	testkit.WaitFor(t, 10*time.Second, "B registered again", func() bool {
 		return pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.presence_processes WHERE process LIKE '% "+bAddr+" #0'") == "1"
 	})
 	select {
@@ -273,18 +231,17 @@ func TestPresenceAcrossProcesses(t *testing.T) {
 // first write — the subjects leave then, not when the lease would have lapsed.
 func TestPresenceRestartClearsWhatItHeld(t *testing.T) {
 	dsn := migrated(t)
-	a := servePresence(t, dsn, "127.0.0.1:0", 1, presenceInterval)
-	bAddr := freeAddr(t)
-	b := servePresence(t, dsn, bAddr, 1, 5*time.Second)
-	w := openPresence(t, a.listen, "room/2", "user:w", true)
+	a := servePresence(t, dsn, "", 1, presenceInterval)
+	b := servePresence(t, dsn, "", 1, 5*time.Second)
+	w := openPresence(t, a.Listen, "room/2", "user:w", true)
 	require.NotNil(t, w.next(t, 5*time.Second).Present)
-	openPresence(t, b.listen, "room/2", "user:old", false)
+	openPresence(t, b.Listen, "room/2", "user:old", false)
 	ev := w.next(t, 15*time.Second) // B writes every 5 s
 	require.Equal(t, []string{"user:old"}, ev.Join)
-	require.NoError(t, b.cmd.Process.Signal(syscall.SIGKILL))
-	<-b.exited
+	b.Kill()
 	killed := time.Now()
-	servePresence(t, dsn, bAddr, 1, 5*time.Second)
+	b.Stop()
+	b.Start() // the same address: the same presence key
 	ev = w.next(t, 15*time.Second)
 	assert.Equal(t, []string{"user:old"}, ev.Leave)
 	assert.Less(t, ev.at.Sub(killed), 8*time.Second, "cleared by the restart's first write, before the 10 s lease lapsed")
