@@ -292,3 +292,13 @@ func TestPresenceTwoServers(t *testing.T) {
 	ev = w.nextPresence(5 * time.Second)
 	assert.Equal(t, []string{"user:s"}, ev.Leave)
 }
+
+// TestPresenceTimeoutGrowsWithTheWrite: a write carrying a process's whole state gets time
+// for it (bench scenario 13 wrote nothing for 60 s: 100,000 counts could not meet a flat 3 s,
+// and every retry failed the same way).
+func TestPresenceTimeoutGrowsWithTheWrite(t *testing.T) {
+	assert.Equal(t, 3*time.Second, presenceTimeout(time.Second, 0))
+	assert.Equal(t, 2*time.Second, presenceTimeout(200*time.Millisecond, 0))
+	assert.Equal(t, 13*time.Second, presenceTimeout(time.Second, 100_000))
+	assert.Equal(t, presenceMaxTimeout, presenceTimeout(time.Second, 10_000_000))
+}

@@ -45,8 +45,17 @@ type presenceRead struct {
 // GET /presence answers 503 and a view asks again on the next tick.
 const presenceReadsQueued = 256
 
-// presenceTimeout is a statement's deadline: a few intervals, at least a second.
-func presenceTimeout(interval time.Duration) time.Duration { return max(3*interval, 2*time.Second) }
+// presenceTimeout is the deadline of a statement that writes n counts: a few intervals, at
+// least 2 s, and 100 µs more per count — a process's first write after a start, a restart of
+// PostgreSQL or a lost lease carries its whole state (100 streams × 1,000 subjects: 100,000
+// counts), and a deadline that such a write cannot meet would fail it, and every retry, for
+// good (bench scenario 13 did: 0 rows after 60 s with a flat 3 s). At most presenceMaxTimeout.
+func presenceTimeout(interval time.Duration, n int) time.Duration {
+	return min(max(3*interval, 2*time.Second)+time.Duration(n)*100*time.Microsecond, presenceMaxTimeout)
+}
+
+// presenceMaxTimeout caps presenceTimeout.
+const presenceMaxTimeout = 2 * time.Minute
 
 func newPresenceWriter(dsn, key string, interval time.Duration, log *slog.Logger, tasks *taskQueue,
 	take func() []store.PresenceCount, flushed func(store.PresenceFlush, bool)) (*presenceWriter, error) {
@@ -117,12 +126,12 @@ func (w *presenceWriter) flush(ctx context.Context) {
 	case <-ctx.Done():
 		return
 	}
-	fctx, cancel := context.WithTimeout(ctx, presenceTimeout(w.interval))
-	defer cancel()
 	if len(w.pending) > 0 { // changes taken while there was no connection: the later ones win
 		changes = append(w.pending, changes...)
 		w.pending = nil
 	}
+	fctx, cancel := context.WithTimeout(ctx, presenceTimeout(w.interval, max(len(changes), w.p.Held())))
+	defer cancel()
 	var res store.PresenceFlush
 	err := w.connect(fctx)
 	if err == nil {
@@ -155,7 +164,7 @@ func (w *presenceWriter) flush(ctx context.Context) {
 
 // answer runs one read and hands its answer to the loop.
 func (w *presenceWriter) answer(ctx context.Context, r presenceRead) {
-	rctx, cancel := context.WithTimeout(ctx, presenceTimeout(w.interval))
+	rctx, cancel := context.WithTimeout(ctx, presenceTimeout(w.interval, 0))
 	defer cancel()
 	var snap store.PresenceSnapshot
 	err := w.connect(rctx)
