@@ -299,6 +299,6 @@ func TestPresenceTwoServers(t *testing.T) {
 func TestPresenceTimeoutGrowsWithTheWrite(t *testing.T) {
 	assert.Equal(t, 3*time.Second, presenceTimeout(time.Second, 0))
 	assert.Equal(t, 2*time.Second, presenceTimeout(200*time.Millisecond, 0))
-	assert.Equal(t, 13*time.Second, presenceTimeout(time.Second, 100_000))
+	assert.Equal(t, 53*time.Second, presenceTimeout(time.Second, 100_000))
 	assert.Equal(t, presenceMaxTimeout, presenceTimeout(time.Second, 10_000_000))
 }

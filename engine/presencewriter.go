@@ -46,12 +46,14 @@ type presenceRead struct {
 const presenceReadsQueued = 256
 
 // presenceTimeout is the deadline of a statement that writes n counts: a few intervals, at
-// least 2 s, and 100 µs more per count — a process's first write after a start, a restart of
+// least 2 s, and 500 µs more per count — a process's first write after a start, a restart of
 // PostgreSQL or a lost lease carries its whole state (100 streams × 1,000 subjects: 100,000
 // counts), and a deadline that such a write cannot meet would fail it, and every retry, for
-// good (bench scenario 13 did: 0 rows after 60 s with a flat 3 s). At most presenceMaxTimeout.
+// good (bench scenario 13 did: 0 rows after 60 s with a flat 3 s, and again with 100 µs a
+// count; one statement of 100,000 counts took 11.3 s on the 2-core VM at a load average of
+// 20). At most presenceMaxTimeout.
 func presenceTimeout(interval time.Duration, n int) time.Duration {
-	return min(max(3*interval, 2*time.Second)+time.Duration(n)*100*time.Microsecond, presenceMaxTimeout)
+	return min(max(3*interval, 2*time.Second)+time.Duration(n)*500*time.Microsecond, presenceMaxTimeout)
 }
 
 // presenceMaxTimeout caps presenceTimeout.
