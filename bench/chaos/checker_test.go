@@ -543,7 +543,7 @@ func TestSoakVerdict(t *testing.T) {
 	for i := range 30 {
 		v := flat(1000)
 		v[SeriesRSS] = float64(100<<20 + (i%3)<<20) // noise, no trend
-		v[SeriesGoroutines] = 50 + float64(i)     // +1 per 10 s: 180 over 30 min
+		v[SeriesGoroutines] = 50 + float64(i)       // +1 per 10 s: 180 over 30 min
 		samples = append(samples, Sample{At: time.Duration(i) * 10 * time.Second, Values: v})
 	}
 	res := SoakVerdict(samples, 30*time.Minute)
