@@ -144,6 +144,11 @@ func Check(rec *Record) *Report {
 	c.publishes()
 	for _, s := range rec.Subs {
 		c.durable(s)
+		c.r.stat("durable subscriber connections (200)", int64(len(s.HeadAt)))
+		c.r.stat("durable subscriber connections reset by the client (RST, mostly mid-event)", int64(s.Resets))
+		for code, n := range s.Statuses {
+			c.r.stat(fmt.Sprintf("durable subscriber answers %d", code), int64(n))
+		}
 	}
 	for _, e := range rec.Ephs {
 		c.ephemeral(e.Name, e.Target, e.Channel, e.Items)
@@ -195,9 +200,12 @@ func (c *checker) table() {
 	}
 }
 
-func (c *checker) inCrashWindow(acked time.Duration) bool {
+// inCrashWindow reports whether a commit that happened between sent and acked may have been
+// lost: it overlaps a window with synchronous_commit off that ended in a crash. (The answer
+// may be read after the crash: the commit itself came before it.)
+func (c *checker) inCrashWindow(sent, acked time.Duration) bool {
 	for _, w := range c.rec.Crashes {
-		if acked >= w.From && acked <= w.To {
+		if sent <= w.To && acked >= w.From {
 			return true
 		}
 	}
@@ -254,7 +262,7 @@ func (c *checker) publishes() {
 			for _, e := range durable {
 				t, ok := c.byKey[e.Key]
 				if !ok {
-					if c.inCrashWindow(p.Acked) {
+					if c.inCrashWindow(p.Sent, p.Acked) {
 						c.lost[e.Key] = lostEv{stream: e.Stream, id: e.ID}
 						c.r.stat("acknowledged events lost in a crash with synchronous_commit off", 1)
 						continue

@@ -25,7 +25,8 @@ type hubWorker struct {
 	rng      *rand.Rand
 	log      *WorkerLog
 	mu       sync.Mutex
-	slow     bool         // reads one event every few milliseconds, through a small queue
+	slow     atomic.Bool  // reads one event every few milliseconds, through a small queue
+	lastItem atomic.Int64 // UnixNano of the last item it read (the drain waits for quiet)
 	stall    atomic.Int64 // UnixNano: read nothing until then (fault: stalled reader)
 	closeAll atomic.Bool  // the run is closing the workers (drain): an end now is not a failure
 }
@@ -37,7 +38,7 @@ func (h *hubWorker) listener() (pglisten.Listener, error) {
 		mode = framing.ModeWake
 	}
 	hc := pglisten.HubConfig{Socket: h.w.hubSocket, Name: h.log.Name, Mode: mode, Logger: quiet, AckTimeout: 10 * time.Second}
-	if h.slow {
+	if h.slow.Load() {
 		hc.EventBuffer = 16
 	}
 	if h.log.Failover {
@@ -150,7 +151,8 @@ func (h *hubWorker) instance(ctx context.Context, l pglisten.Listener, inst *Wor
 			h.mu.Lock()
 			inst.Items = append(inst.Items, it)
 			h.mu.Unlock()
-			if h.slow {
+			h.lastItem.Store(time.Now().UnixNano())
+			if h.slow.Load() {
 				_ = sleepCtx(ctx, 5*time.Millisecond)
 			}
 		}

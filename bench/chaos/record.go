@@ -1,6 +1,12 @@
 package chaos
 
-import "time"
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
 
 // What the checker reads: every client's log, every publish's outcome, the table, and the
 // moments the run changed something the checker must know about (the windows with
@@ -215,4 +221,40 @@ func clip(s string) string {
 		return s[:80] + "…"
 	}
 	return s
+}
+
+// Dump writes the logs of the named subscribers to dir/<name>.log, one line per item, for a
+// failure to be read against (what each connection received, in order).
+func (r *Record) Dump(dir string, names map[string]bool) error {
+	for _, s := range r.Subs {
+		if !names[s.Name] {
+			continue
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "# %s streams %v tags %v start %v retired %v\n", s.Name, s.Streams, s.Tags, s.Start, s.Retired)
+		for i, h := range s.HeadAt {
+			fmt.Fprintf(&b, "# connection %d head at %s\n", i+1, h)
+		}
+		for _, it := range s.Items {
+			switch it.Kind {
+			case ItemEvent:
+				fmt.Fprintf(&b, "%s conn %d %s id %d key %v%s\n", it.At, it.Conn, s.Streams[it.Stream], it.ID, it.Key, cursors(it.Cursors))
+			case ItemGap:
+				fmt.Fprintf(&b, "%s conn %d %s gap after %d resume %d\n", it.At, it.Conn, s.Streams[it.Stream], it.ID, it.Resume)
+			default:
+				fmt.Fprintf(&b, "%s conn %d bad: %s\n", it.At, it.Conn, it.Detail)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, s.Name+".log"), []byte(b.String()), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func cursors(c []int64) string {
+	if len(c) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" cursors %v", c)
 }

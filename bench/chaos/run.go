@@ -248,8 +248,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var pubWG sync.WaitGroup
 	w.startClients(clientCtx)
 	w.startPublishers(pubCtx, &pubWG)
+	faults := strings.Join(cfg.Faults, ",")
+	if cfg.Soak {
+		faults = "none (soak: churn only)"
+	}
 	w.logf("seed %d, %s, %d durable subscribers, %d hub workers, faults: %s", cfg.Seed, cfg.Duration,
-		len(w.subs), len(w.workers), strings.Join(cfg.Faults, ","))
+		len(w.subs), len(w.workers), faults)
 	faultCtx, stopFaults := context.WithCancel(ctx)
 	faultDone := make(chan struct{})
 	var sampler *soakSampler
@@ -278,6 +282,13 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res.Report = Check(rec)
 	mergeReport(res.Report, &w.extra)
+	if !res.Report.OK() {
+		names := map[string]bool{}
+		for _, f := range res.Report.Failures {
+			names[f.Who] = true
+		}
+		_ = rec.Dump(dir, names)
+	}
 	res.Faults, res.Skipped = w.faults, w.skipped
 	if sampler != nil {
 		res.Soak = sampler.verdict()
@@ -424,9 +435,10 @@ func (w *workload) startClients(ctx context.Context) {
 		failover, slow bool
 	}{{"lossless", false, false}, {"lossless", false, true}, {"lossless", true, false}, {"wake", false, false}, {"wake", false, true}, {"wake", true, false}}
 	for i, k := range workers {
-		h := &hubWorker{w: w, rng: w.rng(uint64(500 + i)), slow: k.slow,
+		h := &hubWorker{w: w, rng: w.rng(uint64(500 + i)),
 			log: &WorkerLog{Name: fmt.Sprintf("worker%d", i), Mode: k.mode, Failover: k.failover,
 				Channels: []string{w.hubChannels[i%len(w.hubChannels)], w.hubChannels[(i+1)%len(w.hubChannels)]}}}
+		h.slow.Store(k.slow)
 		w.mu.Lock()
 		w.workers = append(w.workers, h)
 		w.mu.Unlock()
@@ -570,6 +582,7 @@ func (w *workload) drain(ctx context.Context, stopPubs context.CancelFunc, pubWG
 	}
 	for _, h := range workers {
 		h.stall.Store(0)
+		h.slow.Store(false)
 	}
 	finals, err := w.publishFinal(ctx)
 	if err != nil {
@@ -603,7 +616,19 @@ func (w *workload) drain(ctx context.Context, stopPubs context.CancelFunc, pubWG
 		}
 		_ = sleepCtx(ctx, 250*time.Millisecond)
 	}
-	_ = sleepCtx(ctx, 3*time.Second) // the hub's last notifications were committed before the publishers stopped
+	// The hub's last notifications were committed before the publishers stopped: wait until
+	// every worker has read nothing for 3 s (a slow one may still be reading a burst).
+	quiet := time.Now().Add(90 * time.Second)
+	for time.Now().Before(quiet) {
+		last := int64(0)
+		for _, h := range workers {
+			last = max(last, h.lastItem.Load())
+		}
+		if time.Since(time.Unix(0, last)) > 3*time.Second {
+			break
+		}
+		_ = sleepCtx(ctx, 250*time.Millisecond)
+	}
 	for _, h := range workers {
 		h.closeAll.Store(true)
 	}
