@@ -67,6 +67,12 @@ func (r *Result) Print(w io.Writer, cfg Config) {
 	for _, k := range names {
 		fmt.Fprintf(w, "  %-70s %d\n", k, r.Report.Stats[k])
 	}
+	if len(r.Counters) > 0 {
+		fmt.Fprintf(w, "server counters at the end (the first process and its siblings, since the first process's last start):\n")
+		for _, c := range r.Counters {
+			fmt.Fprintf(w, "  %s\n", c)
+		}
+	}
 	if r.Soak != nil {
 		r.Soak.Print(w)
 	}

@@ -52,6 +52,9 @@ type Result struct {
 	Skipped  map[string]int // drawn but not applicable at that moment (no session of that kind, …)
 	Features []string       // the workload and fault kinds the server under test supports
 	Soak     *SoakResult
+	// Counters are some of the first process's pgsse_ counters at the end of the run (summed
+	// over its siblings; since its last start): evidence of what the faults did.
+	Counters []string
 	Dir      string
 	Elapsed  time.Duration
 }
@@ -276,6 +279,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, ctx.Err()
 	}
 	w.drain(ctx, stopPubs, &pubWG, stopClients)
+	res.Counters = w.counters(ctx)
 	rec, err := w.record(ctx)
 	if err != nil {
 		return nil, err
@@ -635,6 +639,26 @@ func (w *workload) drain(ctx context.Context, stopPubs context.CancelFunc, pubWG
 	stopClients()
 	w.clientWG.Wait()
 	w.logf("drain: done")
+}
+
+// counterNames are the series Result.Counters shows.
+var counterNames = []string{"pgsse_pg_reconnects_total", "pgsse_evictions_total", "pgsse_dropped_total",
+	"pgsse_accept_errors_total", "pgsse_rejected_total", "pgsse_proc_restarts_total", "pgsse_replay_reads_total",
+	"pgsse_token_verifications_total"}
+
+func (w *workload) counters(ctx context.Context) []string {
+	_, body := w.srv.get(ctx, "/metrics")
+	var out []string
+	for _, ln := range strings.Split(body, "\n") {
+		for _, n := range counterNames {
+			if strings.HasPrefix(ln, n+" ") || strings.HasPrefix(ln, n+"{") {
+				if f := strings.Fields(ln); len(f) == 2 && f[1] != "0" {
+					out = append(out, ln)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // publishFinal publishes one event per durable stream, visible to every subscriber, and
