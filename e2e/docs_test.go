@@ -227,7 +227,7 @@ func TestDocs_ReadmeIsShort(t *testing.T) {
 func TestDocs_HubWorkerFileIsTheDocumentedClient(t *testing.T) {
 	file, err := os.ReadFile(filepath.Join(repoRoot, "docs", "hub_worker.py"))
 	require.NoError(t, err)
-	assert.Equal(t, string(file), docsBlock(t, "docs/hub-protocol.md", "python"), "docs/hub-protocol.md and docs/hub_worker.py differ")
+	assert.Equal(t, string(file), docsBlock(t, "docs/hub-protocol.md", "python file=docs/hub_worker.py"), "docs/hub-protocol.md and docs/hub_worker.py differ")
 }
 
 // docs/pgsse.service is a unit systemd accepts.

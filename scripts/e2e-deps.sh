@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the end-to-end suite (e2e/) needs, idempotently:
-#   - Debian's chromium (+ chromium-driver), nginx-light, caddy and prometheus (for
-#     prometheus and promtool: the rules and dashboard of deploy/), only if missing;
+#   - Debian's chromium (+ chromium-driver), nginx-light, caddy, prometheus (for
+#     prometheus and promtool: the rules and dashboard of deploy/) and ruby, only if missing;
 #     installing nginx or caddy must not start their system services, so a policy-rc.d denies service starts while
 #     apt runs;
 #   - the npm packages pinned by e2e/js/package-lock.json (`npm ci`), only when
@@ -22,6 +22,7 @@ command -v caddy >/dev/null 2>&1 || missing+=(caddy)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 { [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ]; } || missing+=(prometheus)
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+command -v ruby >/dev/null 2>&1 || missing+=(ruby) # the token-minting snippet of docs/http.md
 
 if [ ${#missing[@]} -gt 0 ]; then
 	log "installing ${missing[*]}"
@@ -57,6 +58,7 @@ fi
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { log "nginx not found after installing"; exit 1; }
 command -v caddy >/dev/null 2>&1 || { log "caddy not found after installing"; exit 1; }
 { [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ]; } || { log "prometheus or promtool not in /usr/bin after installing"; exit 1; }
+command -v ruby >/dev/null 2>&1 || { log "ruby not found after installing"; exit 1; }
 
 # eventsource v4 and playwright-core 1.65 need Node.js >= 20 (the machine's is 20;
 # Debian 12's own nodejs is 18).

@@ -2,7 +2,9 @@
 # Throwaway PostgreSQL clusters for tests and `make run`.
 #
 #   scripts/pg.sh start DIR [--ssl]   create and start a cluster in DIR (must not exist
-#                                     or be empty); prints its superuser DSN on stdout
+#                                     or be empty); prints its superuser DSN on stdout;
+#                                     PGSH_PORT=N: on port N if it is free (make run keeps
+#                                     its port across runs that way), else on a free one
 #   scripts/pg.sh stop DIR            stop it and remove DIR
 #   scripts/pg.sh with CMD [ARGS...]  run CMD with PGSSE_TEST_DATABASE_URL pointing at a
 #                                     cluster: the one already named by that variable, or
@@ -58,6 +60,19 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.clos
 PY
 }
 
+# port_free PORT: nothing listens on 127.0.0.1:PORT (bound the way PostgreSQL binds it).
+port_free() {
+	python3 - "$1" <<'PY' 2>/dev/null
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except (OSError, ValueError):
+    sys.exit(1)
+PY
+}
+
 cmd_start() {
 	local dir=${1:?usage: pg.sh start DIR [--ssl]} ssl=${2:-}
 	local bin
@@ -96,6 +111,9 @@ EOF
 	local port try
 	for try in 1 2 3 4 5 6 7 8; do
 		port=$(free_port)
+		if [ "$try" = 1 ] && [ -n "${PGSH_PORT:-}" ] && port_free "$PGSH_PORT"; then
+			port=$PGSH_PORT
+		fi
 		if as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 -o "-p $port" start >/dev/null 2>&1; then
 			echo "$port" >"$dir/port"
 			echo "postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable" >"$dir/dsn"

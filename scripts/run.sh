@@ -3,9 +3,17 @@
 #
 # With DATABASE_URL (or PGSSE_DATABASE_URL) set, it uses that database. Otherwise it starts
 # a throwaway PostgreSQL in a temp dir (removed on exit). Then it applies the schema,
-# starts `pgsse serve` with a development secret, the demo page and a hub socket in the temp
-# dir, writes the variables a second terminal needs to bin/run.env (`source bin/run.env`),
-# and prints what to try. Ctrl-C stops everything and removes bin/run.env.
+# starts `pgsse serve` with a development secret, the demo page and a hub socket, writes the
+# variables a second terminal needs to bin/run.env (`source bin/run.env`), and prints what to
+# try. Ctrl-C stops everything and removes bin/run.env.
+#
+# What a second terminal took from bin/run.env stays valid across runs where it can: the
+# development secret is made once and kept in bin/dev-jwt-secret (mode 0600), so tokens minted
+# before a restart still verify; the throwaway PostgreSQL takes the port of the last run if it
+# is free; the hub socket is bin/hub.sock. What did change since the last run (bin/run.last)
+# the banner names, with "source bin/run.env again"; and bin/run.env carries
+# PGSSE_RUN_ENV and PGSSE_RUN_STAMP, with which a pgsse command that fails in a shell that
+# sourced an older bin/run.env says to source it again.
 #
 # It refuses with one line, before starting anything, when its ports are taken (e.g. by a
 # `make run` that is still running).
@@ -20,6 +28,8 @@ die() { echo "run: $*" >&2; exit 1; }
 
 bin=bin/pgsse
 envfile=bin/run.env
+lastfile=bin/run.last        # what the last run handed out, for the next one to compare
+secretfile=bin/dev-jwt-secret # the development secret, made once
 listen=${PGSSE_LISTEN:-:8080}
 admin=${PGSSE_ADMIN_LISTEN:-127.0.0.1:9090}
 stream=${STREAM:-demo}
@@ -63,17 +73,36 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
+last_db="" last_secret="" last_hub="" last_url="" last_admin="" last_pgport=""
+if [ -f "$lastfile" ]; then
+	# shellcheck disable=SC1090 # written by this script, below
+	source "$lastfile"
+fi
+
 db=${PGSSE_DATABASE_URL:-${DATABASE_URL:-}}
+pgport=""
 if [ -z "$db" ]; then
 	pgdir=$dir/pg
-	db=$(scripts/pg.sh start "$pgdir" 9>&-)
+	db=$(PGSH_PORT=$last_pgport scripts/pg.sh start "$pgdir" 9>&-)
+	pgport=$(cat "$pgdir/port")
 	echo "run: no DATABASE_URL set: started a throwaway PostgreSQL ($db), removed on exit"
 fi
 export PGSSE_DATABASE_URL=$db
 
-secret=${PGSSE_JWT_SECRET:-dev-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')}
+if [ -n "${PGSSE_JWT_SECRET:-}" ]; then
+	secret=$PGSSE_JWT_SECRET
+else
+	if [ ! -s "$secretfile" ]; then
+		(umask 077 && printf 'dev-%s\n' "$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')" >"$secretfile.new" &&
+			mv "$secretfile.new" "$secretfile")
+	fi
+	chmod 0600 "$secretfile"
+	secret=$(cat "$secretfile")
+fi
 export PGSSE_JWT_SECRET=$secret
-hub=$dir/hub.sock
+# A stable path while it fits a Unix socket address (107 bytes), else one in the temp dir.
+hub=$PWD/bin/hub.sock
+[ ${#hub} -le 100 ] || hub=$dir/hub.sock
 
 "$bin" migrate
 token=$("$bin" token --stream "$stream" --stream "$stream/*" --channel jobs --ttl 24h)
@@ -98,8 +127,12 @@ host=${listen%:*}
 case "$host" in "" | 0.0.0.0 | "[::]") host=localhost ;; esac
 url=http://$host:$port
 q() { printf '%q' "$1"; }
+secret_sum=$(printf '%s' "$secret" | sha256sum | cut -c1-16) # run.last holds no secret
+stamp=$(printf '%s\n' "$db" "$secret_sum" "$hub" "$url" "http://$admin" | sha256sum | cut -c1-16)
 {
 	echo "# Written by make run (scripts/run.sh) for this run; removed when it stops."
+	echo "export PGSSE_RUN_ENV=$(q "$PWD/$envfile")"
+	echo "export PGSSE_RUN_STAMP=$stamp"
 	echo "export DATABASE_URL=$(q "$db")"
 	echo "export PGSSE_DATABASE_URL=$(q "$db")"
 	echo "export PGSSE_JWT_SECRET=$(q "$secret")"
@@ -110,6 +143,39 @@ q() { printf '%q' "$1"; }
 } >"$envfile"
 wrote_env=1
 
+# What changed since the last run, for the banner; then this run becomes the last one.
+changed=()
+if [ -f "$lastfile" ]; then
+	if [ "$last_db" != "$db" ]; then
+		why=""
+		[ -n "$last_pgport" ] && [ -n "$pgport" ] && [ "$last_pgport" != "$pgport" ] && why=" (port $last_pgport was taken)"
+		changed+=("DATABASE_URL$why")
+	fi
+	[ "$last_secret" = "$secret_sum" ] || changed+=("PGSSE_JWT_SECRET and TOKEN")
+	[ "$last_hub" = "$hub" ] || changed+=("PGSSE_HUB_SOCKET")
+	[ "$last_url" = "$url" ] || changed+=("PGSSE_URL")
+	[ "$last_admin" = "http://$admin" ] || changed+=("PGSSE_ADMIN_URL")
+	if [ ${#changed[@]} -gt 0 ]; then
+		joined=$(printf '%s, ' "${changed[@]}")
+		since_last="  Changed since the last make run: ${joined%, }.
+  In a terminal that sourced $envfile before: source $envfile again.
+"
+	else
+		since_last="  A terminal that sourced $envfile during the last make run keeps working: same
+  secret (its TOKEN still verifies), DATABASE_URL, hub socket and URLs.
+"
+	fi
+fi
+{
+	echo "# Written by make run (scripts/run.sh): what the last run handed out."
+	echo "last_db=$(q "$db")"
+	echo "last_secret=$secret_sum"
+	echo "last_hub=$(q "$hub")"
+	echo "last_url=$(q "$url")"
+	echo "last_admin=$(q "http://$admin")"
+	echo "last_pgport=$pgport"
+} >"$lastfile"
+
 cat <<EOF
 
 pgsse is running: SSE on $url, admin on http://$admin, hub socket $hub.
@@ -117,7 +183,7 @@ pgsse is running: SSE on $url, admin on http://$admin, hub socket $hub.
   In another terminal, in this directory, take this run's variables
   (DATABASE_URL, TOKEN, PGSSE_URL, PGSSE_HUB_SOCKET, …):
     source $envfile
-
+${since_last:-}
   Watch the stream:
     curl -N -H "Authorization: Bearer \$TOKEN" "\$PGSSE_URL/streams/$stream"
   Publish to it (from a third terminal, after source $envfile):

@@ -1,8 +1,11 @@
 // Package store owns pgsse's durable store in PostgreSQL: the schema and its
-// migrations, the SQL functions pgsse.publish, pgsse.publish_many, pgsse.broadcast and
-// pgsse.prune, the NOTIFY payload format on channel "pgsse" (ParsePayload,
-// AppendPayload), publishing from Go with group commit (Publisher, ParseBatch for NDJSON
-// batches), the replay reader (Replayer) and the retention job (RunRetention).
+// migrations, the SQL functions pgsse.publish, pgsse.publish_many, pgsse.broadcast,
+// pgsse.prune and pgsse.presence, the NOTIFY payload format on channel "pgsse"
+// (ParsePayload, AppendPayload), publishing from Go with group commit (Publisher,
+// ParseBatch for NDJSON batches), the replay reader (Replayer), the retention job
+// (RunRetention) and presence (SPEC §3d): each process's writer (Presence), its reads
+// (ReadPresence, ReadPresenceSeqs, ReadPresenceProcesses) and a consumer's view of one
+// stream (PresenceView).
 //
 // Invariant (docs/architecture.md, invariant 5): durable ids of a stream are assigned in commit
 // order, with no gap left by rolled-back publishes, so a reader whose cursor only moves forward
@@ -12,7 +15,7 @@
 // to commit (or roll back, returning the number) and publishers to different streams never wait
 // on each other.
 //
-// # Schema (version 2)
+// # Schema (version 3)
 //
 //	pgsse.schema_version(version integer PRIMARY KEY, applied_at timestamptz)
 //	    one row per applied migration
@@ -36,6 +39,25 @@
 //	pgsse.check_args, check_publish, valid_names, valid_audience, payload_header,
 //	payload_tags, event_too_large, bad_max_event_bytes     helpers (internal)
 //
+//	UNLOGGED pgsse.presence_processes(incarnation bigint PRIMARY KEY, process text UNIQUE,
+//	             interval_ms integer, started_at, renewed_at, expires_at timestamptz)
+//	    one row per registered pgsse process: its key, this registration's random
+//	    number, and its lease
+//	UNLOGGED pgsse.presence_entries(stream text, sub text, incarnation bigint,
+//	             connections integer, since timestamptz, PRIMARY KEY (stream, sub, incarnation))
+//	    one row per (stream, subject, process); sub '' = the process's anonymous connections
+//	UNLOGGED pgsse.presence_streams(stream text PRIMARY KEY, seq bigint)
+//	    one row per stream with entries: the number of its last change, and its lock
+//	pgsse.presence_seq   sequence of change numbers (logged: numbers only grow)
+//
+//	pgsse.presence(stream text) RETURNS TABLE(sub text, connections integer, since timestamptz)
+//	pgsse.presence_flush(process, incarnation, interval_ms, lease_ms, mode, streams[], subs[], counts[])
+//	    one process's write for one interval (internal; Presence.Flush)
+//
+// Version 3 (issue 21) added presence and made event names starting with "pgsse:"
+// reserved: pgsse.publish, pgsse.broadcast and pgsse.publish_many raise 22023 "event names
+// starting with pgsse: are reserved" (pgsse:gap and pgsse:presence are pgsse's own).
+//
 // Version 2 (issues 11 and 13) added pgsse.message, pgsse.publish_many and
 // pgsse.max_event_bytes, made pgsse.publish cheaper (one expression checks the common
 // case; the payload is built by the inlined payload_header instead of the SQL function
@@ -45,9 +67,9 @@
 //
 // Argument rules, each raising SQLSTATE 22023 with the rule as the message:
 // stream 1–200 bytes of A-Z a-z 0-9 . _ : @ / = + ~ -; event NULL or 1–64 bytes of
-// A-Z a-z 0-9 . _ : -; data not NULL; audience NULL or a one-dimensional array of at
-// most 64 tags, each non-NULL, 1–200 bytes, without control characters (0x01–0x1F,
-// 0x7F); then, for durable events, data at most pgsse.max_event_bytes bytes. An empty
+// A-Z a-z 0-9 . _ : -, not starting with "pgsse:"; data not NULL; audience NULL or a
+// one-dimensional array of at most 64 tags, each non-NULL, 1–200 bytes, without control
+// characters (0x01–0x1F, 0x7F); then, for durable events, data at most pgsse.max_event_bytes bytes. An empty
 // audience is stored as NULL (everyone). pgsse.prune deletes, per stream, only the
 // oldest run of events that are all older than older_than, never the newest keep_last
 // ids, so the retained ids of a stream stay contiguous; it finds each stream's cut on
@@ -56,6 +78,29 @@
 // in version 1.
 // Migrations run under pg_advisory_lock(123589620884737) (0x706773736501), each in
 // one transaction; MigrationSQL is the same as a psql script.
+//
+// # Presence
+//
+// A Presence writer per process is given, once per interval, the counts that changed
+// (absolute, so a retried write changes nothing twice) and runs one statement,
+// pgsse.presence_flush, whatever their number: it reaps every process whose lease lapsed
+// (the lease lasts PresenceLeaseIntervals intervals from the end of a write and is never
+// renewed once lapsed), on its first write removes every earlier incarnation of its key,
+// writes its changes, renews its lease and, for each stream whose subjects joined or left
+// or whose anonymous count moved, takes the next change number and NOTIFYs a P payload.
+// Joins and leaves are global: the stream's presence_streams row is locked (in name order)
+// before they are decided, so concurrent writers of one stream are serialised and every
+// process sees one chain of changes per stream. A write that finds its own row gone
+// (reaped while it was too slow, or PostgreSQL emptied the unlogged tables after a crash
+// or a failover) registers again with its whole state under a new incarnation: a second
+// statement, never more. A write that finds another incarnation holding its key
+// (a restart elsewhere, a handoff, two processes configured alike) stops for good
+// (ErrPresenceSuperseded).
+//
+// pgsse.presence counts only processes whose lease is live; ReadPresence counts every
+// registered one, as the notifications do, so a consumer that starts from ReadPresence and
+// applies P payloads is exact; the two differ only between a lease's lapse and the next
+// survivor's write (at most an interval).
 //
 // # Durable event size: pgsse.max_event_bytes
 //
@@ -117,7 +162,9 @@
 // When PostgreSQL is unavailable the request's error matches ErrUnavailable (503 with
 // Retry-After) and nothing of it was published: a connection that fails before COMMIT
 // aborts the transaction, and the group is retried once on a new connection before the
-// error is given. While no connection can be made, Submit refuses at once and everything
+// error is given. A database whose pgsse schema is missing or older than SchemaVersion
+// gives the same error, also matching ErrNotMigrated, whose text says to run pgsse migrate
+// (not that PostgreSQL is unavailable). While no connection can be made, Submit refuses at once and everything
 // queued fails; the connections are retried with backoff (0.1 s doubling to 5 s). A
 // connection lost after COMMIT was sent is the one case whose outcome is not known at
 // once: the statement's answer carried the transaction's xid, so the Publisher opens a new
@@ -139,6 +186,7 @@
 // ASCII decimal without sign or leading zeros):
 //
 //	payload = kind "1" SP time SP stream SP id SP event SP ntags *(SP len ":" tag) LF data
+//	        / presence
 //	kind    = "D"              durable event, data inline
 //	        / "W"              wake: durable events of stream from id on are in
 //	                           pgsse.events (one event too large for NOTIFY, or the first
@@ -164,5 +212,26 @@
 // names commit together, so a consumer that has any of them has them all. A consumer must
 // reject (never guess at) anything else: another kind or version, a number out of range
 // or with a leading zero, an invalid stream or event name, a tag count or length that
-// does not match the bytes, a W payload with event, tags or data.
+// does not match the bytes, a W payload with event, tags or data, a P payload with
+// anything after its LF.
+//
+// Presence changes (pgsse.presence_flush) are the fourth kind, not events:
+//
+//	presence = "P1" SP time SP stream SP seq SP prev SP part SP parts SP anonymous
+//	           SP njoin SP nleave *(SP len ":" sub) LF
+//	seq       = 1*19DIGIT      the change's number, 1 … 2^63-1 (growing per stream)
+//	prev      = 1*19DIGIT      the number of the stream's change before it, < seq;
+//	                           0 = the stream had nobody (its change chain starts again)
+//	part      = 1*2DIGIT       1 … parts; a change longer than one payload is split
+//	parts     = 1*2DIGIT       1 … 64 parts, sent one after the other in one transaction;
+//	                           part 0 of 0: too large for 64 parts, no subjects listed:
+//	                           read the stream (ReadPresence)
+//	anonymous = 1*19DIGIT      the stream's anonymous connections after the change
+//	njoin     = 1*4DIGIT       subjects that joined, listed first, then nleave that left
+//	sub       = len octets of UTF-8, 1 … 200, none of them 0x00–0x1F or 0x7F
+//
+// Example: "P1 1764584040123456 room/1 17 12 1 1 3 1 1 6:user:9 6:user:7\n" (user:9
+// joined, user:7 left, 3 anonymous). Nothing follows the LF. A consumer applies a change
+// on top of the one numbered prev; anything else (a gap, a part out of order, part 0)
+// means reading the stream again (PresenceView does this bookkeeping).
 package store

@@ -379,3 +379,39 @@ func TestPublishRejectsBadArguments(t *testing.T) {
 	}
 	assert.Equal(t, "0", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.events"))
 }
+
+// Event names starting with "pgsse:" are pgsse's own (pgsse:gap, pgsse:presence): every
+// publishing function refuses them with SQLSTATE 22023 naming the rule, durable or
+// ephemeral, alone or in a batch; names that only look alike are ordinary names.
+func TestPublishRefusesReservedEventNames(t *testing.T) {
+	dsn := migrated(t)
+	c := connect(t, dsn)
+	ctx := context.Background()
+	const rule = "event names starting with pgsse: are reserved"
+	for _, event := range []string{"pgsse:gap", "pgsse:presence", "pgsse:", "pgsse:x.y"} {
+		for _, sql := range []string{
+			"SELECT pgsse.publish('s', 'd', '" + event + "')",
+			"SELECT pgsse.broadcast('s', 'd', '" + event + "')",
+			"SELECT pgsse.publish_many(ARRAY[pgsse.message('s', 'd', '" + event + "')])",
+			"SELECT pgsse.publish_many(ARRAY[pgsse.message('s', 'd'), pgsse.message('s', 'd', '" + event + "', ephemeral => true)])",
+			"SELECT pgsse.publish_many(ARRAY[pgsse.message('t', 'd'), pgsse.message('s', 'd', '" + event + "', ARRAY['tag'])])",
+		} {
+			_, err := c.Exec(ctx, sql).ReadAll()
+			var pgErr *pgconn.PgError
+			if assert.ErrorAs(t, err, &pgErr, sql) {
+				assert.Equal(t, "22023", pgErr.Code, sql)
+				assert.Equal(t, rule, pgErr.Message, sql)
+			}
+		}
+		// From Go: refused (by names.CheckEvent or by PostgreSQL), never published.
+		_, err := Publish(ctx, c, "s", "d", event, nil)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), rule)
+	}
+	assert.Equal(t, "0", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.events"))
+	for _, event := range []string{"pgsse", "PGSSE:gap", "x.pgsse:gap", "pgsse.gap", "pgss:e"} {
+		_, err := Publish(ctx, c, "s", "d", event, nil)
+		assert.NoError(t, err, event)
+		assert.NoError(t, Broadcast(ctx, c, "s", "d", event, nil), event)
+	}
+}

@@ -46,6 +46,10 @@ var (
 	// ErrOutcomeUnknown is matched by the rare UnavailableError whose transaction lost
 	// its connection during COMMIT and whose outcome could not be learned afterwards.
 	ErrOutcomeUnknown = errors.New("the outcome of the publish is unknown")
+	// ErrNotMigrated is matched by the UnavailableError of a publish into a database whose
+	// pgsse schema is missing or older than SchemaVersion: `pgsse migrate` is the fix, and
+	// nothing was published. (It matches ErrUnavailable too: retrying works once migrated.)
+	ErrNotMigrated = fmt.Errorf("pgsse's schema is not installed in the database (or is older than version %d): run pgsse migrate", SchemaVersion)
 	// ErrPublishQueueFull is returned by Submit when the queue is over its count or
 	// byte budget (a 503 too: the server is overloaded, not broken).
 	ErrPublishQueueFull = errors.New("store: publish queue full")
@@ -66,6 +70,9 @@ func (e *UnavailableError) Error() string {
 	if e.Unknown {
 		return "the connection to PostgreSQL was lost during COMMIT (" + e.Cause.Error() +
 			") and could not be re-established to check the outcome: the events may or may not have been published"
+	}
+	if errors.Is(e.Cause, ErrNotMigrated) {
+		return e.Cause.Error() + "; nothing was published"
 	}
 	return "PostgreSQL is unavailable (" + e.Cause.Error() + "); nothing was published"
 }
@@ -408,7 +415,12 @@ func (p *Publisher) markDown(cause error) {
 		p.lastDownLog = time.Now()
 	}
 	p.mu.Unlock()
-	if logNow {
+	switch {
+	case !logNow:
+	case errors.Is(cause, ErrNotMigrated):
+		p.log.Error("publish: the database is not migrated (run pgsse migrate); publish requests are answered 503 until it is",
+			"err", cause)
+	default:
 		p.log.Warn("publish: cannot reach PostgreSQL; publish requests are answered 503 until it is back, reconnecting with backoff",
 			"err", cause)
 	}
@@ -569,7 +581,7 @@ func (w *publishWorker) connectWithin(timeout time.Duration) error {
 		_ = conn.Close(context.Background())
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && (pe.Code == "42704" || pe.Code == "42883" || pe.Code == "3F000") {
-			return fmt.Errorf("schema pgsse is not at version %d (run pgsse migrate): %w", SchemaVersion, err)
+			return fmt.Errorf("%w (%w)", ErrNotMigrated, err)
 		}
 		return err
 	}

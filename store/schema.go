@@ -11,7 +11,7 @@ import (
 )
 
 // SchemaVersion is the schema version this build of pgsse installs and expects.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // Channel is the one PostgreSQL channel all stream traffic travels on.
 const Channel = "pgsse"
@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS pgsse.schema_version (
 var Migrations = []Migration{
 	{Version: 1, SQL: migration1},
 	{Version: 2, SQL: migration2},
+	{Version: 3, SQL: migration3},
 }
 
 // migration1 is the initial schema. Function bodies name every object with its schema,

@@ -9,7 +9,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -26,6 +28,7 @@ const schemaDump = `SELECT string_agg(x, E'\n' ORDER BY x) FROM (
   UNION ALL SELECT 'idx ' || indexdef FROM pg_indexes WHERE schemaname = 'pgsse'
   UNION ALL SELECT 'seq ' || sequencename || ' ' || data_type::text || ' ' || cycle FROM pg_sequences WHERE schemaname = 'pgsse'
   UNION ALL SELECT 'con ' || conrelid::regclass::text || ' ' || pg_get_constraintdef(oid) FROM pg_constraint WHERE connamespace = 'pgsse'::regnamespace
+  UNION ALL SELECT 'rel ' || relname || ' ' || relkind::text || ' ' || relpersistence::text FROM pg_class WHERE relnamespace = 'pgsse'::regnamespace
   UNION ALL SELECT 'ver ' || version FROM pgsse.schema_version
 ) s(x)`
 
@@ -158,48 +161,64 @@ func TestMigrationSQLQuoting(t *testing.T) {
 	assert.True(t, strings.HasPrefix(MigrationSQL(), "-- pgsse schema"))
 }
 
-// A database at version 1 holding events is upgraded in place to the current version,
-// by Migrate and by the `pgsse migrate --print` script under psql: the schema equals a
-// fresh install's, and ids, heads and stored events carry on.
-func TestMigrateUpgradesVersion1(t *testing.T) {
+// A database at version 1 or 2 holding events is upgraded in place to the current
+// version, by Migrate and by the `pgsse migrate --print` script under psql: the schema
+// equals a fresh install's, ids, heads and stored events carry on, presence works and the
+// reserved event names are refused.
+func TestMigrateUpgradesInPlace(t *testing.T) {
 	want := pgtest.QueryValue(t, migrated(t), schemaDump)
 	ctx := context.Background()
-	for _, via := range []string{"Migrate", "psql"} {
-		t.Run(via, func(t *testing.T) {
-			dsn := pgtest.NewDatabase(t)
-			c := connect(t, dsn)
-			v1 := filepath.Join(t.TempDir(), "v1.sql")
-			require.NoError(t, os.WriteFile(v1, []byte(migrationSQL(Migrations[:1])), 0o600))
-			if via == "Migrate" {
-				_, to, err := migrate(ctx, c, Migrations[:1])
-				require.NoError(t, err)
-				require.Equal(t, 1, to)
-			} else {
-				require.NoError(t, runPsql(t, dsn, v1))
-			}
-			require.Equal(t, "1", pgtest.QueryValue(t, dsn, "SELECT max(version) FROM pgsse.schema_version"))
-			pgtest.Exec(t, dsn, `SELECT pgsse.publish('up/a', 'a' || g, NULL, ARRAY['t']) FROM generate_series(1, 5) g;
-				SELECT pgsse.publish('up/b', 'b1'); SELECT pgsse.broadcast('up/a', 'e')`)
+	for from := 1; from < SchemaVersion; from++ {
+		for _, via := range []string{"Migrate", "psql"} {
+			t.Run("v"+strconv.Itoa(from)+"/"+via, func(t *testing.T) {
+				dsn := pgtest.NewDatabase(t)
+				c := connect(t, dsn)
+				old := filepath.Join(t.TempDir(), "old.sql")
+				require.NoError(t, os.WriteFile(old, []byte(migrationSQL(Migrations[:from])), 0o600))
+				if via == "Migrate" {
+					_, to, err := migrate(ctx, c, Migrations[:from])
+					require.NoError(t, err)
+					require.Equal(t, from, to)
+				} else {
+					require.NoError(t, runPsql(t, dsn, old))
+				}
+				require.Equal(t, strconv.Itoa(from), pgtest.QueryValue(t, dsn, "SELECT max(version) FROM pgsse.schema_version"))
+				pgtest.Exec(t, dsn, `SELECT pgsse.publish('up/a', 'a' || g, NULL, ARRAY['t']) FROM generate_series(1, 5) g;
+					SELECT pgsse.publish('up/b', 'b1'); SELECT pgsse.broadcast('up/a', 'e')`)
+				// Before version 3 the reserved prefix was an ordinary name.
+				pgtest.Exec(t, dsn, "SELECT pgsse.publish('up/old', 'x', 'pgsse:gap')")
 
-			if via == "Migrate" {
-				from, to, err := Migrate(ctx, c)
-				require.NoError(t, err)
-				assert.Equal(t, [2]int{1, SchemaVersion}, [2]int{from, to})
-			} else {
-				require.NoError(t, runPsql(t, dsn, writeMigrationSQL(t)))
-				require.NoError(t, runPsql(t, dsn, v1), "the old script is harmless afterwards")
-			}
-			assert.Equal(t, want, pgtest.QueryValue(t, dsn, schemaDump))
+				if via == "Migrate" {
+					from2, to, err := Migrate(ctx, c)
+					require.NoError(t, err)
+					assert.Equal(t, [2]int{from, SchemaVersion}, [2]int{from2, to})
+				} else {
+					require.NoError(t, runPsql(t, dsn, writeMigrationSQL(t)))
+					require.NoError(t, runPsql(t, dsn, old), "the old script is harmless afterwards")
+				}
+				assert.Equal(t, want, pgtest.QueryValue(t, dsn, schemaDump))
 
-			id, err := Publish(ctx, c, "up/a", "a6", "", nil)
-			require.NoError(t, err)
-			assert.EqualValues(t, 6, id)
-			assert.Equal(t, "{7,2,1}", pgtest.QueryValue(t, dsn,
-				`SELECT pgsse.publish_many(ARRAY[pgsse.message('up/a', 'a7'), pgsse.message('up/b', 'b2'), pgsse.message('up/c', 'c1')])`))
-			assert.Equal(t, "up/a:1-7 up/b:1-2 up/c:1-1", pgtest.QueryValue(t, dsn,
-				`SELECT string_agg(stream || ':' || min || '-' || max, ' ' ORDER BY stream) FROM
-				 (SELECT stream, min(id), max(id) FROM pgsse.events GROUP BY stream) s`))
-			assert.Equal(t, "a1 {t}", pgtest.QueryValue(t, dsn, "SELECT data || ' ' || audience::text FROM pgsse.events WHERE stream = 'up/a' AND id = 1"))
-		})
+				id, err := Publish(ctx, c, "up/a", "a6", "", nil)
+				require.NoError(t, err)
+				assert.EqualValues(t, 6, id)
+				assert.Equal(t, "{7,2,1}", pgtest.QueryValue(t, dsn,
+					`SELECT pgsse.publish_many(ARRAY[pgsse.message('up/a', 'a7'), pgsse.message('up/b', 'b2'), pgsse.message('up/c', 'c1')])`))
+				assert.Equal(t, "up/a:1-7 up/b:1-2 up/c:1-1 up/old:1-1", pgtest.QueryValue(t, dsn,
+					`SELECT string_agg(stream || ':' || min || '-' || max, ' ' ORDER BY stream) FROM
+					 (SELECT stream, min(id), max(id) FROM pgsse.events GROUP BY stream) s`))
+				assert.Equal(t, "a1 {t}", pgtest.QueryValue(t, dsn, "SELECT data || ' ' || audience::text FROM pgsse.events WHERE stream = 'up/a' AND id = 1"))
+
+				_, err = c.Exec(ctx, "SELECT pgsse.publish('up/a', 'x', 'pgsse:gap')").ReadAll()
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr)
+				assert.Equal(t, "event names starting with pgsse: are reserved", pgErr.Message)
+
+				p, err := NewPresence(PresenceConfig{Key: "up :1 #0", Interval: time.Second})
+				require.NoError(t, err)
+				_, err = p.Flush(ctx, c, []PresenceCount{{"up/a", "user:1", 1}})
+				require.NoError(t, err)
+				assert.Equal(t, "user:1", pgtest.QueryValue(t, dsn, "SELECT string_agg(sub, ',') FROM pgsse.presence('up/a')"))
+			})
+		}
 	}
 }

@@ -87,7 +87,7 @@ func TestDatabaseSources(t *testing.T) {
 	line := errorLine(t, pgsse(t, []string{"DATABASE_URL=" + bad}, "migrate"), 2)
 	assert.True(t, strings.HasPrefix(line, "DATABASE_URL: cannot parse"), line)
 	line = errorLine(t, pgsse(t, []string{"PGSSE_DATABASE_URL=" + bad}, "migrate"), 2)
-	assert.True(t, strings.HasPrefix(line, "PGSSE_DATABASE_URL: cannot parse"), line)
+	assert.True(t, strings.HasPrefix(line, "--database-url (from PGSSE_DATABASE_URL): cannot parse"), line)
 }
 
 func TestPublish(t *testing.T) {
@@ -175,16 +175,67 @@ func TestPublishErrors(t *testing.T) {
 	line = errorLine(t, pgsse(t, env, "publish", "s", "two", "words"), 2)
 	assert.Equal(t, "publish: takes STREAM and DATA, got 3 arguments (quote DATA that has spaces)", line)
 
-	// Not migrated: a runtime error with the fix.
+	// Not migrated: a runtime error that says so and gives the fix — not "PostgreSQL is
+	// unavailable" (issue 26).
 	fresh := pgtest.NewDatabase(t)
 	line = errorLine(t, pgsse(t, []string{"DATABASE_URL=" + fresh}, "publish", "s", "x"), 1)
-	assert.Contains(t, line, "run pgsse migrate")
+	assert.True(t, strings.HasPrefix(line, "publish: pgsse's schema is not installed in the database (or is older than version "+strconv.Itoa(store.SchemaVersion)+"): run pgsse migrate ("), line)
+	assert.True(t, strings.HasSuffix(line, "; nothing was published"), line)
+	assert.NotContains(t, line, "unavailable")
 
 	// Nothing listens: a connection error, exit 1.
 	line = errorLine(t, pgsse(t, nil, "publish", "--database-url", "postgres://u@127.0.0.1:1/db?connect_timeout=5", "s", "x"), 1)
 	assert.True(t, strings.HasPrefix(line, "publish: PostgreSQL is unavailable (failed to connect to "), line)
 	assert.True(t, strings.HasSuffix(line, "; nothing was published"), line)
 	assert.Equal(t, "0", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.events"))
+}
+
+// Issue 26: without DATABASE_URL, `pgsse publish` said "PostgreSQL is unavailable (failed to
+// connect to `user=root database=`: /var/run/postgresql/…)" — as if a server were down, not as
+// if none had been named. With nothing configured (no --database-url, DATABASE_URL or
+// libpq server variable), every command that connects says so, how to configure one, and what
+// libpq's defaults made it try; a configured database that is down is still "unavailable".
+func TestNoDatabaseConfigured(t *testing.T) {
+	var env []string // cleanEnv without its PGHOST: nothing names a database
+	for _, kv := range cleanEnv() {
+		if !strings.HasPrefix(kv, "PGHOST=") {
+			env = append(env, kv)
+		}
+	}
+	run := func(args ...string) result {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, binary, args...)
+		cmd.Env = env
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "pgsse %v must fail (is a PostgreSQL server listening at libpq's default socket?): %s", args, stdout.String())
+		return result{stdout.String(), stderr.String(), ee.ExitCode()}
+	}
+	tried := regexp.MustCompile(`; tried libpq's default, the Unix socket /\S+/\.s\.PGSQL\.5432 as user \S+, database \S+: [a-z ]+`)
+	for _, tc := range []struct {
+		args   []string
+		prefix string
+	}{
+		{[]string{"publish", "s", "x"}, "publish: "},
+		{[]string{"migrate"}, "migrate: "},
+	} {
+		line := errorLine(t, run(tc.args...), 1)
+		assert.True(t, strings.HasPrefix(line, tc.prefix+noDatabaseHint+"; tried "), "%v: %s", tc.args, line)
+		assert.Regexp(t, tried, line, tc.args)
+		assert.NotContains(t, line, "unavailable", tc.args)
+	}
+	assert.Contains(t, errorLine(t, run("publish", "s", "x"), 1), "nothing was published")
+	r := run("doctor")
+	assert.Equal(t, 1, r.code)
+	assert.True(t, strings.HasPrefix(r.stdout, "FAIL  connectivity: "+noDatabaseHint+"; tried "), r.stdout)
+	assert.Contains(t, noDatabaseHint, "DATABASE_URL")
+
+	// A database that was named but is down is not "not configured".
+	line := errorLine(t, pgsse(t, []string{"PGPORT=1"}, "publish", "s", "x"), 1)
+	assert.NotContains(t, line, "no database configured")
 }
 
 // `pgsse publish STREAM -` publishes standard input byte for byte.
@@ -392,7 +443,7 @@ func TestDoctor(t *testing.T) {
 			lines = append(lines, l)
 		}
 	}
-	checks := []string{"connectivity", "schema", "notify queue", "fd limit", "hub socket", "connection budget"}
+	checks := []string{"connectivity", "schema", "notify queue", "durability", "fd limit", "hub socket", "connection budget"}
 	require.Len(t, lines, len(checks), r.stdout)
 	for i, check := range checks {
 		assert.Regexp(t, `^(ok  |warn)  `+check+`: `, lines[i])
@@ -400,15 +451,15 @@ func TestDoctor(t *testing.T) {
 	assert.Contains(t, lines[0], "PostgreSQL ")
 	assert.Contains(t, lines[1], "version "+strconv.Itoa(store.SchemaVersion))
 	assert.Contains(t, lines[2], "0.0% in use")
-	assert.Contains(t, lines[5], "6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing); no hub configured, so 12 workers (--workers) hold 12 LISTEN sessions of their own (--hub-socket shares one)")
-	assert.Contains(t, lines[5], "max_connections")
+	assert.Contains(t, lines[6], "6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing); no hub configured, so 12 workers (--workers) hold 12 LISTEN sessions of their own (--hub-socket shares one)")
+	assert.Contains(t, lines[6], "max_connections")
 	// docs/operations.md, pgsse doctor: doctor prints the descriptor budget, each consumer's
 	// share, after fd limit.
 	require.NotEmpty(t, table)
 	assert.Regexp(t, `^ +descriptor budget of RLIMIT_NOFILE \d+:$`, table[0])
 	assert.Regexp(t, `(?m)^ +64  admin connections \(--admin-max-connections\)$`, strings.Join(table, "\n"))
 	assert.Regexp(t, `(?m)^ +\d+  SSE connections \(--max-connections default\)$`, strings.Join(table, "\n"))
-	assert.Contains(t, r.stdout, lines[3]+"\n"+table[0]+"\n", "the table follows the fd limit check")
+	assert.Contains(t, r.stdout, lines[4]+"\n"+table[0]+"\n", "the table follows the fd limit check")
 
 	// --procs: a replay pool per process, still one LISTEN session.
 	r = pgsse(t, env, "doctor", "--procs", "3")
@@ -464,6 +515,52 @@ func TestDoctor(t *testing.T) {
 	assert.Regexp(t, `^FAIL  connectivity: connect: `, r.stdout)
 }
 
+// Issue 23: with synchronous_commit off, PostgreSQL acknowledges a publish before it is on disk,
+// so a crash loses events pgsse already delivered and reuses their ids. doctor warns when the
+// setting a session of pgsse's role in pgsse's database gets is off — wherever it comes from —
+// or when pgsse's publishing functions carry it, and says how to turn it on.
+func TestDoctorDurability(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	env := []string{"DATABASE_URL=" + dsn}
+	requireOK(t, pgsse(t, env, "migrate"))
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	db := strings.TrimPrefix(u.Path, "/")
+	check := func() string {
+		t.Helper()
+		r := pgsse(t, env, "doctor")
+		requireOK(t, r) // a warning, not a failure
+		line := regexp.MustCompile(`(?m)^.*durability: .*$`).FindString(r.stdout)
+		require.NotEmpty(t, line, r.stdout)
+		return line
+	}
+
+	pgtest.Exec(t, dsn, `ALTER DATABASE "`+db+`" SET synchronous_commit = off`)
+	line := check()
+	assert.True(t, strings.HasPrefix(line, "warn  durability: synchronous_commit is off for user "+u.User.Username()+" in database "+db+" (from ALTER DATABASE … SET): "), line)
+	assert.Contains(t, line, "a crash can lose events pgsse already answered and delivered")
+	assert.Contains(t, line, "ids are then reused")
+	assert.Contains(t, line, `ALTER ROLE "`+u.User.Username()+`" IN DATABASE "`+db+`" SET synchronous_commit = on`)
+
+	pgtest.Exec(t, dsn, `ALTER DATABASE "`+db+`" SET synchronous_commit = on`)
+	assert.Equal(t, "ok    durability: synchronous_commit is on for user "+u.User.Username()+" in database "+db+": a publish pgsse acknowledged survives a PostgreSQL crash", check())
+
+	// A SET on the function pgsse publishes through wins inside it.
+	pgtest.Exec(t, dsn, `ALTER FUNCTION pgsse.publish_many SET synchronous_commit = off`)
+	line = check()
+	assert.True(t, strings.HasPrefix(line, "warn  durability: pgsse.publish_many SET synchronous_commit=off: "), line)
+
+	// The connection string's options count too: they are what pgsse's sessions get.
+	pgtest.Exec(t, dsn, `ALTER FUNCTION pgsse.publish_many RESET synchronous_commit`)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	r := pgsse(t, []string{"DATABASE_URL=" + dsn + sep + "options=" + "-c%20synchronous_commit%3Doff"}, "doctor")
+	requireOK(t, r)
+	assert.Contains(t, r.stdout, "warn  durability: synchronous_commit is off for user "+u.User.Username()+" in database "+db+" (from the connection string's options or PGOPTIONS)")
+}
+
 // TestBadInput: every bad configuration exits non-zero with exactly one line that names
 // the flag or variable and the problem, before anything starts.
 func TestBadInput(t *testing.T) {
@@ -484,11 +581,11 @@ func TestBadInput(t *testing.T) {
 		{"size too small", nil, append([]string{"--hub-worker-buffer", "1KiB"}, key...), "--hub-worker-buffer: must be between 131080 (two maximum frames) and 1GiB"},
 		{"heartbeat too short", nil, append([]string{"--heartbeat", "10ms"}, key...), "--heartbeat: must be at least 100ms"},
 		{"header size", nil, append([]string{"--max-header-bytes", "10"}, key...), "--max-header-bytes: must be between 1024 and 1048576"},
-		{"publish size", []string{"PGSSE_MAX_PUBLISH_BYTES=2GiB"}, key, "PGSSE_MAX_PUBLISH_BYTES: must be between 1 and 1GiB"},
-		{"outbound memory", []string{"PGSSE_MAX_OUTBOUND_MEMORY=64KiB"}, key, "PGSSE_MAX_OUTBOUND_MEMORY: must be between 1MiB and 1024GiB"},
+		{"publish size", []string{"PGSSE_MAX_PUBLISH_BYTES=2GiB"}, key, "--max-publish-bytes (from PGSSE_MAX_PUBLISH_BYTES): must be between 1 and 1GiB"},
+		{"outbound memory", []string{"PGSSE_MAX_OUTBOUND_MEMORY=64KiB"}, key, "--max-outbound-memory (from PGSSE_MAX_OUTBOUND_MEMORY): must be between 1MiB and 1024GiB"},
 		{"mode", nil, []string{"--hub-socket-mode", "rw-------"}, `--hub-socket-mode: invalid mode "rw-------" (octal, e.g. 0600)`},
 		{"mode out of range", nil, []string{"--hub-socket-mode", "1777"}, `--hub-socket-mode: mode "1777" out of range (0000-0777)`},
-		{"bool", []string{"PGSSE_PPROF=maybe"}, nil, `PGSSE_PPROF: invalid boolean "maybe" (use true or false)`},
+		{"bool", []string{"PGSSE_PPROF=maybe"}, nil, `--pprof (from PGSSE_PPROF): invalid boolean "maybe" (use true or false)`},
 		{"unknown flag", nil, []string{"serve", "--no-such-flag"}, "serve: unknown flag --no-such-flag (pgsse serve --help lists its flags)"},
 		{"unknown flag, migrate", nil, []string{"migrate", "-x=1"}, "migrate: unknown flag --x (pgsse migrate --help lists its flags)"},
 		{"unknown flag, no command", nil, []string{"--bogus"}, "unknown flag --bogus (pgsse --help lists the commands; pgsse serve --help the flags of serve, the default command)"},
@@ -498,20 +595,20 @@ func TestBadInput(t *testing.T) {
 		{"bad DSN", nil, append([]string{"--database-url", "postgres://u@h:notaport/db"}, key...), "--database-url: cannot parse `postgres://u@h:notaport/db`: invalid port"},
 		{"bad DSN, migrate", nil, []string{"migrate", "--database-url", "postgres://u@h:notaport/db"}, "--database-url: cannot parse `postgres://u@h:notaport/db`: invalid port"},
 		{"missing secret file", nil, []string{"--jwt-secret-file", "/nope"}, "--jwt-secret-file: open /nope: no such file or directory"},
-		{"missing secret file from env", []string{"PGSSE_JWT_SECRET_FILE=/nope"}, nil, "PGSSE_JWT_SECRET_FILE: open /nope: no such file or directory"},
+		{"missing secret file from env", []string{"PGSSE_JWT_SECRET_FILE=/nope"}, nil, "--jwt-secret-file (from PGSSE_JWT_SECRET_FILE): open /nope: no such file or directory"},
 		{"empty secret file", nil, []string{"--jwt-secret-file", os.DevNull}, "--jwt-secret-file: /dev/null is empty"},
 		{"secret and secret file", nil, []string{"--jwt-secret", "a", "--jwt-secret-file", "/x"}, "--jwt-secret and --jwt-secret-file are mutually exclusive"},
 		{"not a public key", nil, []string{"--jwt-public-key-file", os.DevNull}, "--jwt-public-key-file: no PEM block"},
 		{"no key", nil, []string{"serve"}, "no JWT key: set --jwt-secret, --jwt-secret-file or --jwt-public-key-file (or --public-streams for token-free streams)"},
 		{"log format", nil, []string{"--log-format", "xml"}, "--log-format: must be text or json"},
-		{"log level", []string{"PGSSE_LOG_LEVEL=loud"}, nil, "PGSSE_LOG_LEVEL: must be debug, info, warn or error"},
+		{"log level", []string{"PGSSE_LOG_LEVEL=loud"}, nil, "--log-level (from PGSSE_LOG_LEVEL): must be debug, info, warn or error"},
 		{"public stream pattern", nil, []string{"--public-streams", "news/*,bad name"}, `--public-streams: pattern "bad name": stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -`},
 		{"cors wildcard", nil, append([]string{"--cors-origins", "*"}, key...), `--cors-origins: "*" is not allowed: list exact origins (credentials need them)`},
 		{"cors with path", nil, append([]string{"--cors-origins", "https://a.example/app"}, key...), `--cors-origins: "https://a.example/app" is not an origin (want scheme://host[:port], e.g. https://app.example.com)`},
 		{"pprof without admin", nil, append([]string{"--admin-listen=", "--pprof"}, key...), "--pprof needs an admin address (--admin-listen)"},
 		{"unexpected argument", nil, []string{"serve", "extra"}, `serve: unexpected argument "extra"`},
 		{"unknown command", nil, []string{"frobnicate"}, `unknown command "frobnicate" (commands: serve, migrate, token, publish, doctor, version)`},
-		{"env names the variable", []string{"PGSSE_HEARTBEAT=abc"}, key, `PGSSE_HEARTBEAT: invalid duration "abc" (e.g. 15s, 2m, 1h30m)`},
+		{"env names the variable", []string{"PGSSE_HEARTBEAT=abc"}, key, `--heartbeat (from PGSSE_HEARTBEAT): invalid duration "abc" (e.g. 15s, 2m, 1h30m)`},
 		// The flag wins over the bad variable: the run gets past it to the next problem.
 		{"flag wins over env", []string{"PGSSE_HEARTBEAT=abc"}, []string{"--heartbeat", "1s"}, "no JWT key: set --jwt-secret, --jwt-secret-file or --jwt-public-key-file (or --public-streams for token-free streams)"},
 		{"token: no key", nil, []string{"token", "--stream", "s"}, "no JWT key: set --jwt-secret, --jwt-secret-file or --private-key-file"},
@@ -526,7 +623,7 @@ func TestBadInput(t *testing.T) {
 		{"publish: bad audience", nil, []string{"publish", "s", "d", "--audience", "a\x01"}, "--audience: audience tag must not contain control characters"},
 		{"doctor: bad workers", nil, []string{"doctor", "--workers", "-1"}, "--workers: must not be negative"},
 		{"procs", nil, []string{"--procs", "many"}, `--procs: invalid process count "many" (1 to 256, or auto for one per CPU)`},
-		{"procs too many", []string{"PGSSE_PROCS=257"}, key, `PGSSE_PROCS: invalid process count "257" (1 to 256, or auto for one per CPU)`},
+		{"procs too many", []string{"PGSSE_PROCS=257"}, key, `--procs (from PGSSE_PROCS): invalid process count "257" (1 to 256, or auto for one per CPU)`},
 		{"sibling marker from outside", []string{"PGSSE_INTERNAL_SIBLING=yes"}, key,
 			`PGSSE_INTERNAL_SIBLING: not a marker set by pgsse serve --procs (it is internal): "yes"`},
 		{"version: argument", nil, []string{"version", "now"}, `version: unexpected argument "now"`},

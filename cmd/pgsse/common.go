@@ -3,11 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -23,16 +27,33 @@ func (c *cli) dbFlag() *string {
 	return c.String("database-url", "", "PostgreSQL connection `URL`; else DATABASE_URL, else the libpq variables (PGHOST, …)")
 }
 
+// libpqServerVariables are the libpq variables that say which server, database or user to
+// use; with none of them (and no connection string) nothing was configured.
+var libpqServerVariables = []string{"PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSERVICE"}
+
 // database resolves the connection string: --database-url / PGSSE_DATABASE_URL, else
 // DATABASE_URL, else "" (libpq variables). It is parsed here so a bad one fails as
-// configuration, naming where it came from (c.dbSource, also for later errors).
+// configuration, naming where it came from (c.dbSource, also for later errors). When nothing
+// names a database at all, c.dbNone is set: libpq's defaults are still tried (a local
+// server with peer authentication works that way), and a failure says what to configure
+// (c.explainConnect).
 func (c *cli) database(flagValue string) (dsn string, cfg *pgconn.Config, err error) {
 	dsn, src := flagValue, c.source("database-url")
+	c.dbNone = false
 	if dsn == "" {
 		if v, ok := c.env("DATABASE_URL"); ok && v != "" {
 			dsn, src = v, "DATABASE_URL"
 		} else {
 			src = "libpq environment (PGHOST, PGPORT, …)"
+			c.dbNone = true
+			for _, k := range libpqServerVariables {
+				if v, ok := c.env(k); ok && v != "" {
+					c.dbNone = false
+				}
+			}
+			if c.dbNone {
+				src = "libpq's defaults (no --database-url, DATABASE_URL or PGHOST set)"
+			}
 		}
 	}
 	c.dbSource = src
@@ -40,7 +61,53 @@ func (c *cli) database(flagValue string) (dsn string, cfg *pgconn.Config, err er
 	if err != nil {
 		return "", nil, configErrorf("%s: %s", src, oneLine(err.Error()))
 	}
+	c.dbConfig = cfg.Copy()
 	return dsn, cfg, nil
+}
+
+// noDatabaseHint says what to configure when no database was; it is the start of every
+// error about a connection that libpq's defaults could not make.
+const noDatabaseHint = "no database configured: set DATABASE_URL (or --database-url), e.g. postgres://user:password@localhost:5432/app, or the libpq variables PGHOST, PGDATABASE, …"
+
+// explainConnect rewrites the error of a connection that failed while no database was
+// configured (c.dbNone): it says so, what to set, and what libpq's defaults made pgsse try
+// ("the Unix socket /var/run/postgresql/.s.PGSQL.5432 as user root: no such file or
+// directory"). Any other error is returned as it is.
+func (c *cli) explainConnect(err error) error {
+	var ce *pgconn.ConnectError
+	if !c.dbNone || c.dbConfig == nil || !errors.As(err, &ce) {
+		return err
+	}
+	return errors.New(noDatabaseHint + "; tried " + c.triedDefaults() + ": " + connectCause(ce))
+}
+
+// triedDefaults describes where libpq's defaults point: a Unix socket or host:port, the user
+// and the database.
+func (c *cli) triedDefaults() string {
+	cfg := c.dbConfig
+	where := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	if strings.HasPrefix(cfg.Host, "/") {
+		where = "the Unix socket " + cfg.Host + "/.s.PGSQL." + strconv.Itoa(int(cfg.Port))
+	}
+	db := cfg.Database
+	if db == "" {
+		db = cfg.User
+	}
+	return "libpq's default, " + where + " as user " + cfg.User + ", database " + db
+}
+
+// connectCause is the reason of a failed connection without pgconn's framing: the system
+// error ("no such file or directory", "connection refused") or PostgreSQL's message.
+func connectCause(ce *pgconn.ConnectError) string {
+	var errno syscall.Errno
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(ce, &errno):
+		return errno.Error()
+	case errors.As(ce, &pe):
+		return pe.Message + " (SQLSTATE " + pe.Code + ")"
+	}
+	return oneLine(ce.Unwrap().Error())
 }
 
 // connect opens one session, named appName unless the connection string names it.

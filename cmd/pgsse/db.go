@@ -35,6 +35,9 @@ func cmdMigrate(ctx context.Context, args []string, env func(string) (string, bo
 	}
 	conn, err := connect(ctx, cfg, "pgsse-migrate")
 	if err != nil {
+		if e := c.explainConnect(err); e != err {
+			return fmt.Errorf("migrate: %w", e)
+		}
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
@@ -137,6 +140,9 @@ func cmdPublish(ctx context.Context, args []string, env func(string) (string, bo
 	case errors.As(err, &ee):
 		return configErrorf("%s: %v", source, err)
 	default:
+		if e := c.explainConnect(err); e != err {
+			return fmt.Errorf("publish: %w; nothing was published", e)
+		}
 		return fmt.Errorf("publish: %w", err)
 	}
 	if req.Batch {

@@ -3,7 +3,8 @@
 //
 // This package owns the command line: subcommands, flags with their PGSSE_* variables
 // (flags win), the database source (--database-url, DATABASE_URL, libpq variables),
-// signals, the admin HTTP server (docs/operations.md, Health, metrics and logs), the supervision
+// signals, the admin HTTP server (docs/operations.md, Health, metrics and logs; at
+// --admin-max-connections a new connection closes the idlest, adminconns.go), the supervision
 // of --procs siblings and the sum of their metrics (procs.go, procsmetrics.go) and the wiring of
 // engine.Config. It holds no business logic.
 //

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -74,13 +75,14 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	defer cancel()
 	conn, err := connect(cctx, cfg, "pgsse-doctor")
 	if err != nil {
-		d.report("FAIL", "connectivity", "%v", err)
+		d.report("FAIL", "connectivity", "%v", c.explainConnect(err))
 	} else {
 		defer conn.Close(context.WithoutCancel(ctx))
 		d.report("ok", "connectivity", "PostgreSQL %s at %s:%d, database %s, user %s",
 			conn.ParameterStatus("server_version"), cfg.Host, cfg.Port, cfg.Database, cfg.User)
 		d.schema(cctx, conn)
 		d.queue(cctx, conn)
+		d.durability(cctx, conn)
 		server = readBudget(cctx, conn)
 	}
 
@@ -132,6 +134,73 @@ func (d *doctor) queue(ctx context.Context, conn *pgconn.PgConn) {
 		d.report("ok", "notify queue", "%s", msg)
 	}
 }
+
+// durabilitySQL reads synchronous_commit as a session of pgsse's role in pgsse's database sees
+// it (the configuration file, ALTER SYSTEM, ALTER DATABASE/ROLE … SET, the connection string's
+// options), where that value comes from, and any SET synchronous_commit attached to the
+// functions pgsse publishes through (pgsse.publish, pgsse.publish_many), which wins inside them.
+const durabilitySQL = `SELECT s.setting || '|' || s.source || '|' || current_user || '|' || current_database() || '|' ||
+	coalesce((SELECT string_agg('pgsse.' || p.proname || ' SET ' || c, ', ' ORDER BY p.proname)
+		FROM pg_proc p, unnest(p.proconfig) AS c
+		WHERE p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = 'pgsse')
+		  AND p.proname IN ('publish', 'publish_many') AND c LIKE 'synchronous_commit=%'), '')
+	FROM pg_settings s WHERE s.name = 'synchronous_commit'`
+
+// durability warns when pgsse's publishes commit with synchronous_commit off (issue 23): the
+// server acknowledges a publish before its commit is on disk, so a PostgreSQL crash (or an
+// immediate stop) can lose events pgsse has already answered and delivered — and their ids are
+// then given to the next events of the stream, which a subscriber that saw a lost one skips.
+func (d *doctor) durability(ctx context.Context, conn *pgconn.PgConn) {
+	v, err := queryValue(ctx, conn, durabilitySQL)
+	if err != nil {
+		d.report("warn", "durability", "cannot read synchronous_commit: %v", err)
+		return
+	}
+	parts := strings.SplitN(v, "|", 5)
+	if len(parts) != 5 {
+		d.report("warn", "durability", "unexpected answer %q", v)
+		return
+	}
+	setting, source, user, database, functions := parts[0], parts[1], parts[2], parts[3], parts[4]
+	who := fmt.Sprintf("user %s in database %s", user, database)
+	var off []string
+	if setting == "off" {
+		off = append(off, "synchronous_commit is off for "+who+" ("+settingSource(source)+")")
+	}
+	for _, f := range strings.Split(functions, ", ") {
+		if strings.HasSuffix(f, "=off") {
+			off = append(off, f)
+		}
+	}
+	if len(off) == 0 {
+		d.report("ok", "durability", "synchronous_commit is %s for %s: a publish pgsse acknowledged survives a PostgreSQL crash", setting, who)
+		return
+	}
+	d.report("warn", "durability", "%s: PostgreSQL acknowledges a publish before it is on disk, so a crash can lose events pgsse already answered and delivered, "+
+		"and their ids are then reused by the stream's next events (a subscriber that saw a lost one skips its replacement); "+
+		"set it on for pgsse: ALTER ROLE %s IN DATABASE %s SET synchronous_commit = on (docs/operations.md, Durability)",
+		strings.Join(off, "; "), quoteIdent(user), quoteIdent(database))
+}
+
+// settingSource words pg_settings.source for the durability check.
+func settingSource(source string) string {
+	switch source {
+	case "configuration file":
+		return "from postgresql.conf or ALTER SYSTEM"
+	case "database":
+		return "from ALTER DATABASE … SET"
+	case "user":
+		return "from ALTER ROLE … SET"
+	case "database user":
+		return "from ALTER ROLE … IN DATABASE … SET"
+	case "client":
+		return "from the connection string's options or PGOPTIONS"
+	}
+	return "source: " + source
+}
+
+// quoteIdent quotes a PostgreSQL identifier for a command to copy.
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
 // fdLimit checks the descriptor limit against --max-connections and prints the budget: each
 // consumer's share of RLIMIT_NOFILE (engine.Config.FDBudget, the one computation serve uses).

@@ -41,6 +41,23 @@ func serveOnce(t *testing.T, env []string, args ...string) result {
 	return result{stdout.String(), stderr.String(), ee.ExitCode()}
 }
 
+// serveExactly is serveOnce without its --listen and --admin-listen: the test says them, or
+// the environment does.
+func serveExactly(t *testing.T, env []string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, append([]string{"serve"}, args...)...)
+	cmd.Env = append(cleanEnv(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	require.NoError(t, ctx.Err(), "pgsse serve did not exit; stderr:\n%s", stderr.String())
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "pgsse serve must fail; stderr:\n%s", stderr.String())
+	return result{stdout.String(), stderr.String(), ee.ExitCode()}
+}
+
 // oneLogLine asserts a start that failed with exactly one log line, and returns it.
 func oneLogLine(t *testing.T, r result) string {
 	t.Helper()
@@ -92,7 +109,7 @@ func TestServeDatabaseRefusedNamesItsSource(t *testing.T) {
 	assert.NotContains(t, line, "--database-url")
 
 	line = oneLogLine(t, serveOnce(t, []string{"PGSSE_JWT_SECRET=" + failSecret, "PGSSE_DATABASE_URL=" + missing}))
-	assert.Contains(t, line, "PGSSE_DATABASE_URL: PostgreSQL refused the connection")
+	assert.Contains(t, line, "--database-url (from PGSSE_DATABASE_URL): PostgreSQL refused the connection")
 	assert.Contains(t, line, reason)
 
 	pw, _ := u.User.Password()
@@ -243,4 +260,54 @@ func getURL(t *testing.T, u string) (int, string) {
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp.StatusCode, string(b)
+}
+
+// Issue 26: `source bin/run.env` sets PGSSE_HUB_SOCKET; a second `pgsse serve` then refused to
+// start naming --hub-socket, a flag the user never typed. Every error about a value taken from
+// the environment names the variable (cli.source, cli.attribute) — the engine's for --listen and
+// --hub-socket as well as the command's own for --admin-listen — and a value typed on the
+// command line is named as the flag alone.
+func TestServeNamesTheVariableThatSetAValue(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	dir := shortTempDir(t)
+	sock := dir + "/hub.sock"
+	hub, err := net.Listen("unix", sock) // a live server on the path
+	require.NoError(t, err)
+	defer hub.Close()
+	go func() {
+		for {
+			c, err := hub.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	addr := taken.Addr().String()
+	base := []string{"DATABASE_URL=" + dsn, "PGSSE_JWT_SECRET=" + failSecret}
+	free := []string{"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"hub socket from the environment", []string{"PGSSE_HUB_SOCKET=" + sock}, free,
+			"--hub-socket (from PGSSE_HUB_SOCKET) " + sock + ": another process is serving it"},
+		{"hub socket on the command line", nil, append([]string{"--hub-socket", sock}, free...),
+			"--hub-socket " + sock + ": another process is serving it"},
+		{"listen from the environment", []string{"PGSSE_LISTEN=" + addr}, []string{"--admin-listen", "127.0.0.1:0"},
+			"--listen (from PGSSE_LISTEN) " + addr + ": bind: address already in use"},
+		{"admin listen from the environment", []string{"PGSSE_ADMIN_LISTEN=" + addr}, []string{"--listen", "127.0.0.1:0"},
+			"--admin-listen (from PGSSE_ADMIN_LISTEN) " + addr + ": admin server cannot listen: bind: address already in use"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			line := oneLogLine(t, serveExactly(t, append(base, tc.env...), tc.args...))
+			assert.Contains(t, line, tc.want)
+		})
+	}
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgsse/pgsse/engine"
 )
 
@@ -47,6 +49,8 @@ type cli struct {
 	groups   [][]string        // flags where a command-line value masks the others' env values
 	envSplit map[string]bool   // repeatable flags whose env value is comma-separated
 	dbSource string            // where database() took the connection string from, for errors
+	dbNone   bool              // nothing named a database: libpq's defaults (explainConnect)
+	dbConfig *pgconn.Config    // what database() parsed, for explainConnect
 }
 
 func newCLI(name, synopsis string, env func(string) (string, bool)) *cli {
@@ -63,13 +67,49 @@ func envName(flagName string) string {
 	return "PGSSE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// source names where a flag's value came from, for error messages.
+// source names a flag for an error message about its value: "--hub-socket", or
+// "--hub-socket (from PGSSE_HUB_SOCKET)" when the environment set it — a user who never typed
+// the flag (a sourced bin/run.env, a systemd EnvironmentFile) learns which variable to fix or
+// unset. Every message about a flag's value names it through source or attribute.
 func (c *cli) source(name string) string {
 	if v, ok := c.fromEnv[name]; ok {
-		return v
+		return fromVariable(name, v)
 	}
 	return "--" + name
 }
+
+func fromVariable(flagName, variable string) string {
+	return "--" + flagName + " (from " + variable + ")"
+}
+
+// attribute is source for a message written elsewhere (the engine's "--listen ADDR: …",
+// "--hub-socket PATH: …"): the first mention of each flag the environment set, as a whole
+// word, becomes source's form.
+func (c *cli) attribute(msg string) string {
+	for name, variable := range c.fromEnv {
+		flag := "--" + name
+		for i := 0; i+len(flag) <= len(msg); {
+			j := strings.Index(msg[i:], flag)
+			if j < 0 {
+				break
+			}
+			j += i
+			end := j + len(flag)
+			if (j == 0 || !isFlagByte(msg[j-1])) && (end == len(msg) || !isFlagByte(msg[end])) {
+				if !strings.HasPrefix(msg[end:], " (from ") {
+					msg = msg[:j] + fromVariable(name, variable) + msg[end:]
+				}
+				break
+			}
+			i = end
+		}
+	}
+	return msg
+}
+
+// isFlagByte: a byte that can continue a flag's name (so "--jwt-secret" is not found in
+// "--jwt-secret-file").
+func isFlagByte(b byte) bool { return b == '-' || b >= 'a' && b <= 'z' || b >= '0' && b <= '9' }
 
 // isSet reports whether the flag was given on the command line or in the environment.
 func (c *cli) isSet(name string) bool { return c.onCmd[name] || c.fromEnv[name] != "" }
@@ -159,7 +199,7 @@ func (c *cli) applyEnv() error {
 		}
 		for _, v := range values {
 			if e := c.fs.Set(f.Name, v); e != nil {
-				err = configErrorf("%s: %v", key, e)
+				err = configErrorf("%s: %v", fromVariable(f.Name, key), e)
 				return
 			}
 		}

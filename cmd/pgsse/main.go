@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"slices"
 	"strings"
@@ -94,15 +95,49 @@ func run(ctx context.Context, args []string, env func(string) (string, bool), st
 	case errors.Is(err, errReported):
 		return 1
 	case errors.As(err, &ce):
-		fmt.Fprintf(stderr, "pgsse: %s\n", oneLine(ce.msg))
+		fmt.Fprintf(stderr, "pgsse: %s%s\n", oneLine(ce.msg), staleRunEnv(env))
 		return 2
 	case errors.As(err, &uf):
 		fmt.Fprintf(stderr, "pgsse: %s\n", uf.Error())
 		return 2
 	default:
-		fmt.Fprintf(stderr, "pgsse: %s\n", oneLine(err.Error()))
+		fmt.Fprintf(stderr, "pgsse: %s%s\n", oneLine(err.Error()), staleRunEnv(env))
 		return 1
 	}
+}
+
+// The variables `make run` writes into bin/run.env besides pgsse's own (scripts/run.sh): the
+// file's path and a stamp of what it handed out (database, secret, hub socket, URLs).
+const (
+	runEnvVar   = "PGSSE_RUN_ENV"
+	runStampVar = "PGSSE_RUN_STAMP"
+)
+
+// staleRunEnv is what to add to an error line in a shell whose pgsse variables came from a
+// bin/run.env that is out of date — make run restarted with other values (its stamp
+// changed), or stopped (the file is gone) — so that the user knows to source it again rather
+// than chase a "PostgreSQL is unavailable" or a refused token; "" otherwise.
+func staleRunEnv(env func(string) (string, bool)) string {
+	path, ok := env(runEnvVar)
+	if !ok || path == "" {
+		return ""
+	}
+	stamp, _ := env(runStampVar)
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return " — make run has stopped since this shell sourced " + path + ": start it, then source it again"
+	}
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	data, _ := io.ReadAll(io.LimitReader(f, 64<<10))
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "export "+runStampVar+"="); ok && v != stamp {
+			return " — make run restarted with other values since this shell sourced " + path + ": source it again"
+		}
+	}
+	return ""
 }
 
 // helpTo prints the usage on w when err asks for help, and returns err.

@@ -115,3 +115,13 @@ func errorLine(t *testing.T, r result, want int) string {
 	require.True(t, strings.HasPrefix(line, "pgsse: "), "stderr %q", line)
 	return strings.TrimPrefix(line, "pgsse: ")
 }
+
+// shortTempDir is a temporary directory whose path is short enough for Unix sockets (107
+// bytes), which t.TempDir()'s may not be; removed when the test ends.
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pgsse")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}

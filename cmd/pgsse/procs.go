@@ -29,7 +29,7 @@ import (
 // serve — it owns the LISTEN session, the hub and the admin endpoint — that also starts N−1
 // copies of itself, its siblings, on the same --listen address (SO_REUSEPORT in every process:
 // the kernel spreads new connections over them). Each sibling runs its own loop and replay pool
-// and takes its notifications from the first process's hub (engine/listenhub.go).
+// and takes its notifications from the first process's hub (engine/siblingsource.go).
 //
 // How a sibling is told what it is, and why no outside worker can pose as one: the first
 // process makes a socketpair per sibling, enrols one end in its hub as a sibling
@@ -48,9 +48,10 @@ import (
 //     own on the way down, then the first process itself.
 //   - No sibling outlives the first process for long: it gets parentDeathSignal when the first
 //     process dies (even by SIGKILL). Its hub connection ends at the same moment, so it has
-//     already switched to a LISTEN session of its own and goes on delivering; after orphanGrace
-//     it drains (its clients are told to retry, and find the processes a supervisor such as
-//     systemd has started meanwhile) and exits. Siblings run in their own process group, so a
+//     already switched to a LISTEN session of its own and goes on delivering to the clients it
+//     has; it stops accepting at once (its listening socket closed), so that a new set started
+//     by a supervisor binds --listen right away; after orphanGrace it drains (its clients are
+//     told to retry, and find the processes the supervisor has started meanwhile) and exits. Siblings run in their own process group, so a
 //     Ctrl-C in a terminal reaches only the first process, which stops them in order.
 //   - /metrics on the first process sums the pgsse_* series of every live process
 //     (procsmetrics.go); pgsse_process_sse_connections{process} shows the spread.

@@ -300,9 +300,11 @@ func TestProcsSiblingKilled(t *testing.T) {
 }
 
 // TestProcsFirstProcessKilled: SIGKILL the first process: the sibling switches to a LISTEN
-// session of its own and keeps delivering — its clients, and those of the first process that
-// reconnect to it, get every event once, in order — and then, orphanGrace later, drains and
-// exits: no process of the tree survives the first one for long.
+// session of its own, stops accepting at once and keeps delivering to its clients; a new
+// `pgsse serve --procs 2` started at once on the same port serves within seconds (issue 23:
+// the orphan held the port while it drained, and the new set exited with "bind: address already
+// in use" for 15 s) and takes the first process's clients; orphanGrace later the orphan drains,
+// its clients move to the new set, and every client has every event once, in order.
 func TestProcsFirstProcessKilled(t *testing.T) {
 	dsn := migrated(t)
 	p := startProcs(t, dsn, 2)
@@ -314,16 +316,42 @@ func TestProcsFirstProcessKilled(t *testing.T) {
 	require.NoError(t, p.cmd.Process.Kill())
 	<-p.exited
 	killedAt := time.Now()
-	waitFor(t, "the sibling's own LISTEN session", 15*time.Second, func() bool {
-		return strings.Contains(p.log.String(), "switching to an own LISTEN session") && listenSessions(t, dsn) == 1
-	})
+	next := startProcs(t, dsn, 2, "--listen", p.listen) // at once, as a supervisor would
+	var servedAt time.Time
+	for _, l := range next.lines() {
+		if l["msg"] == "pgsse serving" && l["proc"] == nil {
+			ts, err := time.Parse(time.RFC3339Nano, l["time"].(string))
+			require.NoError(t, err)
+			servedAt = ts
+		}
+	}
+	assert.Less(t, servedAt.Sub(killedAt), 3*time.Second, "the new set serves within seconds of the kill")
+	assert.Contains(t, p.log.String(), "no longer accepting on --listen")
+	assert.Equal(t, next.listen, p.listen)
+
+	// Events published after the kill reach everyone: the first process's clients have
+	// reconnected to the new set for them; the orphan's got them on their first connection.
 	ssetest.PublishRange(t, dsn, "orphan", 101, 200, nil)
 	ssetest.RequireAll(t, rs, 200, 30*time.Second)
-	assert.False(t, processGone(sibling), "the sibling serves on during the grace period")
+	assert.False(t, processGone(sibling), "the orphan serves on during the grace period")
+	var orphans []*ssetest.Reader
+	for _, r := range rs {
+		if r.Connects() == 1 {
+			orphans = append(orphans, r)
+		}
+	}
+	require.NotEmpty(t, orphans, "the kernel gave the sibling some of the 30 clients, and it kept serving them")
+	require.Less(t, len(orphans), len(rs), "and the first process some, which reconnected")
 
 	waitFor(t, "the orphaned sibling to drain and exit", orphanGrace+20*time.Second, func() bool { return processGone(sibling) })
 	assert.GreaterOrEqual(t, time.Since(killedAt), orphanGrace-time.Second, "not before the grace period")
 	assert.Contains(t, p.log.String(), "the first process is gone")
+	ssetest.PublishRange(t, dsn, "orphan", 201, 250, nil)
+	ssetest.RequireAll(t, rs, 250, 30*time.Second)
+	for _, r := range orphans {
+		assert.Equal(t, 2, r.Connects(), "the orphan's clients moved to the new set once it drained")
+	}
+	assert.Equal(t, 1, listenSessions(t, dsn), "the new set's one LISTEN session")
 	var dir string
 	for _, l := range p.lines() {
 		if l["msg"] == "started a sibling process" {

@@ -43,6 +43,7 @@ type serveSetup struct {
 	shortSecret int            // bytes of an HS256 secret shorter than shortSecret, warned about once serving
 	procs       int            // --procs: processes serving --listen (procs.go)
 	sibling     *siblingMarker // this process is a sibling of --procs (set by asSibling)
+	cli         *cli           // names each flag in errors as its value was given (cli.attribute)
 }
 
 func parseServe(args []string, env func(string) (string, bool), stdout, stderr io.Writer) (*serveSetup, error) {
@@ -86,7 +87,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		return nil, err
 	}
 
-	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit, procs: *procs, redactor: &redactor{}}
+	s := &serveSetup{adminListen: *adminListen, pprof: *pprofOn, fdLimit: limit, procs: *procs, redactor: &redactor{}, cli: c}
 	if *procs > 1 && !procsSupported {
 		return nil, configErrorf("%s: more than one process needs Linux (elsewhere SO_REUSEPORT does not spread connections over processes)", c.source("procs"))
 	}
@@ -362,7 +363,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 
 	srv, err := engine.New(s.cfg)
 	if err != nil {
-		return configErrorf("%s", oneLine(err.Error()))
+		return configErrorf("%s", s.cli.attribute(oneLine(err.Error())))
 	}
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
@@ -390,18 +391,26 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			if errors.As(err, &op) {
 				err = op.Err // "bind: address already in use", without net's "listen tcp ADDR: "
 			}
-			log.Error("pgsse cannot start", "err", fmt.Sprintf("--admin-listen %s: admin server cannot listen: %v", s.adminListen, err))
+			log.Error("pgsse cannot start", "err", fmt.Sprintf("%s %s: admin server cannot listen: %v", s.cli.source("admin-listen"), s.adminListen, err))
 			return errReported
 		}
 		adminAddr = ln.Addr().String()
+		conns := newAdminConns()
+		adminLn, err := newEvictingListener(ln, srv.AdminListener(ln), s.cfg.AdminMaxConnections, conns)
+		if err != nil {
+			_ = ln.Close()
+			log.Error("pgsse cannot start", "err", fmt.Sprintf("%s %s: %v", s.cli.source("admin-listen"), s.adminListen, err))
+			return errReported
+		}
 		admin = &http.Server{
 			Handler:           adminHandler(srv, gatherer, s.pprof, s.redactor),
-			ReadHeaderTimeout: 10 * time.Second,
-			IdleTimeout:       time.Minute,
+			ReadHeaderTimeout: adminReadHeaderTimeout,
+			IdleTimeout:       adminIdleTimeout,
 			MaxHeaderBytes:    16 << 10,
+			ConnState:         conns.connState,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
-		go func() { adminDone <- admin.Serve(srv.AdminListener(ln)) }()
+		go func() { adminDone <- admin.Serve(adminLn) }()
 	}
 	var orphaned <-chan struct{}
 	if s.sibling != nil {
@@ -435,6 +444,9 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		if s.shortSecret > 0 && s.sibling == nil {
 			log.Warn("the HS256 secret is short; use at least 32 random bytes", "bytes", s.shortSecret)
 		}
+		if s.cli.dbNone && s.sibling == nil {
+			log.Warn(noDatabaseHint, "trying", s.cli.triedDefaults())
+		}
 		if sup != nil {
 			sup.start(srv, siblingListen(s.cfg.Listen, srv.Addr()))
 		}
@@ -447,7 +459,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			}
 		}
 		var ended bool
-		runErr, ended = waitServe(ctx, stop, runDone, orphaned, s.sibling, log)
+		runErr, ended = waitServe(ctx, stop, runDone, orphaned, srv, s.sibling, log)
 		if sup != nil {
 			sup.stop() // the siblings drain first: none of them fails over on the way down
 		}
@@ -477,7 +489,8 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		if !started {
 			msg = "pgsse cannot start"
 		}
-		log.Error(msg, "err", runErr)
+		// The engine names --listen and --hub-socket; attribute says which came from a variable.
+		log.Error(msg, "err", s.cli.attribute(runErr.Error()))
 		return errReported
 	}
 	return nil
@@ -485,8 +498,10 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 
 // waitServe waits while the engine serves: for a signal (stop makes a second one kill the
 // process the default way), the engine's own end (ended, with its error), or — in a sibling —
-// the first process's death plus orphanGrace.
-func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned <-chan struct{}, m *siblingMarker, log *slog.Logger) (err error, ended bool) {
+// the first process's death plus orphanGrace. An orphaned sibling stops accepting at once
+// (srv.StopAccepting) and serves the connections it has until then, so that a new set of
+// processes started meanwhile can bind --listen (docs/scaling.md).
+func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned <-chan struct{}, srv interface{ StopAccepting() }, m *siblingMarker, log *slog.Logger) (err error, ended bool) {
 	var graceOver <-chan time.Time
 	for {
 		select {
@@ -500,7 +515,8 @@ func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned 
 			return err, true
 		case <-orphaned:
 			orphaned = nil
-			log.Warn("the first process is gone: serving on with a LISTEN session of our own, then draining",
+			srv.StopAccepting()
+			log.Warn("the first process is gone: no longer accepting on --listen (a new pgsse serve may bind it); serving our connections on with a LISTEN session of our own, then draining",
 				"err", errOrphan, "parent", m.Parent, "drain_in", orphanGrace)
 			graceOver = time.After(orphanGrace)
 		case <-graceOver:

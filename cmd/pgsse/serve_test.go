@@ -182,3 +182,56 @@ func TestServeAdminListenBusy(t *testing.T) {
 	assert.Contains(t, line, "pgsse cannot start")
 	assert.Contains(t, line, "--admin-listen "+ln.Addr().String()+": admin server cannot listen: bind: address already in use")
 }
+
+// Issue 23: 64 idle connections to the admin port — ones that sent nothing, or one request each
+// and then kept alive — held every slot of --admin-max-connections, and /healthz, /readyz and
+// /metrics did not answer for 10 s or a minute. At the cap, a new connection now closes the one
+// idle longest: a probe answers within a second, and the cap holds.
+func TestAdminIdleConnectionsDoNotLockOut(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	requireOK(t, pgsse(t, nil, "migrate", "--database-url", dsn))
+	p := startServe(t, 0, []string{"DATABASE_URL=" + dsn, "PGSSE_JWT_SECRET=0123456789abcdef0123456789abcdef"})
+	const cap = engine.DefaultAdminMaxConnections
+	probe := func(what string) {
+		t.Helper()
+		client := http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+		start := time.Now()
+		resp, err := client.Get("http://" + p.admin + "/healthz")
+		require.NoError(t, err, "%s; log:\n%s", what, p.stderr.String())
+		resp.Body.Close()
+		assert.Equal(t, 200, resp.StatusCode, what)
+		assert.Less(t, time.Since(start), time.Second, "/healthz %s", what)
+	}
+	dialAll := func(request bool) []net.Conn {
+		t.Helper()
+		var conns []net.Conn
+		for range cap {
+			c, err := net.DialTimeout("tcp", p.admin, 5*time.Second)
+			require.NoError(t, err)
+			t.Cleanup(func() { c.Close() })
+			if request { // one request, answered, and the connection kept alive
+				_, err = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: admin\r\n\r\n")
+				require.NoError(t, err)
+				_ = c.SetReadDeadline(time.Now().Add(15 * time.Second))
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				require.NoError(t, err)
+				resp.Body.Close()
+				require.Equal(t, 200, resp.StatusCode)
+				_ = c.SetReadDeadline(time.Time{})
+			}
+			conns = append(conns, c)
+		}
+		return conns
+	}
+
+	silent := dialAll(false)
+	probe("behind 64 connections that sent nothing")
+	// The one idle longest made room: it is closed.
+	_ = silent[0].SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := silent[0].Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF, "the idlest connection was closed")
+
+	dialAll(true)
+	probe("behind 64 kept-alive connections")
+	p.alive(t, "at the end")
+}

@@ -75,6 +75,31 @@ func TestEnvName(t *testing.T) {
 	assert.Equal(t, "PGSSE_JWT_PUBLIC_KEY_FILE", envName("jwt-public-key-file"))
 }
 
+// cli.attribute names the variable behind each flag the environment set, once, as a whole
+// word; flags from the command line and longer flags sharing a prefix are left alone.
+func TestAttribute(t *testing.T) {
+	c := newCLI("serve", "", envMap(map[string]string{"PGSSE_JWT_SECRET": "s", "PGSSE_HUB_SOCKET": "/h.sock"}))
+	c.String("jwt-secret", "", "")
+	c.String("jwt-secret-file", "", "")
+	c.String("hub-socket", "", "")
+	c.String("hub-socket-mode", "", "")
+	c.String("listen", "", "")
+	_, err := c.parse([]string{"--listen", ":1"})
+	require.NoError(t, err)
+	for in, want := range map[string]string{
+		"--hub-socket /h.sock: another process is serving it":   "--hub-socket (from PGSSE_HUB_SOCKET) /h.sock: another process is serving it",
+		"--listen :1: bind: address already in use":             "--listen :1: bind: address already in use",
+		"--jwt-secret-file and --jwt-secret are exclusive":      "--jwt-secret-file and --jwt-secret (from PGSSE_JWT_SECRET) are exclusive",
+		"--hub-socket-mode 0600 is looser":                      "--hub-socket-mode 0600 is looser",
+		"(--hub-socket) --hub-socket":                           "(--hub-socket (from PGSSE_HUB_SOCKET)) --hub-socket",
+		"--hub-socket (from PGSSE_HUB_SOCKET) /h.sock: already": "--hub-socket (from PGSSE_HUB_SOCKET) /h.sock: already",
+	} {
+		assert.Equal(t, want, c.attribute(in), in)
+	}
+	assert.Equal(t, "--hub-socket (from PGSSE_HUB_SOCKET)", c.source("hub-socket"))
+	assert.Equal(t, "--listen", c.source("listen"))
+}
+
 func TestCheckOrigin(t *testing.T) {
 	for _, ok := range []string{"https://app.example.com", "http://localhost:3000", "https://[::1]:8443"} {
 		assert.NoError(t, checkOrigin(ok), ok)
@@ -306,4 +331,24 @@ func TestSiblingListen(t *testing.T) {
 	assert.Equal(t, "127.0.0.1:41234", siblingListen("127.0.0.1:0", bound))
 	assert.Equal(t, "[::1]:41234", siblingListen("[::1]:0", bound))
 	assert.Equal(t, "localhost:41234", siblingListen("localhost:8080", bound))
+}
+
+// staleRunEnv (issue 26): an error in a shell that sourced bin/run.env says to source it again
+// when make run has rewritten it with other values, or removed it; not when it is current.
+func TestStaleRunEnv(t *testing.T) {
+	dir := t.TempDir()
+	current := filepath.Join(dir, "run.env")
+	require.NoError(t, os.WriteFile(current, []byte("# make run\nexport PGSSE_RUN_STAMP=abc\nexport TOKEN=x\n"), 0o600))
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"not from make run", map[string]string{}, ""},
+		{"current", map[string]string{runEnvVar: current, runStampVar: "abc"}, ""},
+		{"rewritten", map[string]string{runEnvVar: current, runStampVar: "old"}, " — make run restarted with other values since this shell sourced " + current + ": source it again"},
+		{"gone", map[string]string{runEnvVar: filepath.Join(dir, "gone.env"), runStampVar: "abc"}, " — make run has stopped since this shell sourced " + filepath.Join(dir, "gone.env") + ": start it, then source it again"},
+	} {
+		assert.Equal(t, tc.want, staleRunEnv(envMap(tc.env)), tc.name)
+	}
 }
