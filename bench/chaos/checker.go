@@ -387,8 +387,29 @@ func (c *checker) durable(sl *SubLog) {
 						// absent at subscribe: the entry tells where the subscription started
 						o.lastID, o.pos, o.firstAt = cur, cur, it.Conn
 						o.firstID = cur + 1
-					case cur != o.lastID && cur != o.pos:
-						c.r.fail(FailMalformed, who, "connection %d: composite id entry %d is %d, the client's cursor for %s is %d", it.Conn, i, cur, sl.Streams[i], o.lastID)
+					case cur == o.lastID || cur == o.pos:
+					case cur < o.pos:
+						c.r.fail(FailMalformed, who, "connection %d: composite id entry %d is %d, back from the client's cursor for %s, %d", it.Conn, i, cur, sl.Streams[i], o.pos)
+					default:
+						// Moved on over events skipped on this connection: each must be hidden
+						// from it by its audience (docs/http.md, The composite id); a pruned
+						// one is announced by a gap, which moves pos itself.
+						skipped := true
+						evs := c.byStream[sl.Streams[i]]
+						if head := c.everHead(sl.Streams[i]); cur > head {
+							c.r.fail(FailMalformed, who, "connection %d: composite id entry %d is %d, beyond the last id %s ever had, %d", it.Conn, i, cur, sl.Streams[i], head)
+							skipped = false
+						}
+						for j := sort.Search(len(evs), func(j int) bool { return evs[j].id > o.pos }); skipped && j < len(evs) && evs[j].id <= cur; j++ {
+							if t := evs[j]; Visible(ShapeOf(t.key).Audience, sl.Tags) && !seen[t.key] {
+								c.r.fail(FailMalformed, who, "connection %d: composite id entry %d is %d, over id %d of %s, which the client may see and has not received (its cursor is %d)", it.Conn, i, cur, t.id, sl.Streams[i], o.pos)
+								skipped = false
+							}
+						}
+						if skipped {
+							c.r.stat("composite id entries moved over hidden events", 1)
+							o.lastID, o.pos = cur, cur
+						}
 					}
 				}
 			}
@@ -434,6 +455,21 @@ func (c *checker) durable(sl *SubLog) {
 	for i, stream := range sl.Streams {
 		c.completeness(sl, stream, st[i], seen)
 	}
+}
+
+// everHead is the highest id stream had: in the table (pruned rows included) or given to an
+// acknowledged event a crash then lost.
+func (c *checker) everHead(stream string) int64 {
+	var h int64
+	if evs := c.byStream[stream]; len(evs) > 0 {
+		h = evs[len(evs)-1].id
+	}
+	for _, l := range c.lost {
+		if l.stream == stream {
+			h = max(h, l.id)
+		}
+	}
+	return h
 }
 
 // completeness reports every visible event of stream the subscriber should have received and

@@ -347,6 +347,44 @@ func TestCheckerMultiStream(t *testing.T) {
 	assert.Equal(t, []string{FailMalformed}, classes(r), "failures: %+v", r.Failures)
 }
 
+// An entry of another stream stands on that stream's last event written or skipped (hidden by
+// its audience) on the connection (docs/http.md, The composite id): it may move over hidden
+// events, never over one the subscriber may see, never back.
+func TestCheckerMultiStreamSkippedEntries(t *testing.T) {
+	build := func(t *testing.T) (*world, *SubLog) {
+		w := newWorld(t)
+		w.commit("a", 0, w.key(1, nil))
+		w.commit("b", time.Second, w.key(1, nil))
+		w.commit("b", time.Second, w.key(1, []string{"grp:a"})) // b/2: hidden from m
+		w.commit("a", 2*time.Second, w.key(1, nil))
+		sl := &SubLog{Name: "m", Streams: []string{"a", "b"}, Start: []int64{0, 0}, HeadAt: []time.Duration{500 * time.Millisecond}}
+		w.rec.Subs = append(w.rec.Subs, sl)
+		sl.Items = append(sl.Items,
+			SubItem{Kind: ItemEvent, Conn: 1, Stream: 0, ID: 1, Key: w.keyAt("a", 1), Cursors: []int64{1, 0}},
+			SubItem{Kind: ItemEvent, Conn: 1, Stream: 1, ID: 1, Key: w.keyAt("b", 1), Cursors: []int64{1, 1}},
+			SubItem{Kind: ItemEvent, Conn: 1, Stream: 0, ID: 2, Key: w.keyAt("a", 2), Cursors: []int64{2, 2}})
+		return w, sl
+	}
+	t.Run("over a hidden event", func(t *testing.T) {
+		w, _ := build(t)
+		r := w.check()
+		assert.True(t, r.OK(), "failures: %+v", r.Failures)
+	})
+	t.Run("over an event the subscriber may see", func(t *testing.T) {
+		w, sl := build(t)
+		sl.Items = append(sl.Items[:1], sl.Items[2]) // b/1 never received, yet b's entry says 2
+		sl.Items[1].Cursors = []int64{2, 2}
+		r := w.check()
+		assert.Contains(t, classes(r), FailLost, "failures: %+v", r.Failures)
+	})
+	t.Run("back", func(t *testing.T) {
+		w, sl := build(t)
+		sl.Items[2].Cursors = []int64{2, 0}
+		r := w.check()
+		assert.Contains(t, classes(r), FailMalformed, "failures: %+v", r.Failures)
+	})
+}
+
 func TestCheckerPublishes(t *testing.T) {
 	const s = "chaos/d0"
 	cases := []struct {
