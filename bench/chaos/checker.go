@@ -18,7 +18,10 @@ import (
 //     gap's "after" is where the client stood. A gap that moves the cursor back (the head went
 //     backwards after a crash lost commits) is allowed only if a crash could lose commits.
 //     An event the subscriber saw that a crash then lost, followed by a new event with the
-//     same id that never arrived, is a silent skip.
+//     same id that never arrived, is a silent skip. On a multi-stream connection each entry
+//     of a composite id stands on its stream's last event received or moves on over events
+//     hidden from the connection by their audience — never over one it may see, never back,
+//     never beyond the stream's head.
 //   - Publishers (SPEC §2, §3a): every acknowledged event is in the table with the id the
 //     publisher was told (unless a crash with synchronous_commit off lost it); nothing of a
 //     rolled-back or refused publish is; an unknown outcome is all or nothing; per stream, a
