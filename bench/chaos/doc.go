@@ -2,7 +2,7 @@
 // (issue 24): `go run ./bench/cmd/chaos --duration D --seed S [--soak]`.
 //
 // A run starts a PostgreSQL of its own (scripts/pg.sh) and `pgsse serve --procs 2` on it, then
-// a workload: durable subscribers of one stream or, when the server has them (SPEC §3c),
+// a workload: durable subscribers of one stream or, when the server under test has them (SPEC §3c),
 // several (steady, slow, flaky ones that drop their connection and resume with Last-Event-ID,
 // ones whose tokens expire, churn that joins from cursor 0, a recent cursor or live), ephemeral
 // and /channels/ subscribers, hub workers through pglisten (lossless and wake, a failover
