@@ -180,6 +180,29 @@ func TestCheckerDurable(t *testing.T) {
 			sl.Items = append(sl.Items, gap(1, 3, 6))
 			w.got(sl, 1, 7, 8, 9, 10)
 		}, []string{FailGap, FailLost}},
+		{"a lagging connection's gap after an event hidden from it", func(w *world) {
+			// the server's cursor moved over id 3, hidden by its audience (found by the soak)
+			w.commit(s, 0, w.key(1, nil), w.key(1, nil))
+			w.commit(s, time.Second, w.key(1, []string{"grp:a"}))
+			for i := range 5 {
+				w.commit(s, time.Duration(2+i)*time.Second, w.key(1, nil))
+			}
+			w.prune(s, 6)
+			sl := w.sub("a", s, 0)
+			w.got(sl, 1, 1, 2)
+			sl.Items = append(sl.Items, gap(1, 3, 6))
+			w.got(sl, 1, 7, 8)
+		}, nil},
+		{"a lagging connection's gap after an event it may see", func(w *world) {
+			for i := range 8 {
+				w.commit(s, time.Duration(i)*time.Second, w.key(1, nil))
+			}
+			w.prune(s, 6)
+			sl := w.sub("a", s, 0)
+			w.got(sl, 1, 1, 2)
+			sl.Items = append(sl.Items, gap(1, 3, 6))
+			w.got(sl, 1, 7, 8)
+		}, []string{FailGap, FailLost}},
 		{"cursor 0 starts at what is retained, without a gap", func(w *world) {
 			for i := range 10 {
 				w.commit(s, time.Duration(i)*time.Second, w.key(1, nil))
