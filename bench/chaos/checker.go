@@ -15,8 +15,10 @@ import (
 //     that its audience lets the connection see, with id > the first cursor, was received
 //     exactly once (by key: the event itself, not merely its id), in id order, across every
 //     reconnection — or it lies in the range of a pgsse:gap whose ids were really pruned. A
-//     gap's "after" is where the client stood. A gap that moves the cursor back (the head went
-//     backwards after a crash lost commits) is allowed only if a crash could lose commits.
+//     gap's "after" is where the client stood, or past it only over events hidden from the
+//     connection by their audience (a lagging connection's cursor moves over them). A gap
+//     that moves the cursor back (the head went backwards after a crash lost commits) is
+//     allowed only if a crash could lose commits.
 //     An event the subscriber saw that a crash then lost, followed by a new event with the
 //     same id that never arrived, is a silent skip. On a multi-stream connection each entry
 //     of a composite id stands on its stream's last event received or moves on over events
