@@ -618,3 +618,10 @@ func TestSoakVerdict(t *testing.T) {
 	assert.False(t, res.OK())
 	assert.NotEmpty(t, SoakVerdict(samples[:8], time.Minute).Problem, "too few samples in the second half")
 }
+
+// The soak judges the heap that survived the last GC, read back from the heap goal.
+func TestLiveHeap(t *testing.T) {
+	assert.InDelta(t, 15e6, liveHeap("go_gc_gogc_percent 100\ngo_memstats_next_gc_bytes 3e+07\n"), 1)
+	assert.InDelta(t, 20e6, liveHeap("go_memstats_next_gc_bytes 3e+07\ngo_gc_gogc_percent 50\n"), 1)
+	assert.Equal(t, -1.0, liveHeap("go_memstats_heap_inuse_bytes 3e+07\n"))
+}

@@ -102,7 +102,7 @@ func (r *Result) Print(w io.Writer, cfg Config) {
 
 // Print writes the soak's samples and verdicts.
 func (s *SoakResult) Print(w io.Writer) {
-	fmt.Fprintf(w, "soak samples (summed over the processes):\n  %8s %10s %10s %10s %6s %8s %10s\n", "t", "RSS MiB", "heap MiB", "goroutines", "fds", "backends", "notify q")
+	fmt.Fprintf(w, "soak samples (summed over the processes):\n  %8s %10s %10s %10s %6s %8s %10s\n", "t", "RSS MiB", "live heap", "goroutines", "fds", "backends", "notify q")
 	for _, smp := range s.Samples {
 		v := smp.Values
 		fmt.Fprintf(w, "  %7.0fs %10.1f %10.1f %10.0f %6.0f %8.0f %10.5f%s\n", smp.At.Seconds(), v[SeriesRSS]/(1<<20), v[SeriesHeap]/(1<<20),

@@ -17,8 +17,8 @@ import (
 )
 
 // The soak (--soak): the same workload and churn with no faults, and every SampleEvery a
-// sample of what could leak — per process and summed over the process tree: RSS, Go heap in
-// use, goroutines, open descriptors; and PostgreSQL's backends on the run's database and the
+// sample of what could leak — per process and summed over the process tree: RSS, the Go heap
+// live after the last GC, goroutines, open descriptors; and PostgreSQL's backends on the run's database and the
 // NOTIFY queue's usage.
 //
 // The growth rule, per series: take the samples of the second half of the run (the first
@@ -31,7 +31,7 @@ import (
 // Series sampled by the soak.
 const (
 	SeriesRSS        = "RSS (bytes)"
-	SeriesHeap       = "Go heap in use (bytes)"
+	SeriesHeap       = "Go heap live after the last GC (bytes)"
 	SeriesGoroutines = "goroutines"
 	SeriesFDs        = "descriptors"
 	SeriesBackends   = "PostgreSQL backends"
@@ -151,7 +151,7 @@ func (s *soakSampler) sample(ctx context.Context) Sample {
 		} else {
 			body = siblingMetrics(ctx, pid)
 		}
-		heap, gor := metricValue(body, "go_memstats_heap_inuse_bytes"), metricValue(body, "go_goroutines")
+		heap, gor := liveHeap(body), metricValue(body, "go_goroutines")
 		if heap < 0 || gor < 0 {
 			missing = append(missing, fmt.Sprintf("go metrics of %d", pid))
 		} else {
@@ -175,6 +175,19 @@ func (s *soakSampler) sample(ctx context.Context) Sample {
 	}
 	smp.Detail = strings.Join(missing, ", ")
 	return smp
+}
+
+// liveHeap is the Go heap that survived the last GC, from the heap goal the runtime set then
+// (go_memstats_next_gc_bytes = live × (1 + GOGC/100)), or -1. The heap in use
+// (go_memstats_heap_inuse_bytes) also holds the garbage of the current cycle, so a sample
+// lands anywhere between the live heap and the goal: a swing of up to GOGC % that the slope
+// would read as growth or shrinkage depending on where samples fall.
+func liveHeap(metrics string) float64 {
+	goal, gogc := metricValue(metrics, "go_memstats_next_gc_bytes"), metricValue(metrics, "go_gc_gogc_percent")
+	if goal < 0 || gogc < 0 {
+		return -1
+	}
+	return goal / (1 + gogc/100)
 }
 
 // siblingMetrics reads a sibling's own /metrics from the private socket its first process
