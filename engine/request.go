@@ -164,6 +164,12 @@ func (r *requests) route(sc *sseConn, req *sse.Request) {
 			return
 		}
 		r.notFound(sc, req, cors)
+	case sse.RouteScript:
+		if req.Method == sse.MethodGET || req.Method == sse.MethodHEAD {
+			r.endRequest(sc, req, clientScriptAnswer(req))
+			return
+		}
+		r.methodNotAllowed(sc, req, cors)
 	default:
 		r.notFound(sc, req, cors)
 	}
@@ -199,6 +205,8 @@ func allowedMethods(r sse.Route) (allow, use string) {
 		return sse.AllowStream, "GET or POST"
 	case sse.RoutePublish:
 		return sse.AllowPublish, "POST"
+	case sse.RouteScript:
+		return "GET, HEAD", "GET"
 	}
 	return "GET, OPTIONS", "GET"
 }

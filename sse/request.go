@@ -42,8 +42,8 @@ type Route uint8
 
 // Routes. Matching is on the raw (still percent-encoded), case-sensitive
 // path: "/streams/…" and "/channels/…" need the trailing slash, the root is
-// exactly "/", the batch endpoint exactly "/publish" and several streams on
-// one connection exactly "/streams".
+// exactly "/", the batch endpoint exactly "/publish", several streams on
+// one connection exactly "/streams" and the browser client exactly "/pgsse.js".
 const (
 	RouteNone    Route = iota
 	RouteStream        // /streams/{stream}: GET subscribes, POST publishes one event
@@ -52,6 +52,7 @@ const (
 	RouteOther         // anything else: 404
 	RoutePublish       // /publish: POST an NDJSON batch (docs/http.md, Publishing over HTTP)
 	RouteStreams       // /streams?stream=…&stream=…: several streams on one connection (docs/http.md)
+	RouteScript        // /pgsse.js: the browser client (clients/js), GET or HEAD
 )
 
 func (r Route) String() string {
@@ -68,6 +69,8 @@ func (r Route) String() string {
 		return "publish"
 	case RouteStreams:
 		return "streams"
+	case RouteScript:
+		return "script"
 	}
 	return "none"
 }
@@ -129,6 +132,7 @@ type Request struct {
 	ACRMethod      []byte // Access-Control-Request-Method
 	ACRHeaders     []byte // Access-Control-Request-Headers
 	SecFetchSite   []byte // Sec-Fetch-Site (Fetch Metadata): where a browser says the request comes from
+	IfNoneMatch    []byte // If-None-Match (a cache revalidating /pgsse.js); several lines: the last one
 	HTTP10         bool   // the request line said HTTP/1.0
 	// HeadLen is the bytes of input the head occupied: the empty lines skipped before
 	// the request line (RFC 9112 §2.2), the head, and its final CRLFCRLF.
@@ -668,6 +672,8 @@ func (p *Parser) target(t []byte) error {
 		r.Route = RoutePublish
 	case string(path) == "/streams":
 		r.Route = RouteStreams
+	case string(path) == "/pgsse.js":
+		r.Route = RouteScript
 	default:
 		r.Route = RouteOther
 	}
@@ -890,6 +896,8 @@ func (p *Parser) header(name, value []byte) error {
 				return err
 			}
 			r.LastEventID, r.HasLastEventID = value, true
+		case foldEq(name, "if-none-match"):
+			r.IfNoneMatch = value
 		}
 	case 10:
 		if foldEq(name, "connection") {
