@@ -350,7 +350,10 @@ func (a *acceptor) close() {
 
 // listenSSE binds --listen: TCP with SO_REUSEPORT (for --procs). Unless share, an address
 // another socket already holds is refused first (SO_REUSEPORT would quietly share it).
-func listenSSE(addr string, share bool) (net.Listener, error) {
+// sendBuffer, unless NoLimit, is Config.SSESendBuffer: the listener's SO_SNDBUF is set to half
+// of it (Linux doubles it), which every accepted socket inherits — fixed, so the kernel never
+// grows it — at no cost per accept.
+func listenSSE(addr string, share bool, sendBuffer int) (net.Listener, error) {
 	if _, port, _ := net.SplitHostPort(addr); !share && port != "0" {
 		probe, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -364,6 +367,9 @@ func listenSSE(addr string, share bool) (net.Listener, error) {
 			var serr error
 			err := rc.Control(func(fd uintptr) {
 				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+				if serr == nil && sendBuffer != NoLimit {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, sendBuffer/2)
+				}
 			})
 			return errors.Join(err, serr)
 		},

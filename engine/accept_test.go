@@ -155,7 +155,7 @@ func BenchmarkAccept(b *testing.B) {
 			require.NoError(b, err)
 			s.eng = h.eng
 			require.NoError(b, placeholder.seal(h.eng))
-			ln, err := listenSSE(addr, false)
+			ln, err := listenSSE(addr, false, DefaultSSESendBuffer)
 			require.NoError(b, err)
 			var open atomic.Int64
 			a := s.newAcceptor("bench", ln, originSSE, &open, func() int64 { return 1 << 30 })

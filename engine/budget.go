@@ -41,10 +41,15 @@ import (
 const (
 	durableHighBytes    = 256 << 10 // a live durable subscriber queuing more is paused (lagging), without pressure
 	durableSliceBytes   = 64 << 10  // what one write may add over the high watermark
-	ephemeralLimitBytes = 1 << 20   // an ephemeral or channel subscriber queuing more is closed, without pressure
+	ephemeralLimitBytes = 4 << 20   // an ephemeral or channel subscriber queuing more is closed, without pressure (see below)
 	minWatermarkBytes   = 1 << 10   // the high watermark never shrinks below this
 	minEphemeralBytes   = 4 << 10   // nor the ephemeral limit below this
 	replayMinBytes      = 16 << 10  // a catch-up read asks for at least this many bytes
+
+	// ephemeralLimitBytes is 4 MiB, not the 1 MiB it was, because the kernel no longer holds
+	// tcp_wmem's maximum (4 MiB) for a fast reader's socket besides it, only
+	// Config.SSESendBuffer: a burst a reader takes a moment to read waits here instead —
+	// counted, and held once however many subscribers wait for it.
 
 	// docs/operations.md, Memory: the server never holds more than a bounded number of large
 	// events at once. An event of largeEventBytes or more read from the table is shared by every

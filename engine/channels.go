@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 
+	"github.com/pgsse/pgsse/framing"
 	"github.com/pgsse/pgsse/pglisten"
 )
 
@@ -18,6 +19,7 @@ func reservedChannel(name []byte) bool { return string(name) == storeChannel }
 type channel struct {
 	name      string
 	holders   int  // SSE subscriptions + hub workers holding the channel
+	clients   int  // of them, the SSE side's (SSE subscriptions, sibling processes): channelShares
 	listening bool // LISTEN completed on the current session
 	ref       sessionRef
 	sse       channelSubs // the SSE subscriptions' side (fanout.go)
@@ -33,6 +35,86 @@ type channelTable struct {
 	fan    *fanout
 	hub    *hubServer
 	byName map[string]*channel
+	shares channelShares
+}
+
+// channelShares is how the LISTEN session's channels are shared out (docs/hub-protocol.md,
+// Channel shares): the stream channel, the hub workers' share (hubServer.channels, its
+// maxChannels) and the SSE side's — this process's /channels/ subscriptions and, through the
+// hub, those of sibling processes (--procs). Each side counts the distinct channels it holds,
+// a channel both hold counting on both, so the session never holds more than 1 + the two
+// shares: a LISTEN never fails for want of room, and neither side can take the other's.
+type channelShares struct {
+	session int // channels the session holds at most: listenMaxChannels (Config.listenChannels in tests)
+	sse     int // distinct channels the SSE side holds (channel.clients > 0)
+	sseMax  int // its share: session − the hub's − the stream channel
+	// loggedMS: when a full share was last logged (logLimit)
+	loggedMS int64
+}
+
+// listenChannelLimit is the LISTEN session's channel limit: listenMaxChannels, lowerable in
+// tests (Config.listenChannels: filling 10,000 channels takes 20,000 descriptors).
+func listenChannelLimit(cfg Config) int {
+	if cfg.listenChannels > 0 {
+		return cfg.listenChannels
+	}
+	return listenMaxChannels
+}
+
+// hubShares are the hub's caps of a session of n channels (hubMaxChannels,
+// hubMaxChannelsPerWorker for listenMaxChannels): the workers together hold at most half of
+// them, one worker at most a fifth.
+func hubShares(n int) (all, perWorker int) { return n / 2, n / 5 }
+
+func newChannelTable(env *loopEnv, lsn *listenState, fan *fanout, hub *hubServer) channelTable {
+	n := listenChannelLimit(env.cfg)
+	hubAll, _ := hubShares(n)
+	return channelTable{loopEnv: env, lsn: lsn, fan: fan, hub: hub, byName: make(map[string]*channel),
+		shares: channelShares{session: n, sseMax: n - hubAll - 1}}
+}
+
+// sseShareFull reports whether the SSE side may not take channel name: it holds its share
+// and not that channel already.
+func (t *channelTable) sseShareFull(name []byte) bool {
+	if ch := t.byName[string(name)]; ch != nil && ch.clients > 0 {
+		return false
+	}
+	return t.shares.sse >= t.shares.sseMax
+}
+
+// sseShare is the SSE side's share of channels.
+func (t *channelTable) sseShare() int { return t.shares.sseMax }
+
+// holdClient holds channel name for one SSE-side holder (a /channels/ subscription, or a
+// sibling process's subscription through the hub), counted in the SSE share; releaseClient
+// gives it back.
+func (t *channelTable) holdClient(name string) *channel {
+	ch := t.hold(name)
+	if ch.clients++; ch.clients == 1 {
+		t.shares.sse++
+	}
+	return ch
+}
+
+func (t *channelTable) releaseClient(ch *channel) {
+	if ch.clients--; ch.clients == 0 {
+		t.shares.sse--
+	}
+	t.release(ch)
+}
+
+// channelLimitLogEveryMS: "share of channels full" at most this often.
+const channelLimitLogEveryMS = 10_000
+
+// logLimit says, at most every channelLimitLogEveryMS, that a side's share of the LISTEN
+// session's channels is full.
+func (t *channelTable) logLimit(side string, limit int) {
+	if t.nowMS-t.shares.loggedMS < channelLimitLogEveryMS {
+		return
+	}
+	t.shares.loggedMS = t.nowMS
+	t.log.Warn("refusing new channels: "+side+" hold their share of the LISTEN session's channels (docs/hub-protocol.md, Channel shares)",
+		"limit", limit, "sse_channels", t.shares.sse, "hub_channels", t.hub.channelCount())
 }
 
 // sessionRef is the channel's reference on the LISTEN session. The session can only be
@@ -57,7 +139,7 @@ func (t *channelTable) hold(name string) *channel {
 	if ch.holders == 1 {
 		t.countChannels()
 		if t.lsn.listen(name, func(err error) {
-			t.tasks.push(func() { t.onListened(ch, err) })
+			t.tasks.push(func() { t.lsn.inOrder(func() { t.onListened(ch, err) }) }) // in order with the notifications
 		}) {
 			ch.ref = refPending
 		}
@@ -131,13 +213,14 @@ func (t *channelTable) live(ch *channel) {
 	t.hub.channelLive(ch)
 }
 
-// failed: the LISTEN failed. Waiting SSE subscriptions' connections are shed — over capacity
-// when the session holds all the channels it may, else the database is unavailable — and
-// waiting hub SUBs answered.
+// failed: the LISTEN failed. Waiting SSE subscriptions' connections are shed — for the
+// channel limit when the session (or, in a sibling process, the first process's hub) holds
+// all the channels it may, else the database is unavailable — and waiting hub SUBs answered.
 func (t *channelTable) failed(ch *channel, err error) {
 	why := shedDatabaseUnavailable
-	if errors.Is(err, pglisten.ErrTooManyChannels) {
-		why = shedOverCapacity
+	var refused *pglisten.AckError
+	if errors.Is(err, pglisten.ErrTooManyChannels) || errors.As(err, &refused) && refused.Code == framing.AckLimit {
+		why = shedChannelLimit
 	}
 	t.fan.channelFailed(ch, why)
 	t.hub.channelFailed(ch, err)
@@ -170,12 +253,14 @@ func (t *channelTable) names() []string {
 }
 
 // notify hands a raw notification to the channel's SSE subscriptions (encoded once) and hub
-// workers; channel and payload are valid only during the call.
-func (t *channelTable) notify(channel []byte, pid uint32, payload []byte) {
+// workers; channel and payload are valid only during the call. It reports whether the hub
+// stalled on it (a lossless worker could not take it yet: the caller's batch waits,
+// listenState.pause).
+func (t *channelTable) notify(channel []byte, pid uint32, payload []byte) (stalled bool) {
 	ch := t.byName[string(channel)]
 	if ch == nil {
-		return
+		return false
 	}
 	t.fan.channelNotify(ch, payload)
-	t.hub.notify(ch, pid, payload)
+	return t.hub.notify(ch, pid, payload)
 }

@@ -39,6 +39,10 @@ type Config struct {
 	// MaxOutboundMemory bounds the bytes queued for all SSE connections together
 	// (--max-outbound-memory, default DefaultMaxOutboundMemory; budget.go).
 	MaxOutboundMemory int
+	// SSESendBuffer bounds the bytes the kernel holds unsent for each SSE-port socket (its send
+	// buffer: SO_SNDBUF, of which Linux counts twice what is set, so pgsse sets half), outside
+	// MaxOutboundMemory: default DefaultSSESendBuffer, NoLimit for the kernel's autotuning.
+	SSESendBuffer int
 	// GoMemoryLimit lets the engine keep the Go runtime's soft memory limit in step with
 	// MaxOutboundMemory while it runs (budget.go). The CLI sets it unless GOMEMLIMIT is set.
 	GoMemoryLimit  bool
@@ -94,6 +98,10 @@ type Config struct {
 	// dbUnavailableAfterMS overrides the constant of that name (tests only: a test that holds
 	// the LISTEN session down on purpose must not race the shed on a busy machine); 0 = it.
 	dbUnavailableAfterMS int64
+	// listenChannels overrides listenMaxChannels, the LISTEN session's channel limit, and with
+	// it the shares derived from it (tests only: filling 10,000 channels takes 20,000
+	// descriptors); 0 = it.
+	listenChannels int
 }
 
 // Defaults (docs/operations.md, Configuration): the CLI's flag defaults, and what New fills in
@@ -109,6 +117,17 @@ const (
 	DefaultReplayPoolSize                = 4
 	DefaultMaxOutboundMemory             = 256 << 20                  // bytes queued for all SSE connections together
 	DefaultMaxPublishBytes               = sse.DefaultMaxPublishBytes // docs/http.md: 1 MiB
+	// DefaultSSESendBuffer is what the kernel may hold unsent per SSE socket (docs/operations.md,
+	// Memory). Left to itself Linux grows a send buffer to tcp_wmem's maximum (4 MiB here, at
+	// once on loopback) for a client that does not read, and those bytes are outside
+	// --max-outbound-memory: 2,000 such clients held 1.5 GB of the host's TCP memory (issue
+	// 23). What a socket does not take waits in pgsse's queue instead, by reference and counted
+	// against the budget, so the kernel needs only what keeps a reader busy between two wake-ups
+	// of the loop: with 64 KiB, three readers of a flat-out publisher of 8 KiB events fell 6 s
+	// behind on a loaded 2-core machine (each 64 KiB they read needed a wake-up of the loop),
+	// with 256 KiB they kept up as with 4 MiB (TestSSESlowClient). 256 KiB also carries
+	// 2.5 MB/s to a client 100 ms away; 10,000 clients that stop reading hold at most 2.5 GiB.
+	DefaultSSESendBuffer = 256 << 10
 	// DefaultMaxConnectionsPerSubject is --max-connections-per-subject's default (0 on the
 	// command line is NoLimit).
 	DefaultMaxConnectionsPerSubject = 256
@@ -138,8 +157,10 @@ const (
 	MinMaxOutboundMemory = 1 << 20        // bytes
 	MaxMaxOutboundMemory = 1 << 40        // bytes
 	MinMaxPublishBytes   = 1
-	MaxMaxPublishBytes   = 1 << 30 // a batch of 1,000 events of 1 MiB
-	MaxProcs             = 256     // the most --procs
+	MinSSESendBuffer     = 8 << 10  // bytes; the kernel's own floor is ≈ 4.5 KiB
+	MaxSSESendBuffer     = 64 << 20 // bytes; Linux caps SO_SNDBUF at net.core.wmem_max anyway
+	MaxMaxPublishBytes   = 1 << 30  // a batch of 1,000 events of 1 MiB
+	MaxProcs             = 256      // the most --procs
 	// MinPresenceInterval and MaxPresenceInterval bound --presence-interval.
 	MinPresenceInterval = 10 * time.Millisecond
 	MaxPresenceInterval = time.Hour
@@ -284,6 +305,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	budget := cfg.FDBudget(FDLimit())
 	orDefault(&cfg.MaxOutboundMemory, DefaultMaxOutboundMemory)
 	orDefault(&cfg.MaxPublishBytes, DefaultMaxPublishBytes)
+	orDefault(&cfg.SSESendBuffer, DefaultSSESendBuffer)
 	if cfg.MaxConnections == 0 {
 		if cfg.MaxConnections = budget.MaxConnections; cfg.MaxConnections < 1 {
 			return cfg, errors.New("--max-connections: the file-descriptor limit " + strconv.FormatUint(budget.Limit, 10) +
@@ -315,6 +337,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("--max-publish-bytes: must be between " + strconv.Itoa(MinMaxPublishBytes) + " and " + strconv.Itoa(MaxMaxPublishBytes))
 	case cfg.MaxOutboundMemory < MinMaxOutboundMemory || cfg.MaxOutboundMemory > MaxMaxOutboundMemory:
 		return cfg, errors.New("--max-outbound-memory: must be between 1MiB and 1TiB")
+	case cfg.SSESendBuffer != NoLimit && (cfg.SSESendBuffer < MinSSESendBuffer || cfg.SSESendBuffer > MaxSSESendBuffer):
+		return cfg, errors.New("SSESendBuffer: must be between 8KiB and 64MiB, or NoLimit")
 	case cfg.PresenceInterval < MinPresenceInterval || cfg.PresenceInterval > MaxPresenceInterval:
 		return cfg, errors.New("--presence-interval: must be between " + MinPresenceInterval.String() + " and " + MaxPresenceInterval.String())
 	case cfg.PresenceMaxList < 1 || cfg.PresenceMaxList > MaxPresenceMaxList:

@@ -54,6 +54,7 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 	assert.Equal(t, DefaultReplayPoolSize, cfg.ReplayPoolSize)
 	assert.Equal(t, int64(DefaultMaxPublishBytes), cfg.MaxPublishBytes)
 	assert.Equal(t, DefaultMaxOutboundMemory, cfg.MaxOutboundMemory)
+	assert.Equal(t, DefaultSSESendBuffer, cfg.SSESendBuffer)
 	assert.Equal(t, 64, cfg.MaxStreamsPerConnection, "docs/http.md: 64 streams per connection by default")
 	assert.Equal(t, time.Second, cfg.PresenceInterval, "SPEC §3d: --presence-interval 1s")
 	assert.Equal(t, 1000, cfg.PresenceMaxList, "SPEC §3d: --presence-max-list 1000")
@@ -85,6 +86,8 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 		{func(c *Config) { c.MaxPublishBytes = MaxMaxPublishBytes + 1 }, "--max-publish-bytes"},
 		{func(c *Config) { c.MaxOutboundMemory = MinMaxOutboundMemory - 1 }, "--max-outbound-memory"},
 		{func(c *Config) { c.MaxOutboundMemory = MaxMaxOutboundMemory + 1 }, "--max-outbound-memory"},
+		{func(c *Config) { c.SSESendBuffer = MinSSESendBuffer - 1 }, "SSESendBuffer"},
+		{func(c *Config) { c.SSESendBuffer = MaxSSESendBuffer + 1 }, "SSESendBuffer"},
 	} {
 		var cfg Config
 		tc.tweak(&cfg)
@@ -94,7 +97,9 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 		}
 	}
 	cfg = Config{MaxHeaderBytes: MinMaxHeaderBytes, Heartbeat: MinHeartbeat, Retry: MinRetry, HubWorkerBuffer: MinHubWorkerBuffer,
-		MaxOutboundMemory: MinMaxOutboundMemory, MaxPublishBytes: MinMaxPublishBytes}
+		MaxOutboundMemory: MinMaxOutboundMemory, MaxPublishBytes: MinMaxPublishBytes, SSESendBuffer: MinSSESendBuffer}
 	_, err = cfg.withDefaults()
 	assert.NoError(t, err, "the bounds themselves are allowed")
+	_, err = Config{SSESendBuffer: NoLimit}.withDefaults()
+	assert.NoError(t, err, "NoLimit leaves the send buffers to the kernel")
 }

@@ -35,11 +35,13 @@
 //	                                             write per pass in arrival order, one table read at a time)
 //	fanout          fanout.go                    the live side of streams and channels: events encoded once, the
 //	                                             stream's ring, stream-level table reads, one flush per loop entry
-//	channelTable    channels.go                  raw channels: one LISTEN per channel, shared by SSE subscriptions and workers
+//	channelTable    channels.go                  raw channels: one LISTEN per channel, shared by SSE subscriptions and workers;
+//	                                             the session's channels shared out between the two sides (channelShares)
 //	listenState     listen.go                    the LISTEN source (pglisten.Session behind a narrow interface), up/down,
-//	                                             routing its notifications
+//	                                             routing its notifications, held in order while the hub stalls (sessionGate)
 //	siblingSource   siblingsource.go             a --procs sibling's LISTEN source: the first process's hub, with failover
-//	hubServer       hubserver.go                 the hub server: workers, their subscriptions and rings
+//	hubServer       hubserver.go                 the hub server: workers, their subscriptions and rings, written straight
+//	                                             to their sockets as they fill; eviction and stalls
 //	presenceTable   presence.go                  presence (docs/http.md, Presence): local counts per (stream, subject) as
 //	                                             connections open and close, the views fed by P notifications, the
 //	                                             pgsse:presence events (one per stream and interval, shared), GET /presence
@@ -77,7 +79,9 @@
 //     caught up from the ring or the table once the queue drains below the low one; an ephemeral
 //     or channel subscriber over its limit is closed; a hub worker's ring follows
 //     docs/hub-protocol.md; rings, pending lists, notification batches waiting for the loop and
-//     large events held are capped.
+//     large events held are capped; the kernel's send buffer of each SSE socket is fixed
+//     (Config.SSESendBuffer), and a client evicted for not reading is reset with what it did
+//     not read.
 //   - No lost wake: a subscription is registered before any history is read, the response
 //     head goes out only once every subscription of the connection has started
 //     (subscriptions.started), and live vs replayed events are deduplicated by id (the

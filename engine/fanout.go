@@ -361,7 +361,7 @@ func (f *fanout) retryFetches() {
 // joinChannel registers a subscription on its raw channel, holding the channel (the first
 // holder starts its LISTEN: channels.go), and returns the channel.
 func (f *fanout) joinChannel(name string, sub *subscription) *channel {
-	ch := f.chans.hold(name)
+	ch := f.chans.holdClient(name)
 	ch.sse.subs = appendIndexed(ch.sse.subs, sub, subIndex)
 	return ch
 }
@@ -369,7 +369,7 @@ func (f *fanout) joinChannel(name string, sub *subscription) *channel {
 // leaveChannel removes a subscription from its channel and gives the hold back.
 func (f *fanout) leaveChannel(ch *channel, sub *subscription) {
 	ch.sse.subs = swapRemove(ch.sse.subs, sub, subIndex)
-	f.chans.release(ch)
+	f.chans.releaseClient(ch)
 }
 
 // channelNotify queues a raw notification for the channel's subscriptions, encoded once.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"io"
 	"runtime"
 	"strconv"
@@ -37,6 +38,53 @@ func BenchmarkFanoutDelivery(b *testing.B) {
 	}
 }
 
+// BenchmarkFanoutSendBuffer compares the live fan-out to fast readers with the SSE sockets'
+// send buffers fixed at Config.SSESendBuffer's default (256 KiB) and left to the kernel's
+// autotuning (up to tcp_wmem's maximum, 4 MiB): issue 23, bounding the kernel's memory must
+// not slow the fan-out down. Both servers run at once and each iteration runs one pass on
+// each, timed apart, so that a machine whose load changes meanwhile slows both alike; it
+// reports each one's ns/delivery and their ratio (bounded/kernel: 1 = as fast).
+func BenchmarkFanoutSendBuffer(b *testing.B) {
+	for _, tc := range []struct{ subs, perPass, size int }{{1000, 8, 200}, {200, 8, 8 << 10}} {
+		b.Run(fmt.Sprintf("subs=%d/events_per_pass=%d/bytes=%d", tc.subs, tc.perPass, tc.size), func(b *testing.B) {
+			type side struct {
+				ts   *testServer
+				pass func()
+				done chan struct{}
+				took time.Duration
+			}
+			var sides [2]side
+			for i, size := range []int{DefaultSSESendBuffer, NoLimit} {
+				ts, pass, done := fanoutFixture(b, tc.subs, tc.perPass, 1, tc.size, func(c *Config) { c.SSESendBuffer = size })
+				sides[i] = side{ts: ts, pass: pass, done: done}
+			}
+			run := func(sd *side) {
+				start := time.Now()
+				sd.ts.tasks.push(sd.pass)
+				<-sd.done
+				sd.took += time.Since(start)
+			}
+			for range 100 { // warm up: rings full, buffers grown
+				run(&sides[0])
+				run(&sides[1])
+			}
+			sides[0].took, sides[1].took = 0, 0
+			b.ResetTimer()
+			for i := range b.N {
+				first := i % 2 // alternate which goes first
+				run(&sides[first])
+				run(&sides[1-first])
+			}
+			b.StopTimer()
+			deliveries := float64(b.N * tc.subs * tc.perPass)
+			bounded, kernel := float64(sides[0].took.Nanoseconds())/deliveries, float64(sides[1].took.Nanoseconds())/deliveries
+			b.ReportMetric(bounded, "ns/delivery-256KiB")
+			b.ReportMetric(kernel, "ns/delivery-kernel")
+			b.ReportMetric(bounded/kernel, "bounded/kernel")
+		})
+	}
+}
+
 // TestFanoutAllocatesNothingPerDelivery pins the zero: with 200 live subscribers and 16
 // events per loop pass, one allocation per delivery or per coalesced write would show as
 // ≥ 1 alloc per write; the per-event costs (event, encoding, task) amortise to ~0.2.
@@ -51,7 +99,7 @@ func TestFanoutAllocatesNothingPerDelivery(t *testing.T) {
 
 func fanoutAllocs(t *testing.T, k int) {
 	const subs, perPass = 200, 16 // more than 8 events per pass: x/sys keeps ≤ 8 iovecs on the stack
-	ts, pass, done := fanoutFixture(t, subs, perPass, k)
+	ts, pass, done := fanoutFixture(t, subs, perPass, k, 200, nil)
 	for i := 0; i < 600; i++ { // steady state: ring full, buffers grown
 		ts.tasks.push(pass)
 		<-done
@@ -72,7 +120,7 @@ func fanoutAllocs(t *testing.T, k int) {
 }
 
 func benchFanout(b *testing.B, subs, perPass, k int) {
-	ts, pass, done := fanoutFixture(b, subs, perPass, k)
+	ts, pass, done := fanoutFixture(b, subs, perPass, k, 200, nil)
 	// Warm up: grow the ring, scratch slices and socket buffers to steady state.
 	for i := 0; i < 600; i++ {
 		ts.tasks.push(pass)
@@ -94,12 +142,19 @@ func benchFanout(b *testing.B, subs, perPass, k int) {
 }
 
 // fanoutFixture starts a server with subs live subscribers on stream "bench" (reading and
-// discarding) and returns a loop task that injects perPass contiguous durable events and
-// flushes them, signalling done. With k > 1 each subscriber follows k streams on its
-// connection (GET /streams), "bench" at position i mod k for the i-th.
-func fanoutFixture(tb testing.TB, subs, perPass, k int) (*testServer, func(), chan struct{}) {
+// discarding) and returns a loop task that injects perPass contiguous durable events of size
+// bytes and flushes them, signalling done. With k > 1 each subscriber follows k streams on its
+// connection (GET /streams), "bench" at position i mod k for the i-th. configure (if not nil)
+// adjusts the server's Config.
+func fanoutFixture(tb testing.TB, subs, perPass, k, size int, configure func(*Config)) (*testServer, func(), chan struct{}) {
 	// One token for every subscriber: no per-subject cap (256 by default would shed the rest).
-	ts := startServer(tb, "", func(c *Config) { c.Heartbeat = time.Hour; c.MaxConnectionsPerSubject = NoLimit })
+	ts := startServer(tb, "", func(c *Config) {
+		c.Heartbeat = time.Hour
+		c.MaxConnectionsPerSubject = NoLimit
+		if configure != nil {
+			configure(c)
+		}
+	})
 	tok := token(tb, auth.Claims{Streams: []string{"bench", "other/*"}}, time.Hour)
 	for i := 0; i < subs; i++ {
 		path := "/streams/bench"
@@ -133,7 +188,7 @@ func fanoutFixture(tb testing.TB, subs, perPass, k int) (*testServer, func(), ch
 		return <-live == subs
 	})
 
-	data := make([]byte, 200)
+	data := make([]byte, size)
 	for i := range data {
 		data[i] = 'x'
 	}

@@ -1,12 +1,16 @@
 package engine
 
 import (
+	"encoding/binary"
 	"errors"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/framing"
 	"github.com/pgsse/pgsse/names"
@@ -17,24 +21,40 @@ import (
 // the same gnet loop as the SSE port and share its one LISTEN session.
 //
 // Everything here runs on the loop goroutine. A worker's outbound frames go through its own
-// preallocated ring (--hub-worker-buffer) in PostgreSQL's delivery order; bytes move from the
-// ring to gnet only while gnet's own buffer for the socket is small, so the ring — bounded,
-// with the eviction and wake policies — is the real queue, never gnet's unbounded buffer.
-// The ring's head is always a frame boundary (whole frames are handed to gnet), so a final
-// STATUS written straight to the socket always arrives as a frame.
+// preallocated ring (--hub-worker-buffer) in PostgreSQL's delivery order, and from the ring
+// straight to the socket (one writev, pump) — never into gnet's buffer, which would flush only
+// once the loop is back in epoll_wait, so the ring, bounded and with the eviction and wake
+// policies, is the only queue. Bytes are written as they are queued: at the end of each loop
+// entry, and in the middle of a notification batch as soon as a worker's ring holds
+// hubWriteMarkBytes, so a worker that reads as fast as it can is written as fast as it reads
+// however long the batch (docs/hub-protocol.md, Modes and backpressure). A socket that is full
+// is watched for room (writable_linux.go) and written again as soon as it has some.
+//
+// Stalls. A lossless notification that does not fit in a worker's ring even after writing
+// what its socket takes does not evict that worker at once: the hub stalls — the rest of the
+// notification batch, and whatever the LISTEN source reports after it (listen.go,
+// sessionGate), waits until the stalled worker's socket has taken enough for the frame to fit
+// — at most hubStallMaxMS, after which the workers still stalled are evicted (SPEC §5's rule),
+// and only while the stall budget lasts (hubStallBudgetMS, regained at a tenth of the time):
+// so a worker that reads is not evicted by a burst larger than its ring, and no worker delays
+// anyone else's notifications by more than hubStallMaxMS at a time, hubStallBudgetMS in a
+// burst, or a tenth of the time over a longer one. While stalled, a worker's own input waits
+// too (its answers would overtake the stalled frame), up to hubStalledInputBytes.
+//
+// The ring's head may be inside a frame (a socket takes what it takes); worker.partial says
+// how much of that frame is still to be written, so that a final STATUS always follows a whole
+// frame.
 //
 // A new frame type: framing (the type, its encoder and decoder) and hubServer.frame below.
 
 const (
-	// The hub's share of the LISTEN session's channels (listenMaxChannels): the workers
-	// together hold at most half of them, one worker at most a fifth, so SSE clients (whose
-	// /channels/ subscriptions are capped per subject) always keep half, and no single worker
-	// takes the whole share. A SUB beyond either gets ACK LIMIT.
+	// The hub's share of the LISTEN session's channels (listenMaxChannels; channels.go,
+	// channelShares): the workers together hold at most half of them, one worker at most a
+	// fifth, so no single worker takes the whole share; SSE clients have the other half but the
+	// stream channel. A SUB beyond either gets ACK LIMIT.
 	hubMaxChannels          = listenMaxChannels / 2 // distinct channels all workers together
 	hubMaxChannelsPerWorker = listenMaxChannels / 5 // channels one worker
-	hubWriteChunkBytes      = 64 << 10              // bytes handed to gnet per write
-	hubOutboundLimitBytes   = 64 << 10              // hand more only while gnet buffers fewer bytes than this
-	hubWritesPerPump        = 16                    // ≤ 1 MiB per worker per pump, so one worker cannot hog the loop
+	hubWriteMarkBytes       = 64 << 10              // a worker's ring holding this much is written at once, mid-batch
 	hubHelloTimeoutMS       = 10_000                // a worker must say HELLO within this
 	hubFinalGraceMS         = 10_000                // an evicted or failed worker has this long to read its last STATUS
 	hubControlTextMaxLen    = 1024                  // bytes of text in an ACK or STATUS frame we send
@@ -45,14 +65,44 @@ const (
 	hubSiblingBufferBytes = 4 << 20
 )
 
+// The stall policy (see the top of this file; docs/hub-protocol.md, Modes and backpressure).
+const (
+	// hubStallMaxMS: one stall waits at most this long (plus a tick, tickFast) for the stalled
+	// workers' sockets to take enough; then those still stalled are evicted. It is how long a
+	// worker that stopped reading holds up everyone else, once.
+	hubStallMaxMS = 100
+	// hubStallBudgetMS: what stalls may take in a burst; the budget comes back at a tenth of
+	// the time (hubStallRefill), and once it is used up a lossless notification that does not
+	// fit evicts at once.
+	hubStallBudgetMS = 1000
+	hubStallRefill   = 10 // the budget regains 1 ms every hubStallRefill ms
+	// hubStalledInputBytes: what a stalled worker may send meanwhile (its input waits); more
+	// evicts it.
+	hubStalledInputBytes = framing.HeaderLen + framing.MaxBody
+)
+
+// hubStall is the hub's stall: the NOTIFY the stalled workers have not queued yet (one
+// notification: the batch stopped at it), who they are, and the budget.
+type hubStall struct {
+	frame   []byte
+	workers []*worker
+	began   time.Time
+	until   time.Time
+	// credit: what stalls may still take (at most hubStallBudgetMS), as of creditAt
+	credit   time.Duration
+	creditAt time.Time
+	timer    *time.Timer // ends a stall at until (stallTimeout), more precisely than the tick
+}
+
 // hubServer is the hub server's loop-owned state: the workers, their subscriptions (on the
 // shared channel table, channel.hub) and the scratch buffers frames are encoded into. It is a
-// part of Server: it reaches the raw channels through their table (chans) and the LISTEN
-// session's state through lsn.
+// part of Server: it reaches the raw channels through their table (chans), the LISTEN
+// session's state through lsn and the writability set through out.
 type hubServer struct {
 	*loopEnv
 	chans     *channelTable
 	lsn       *listenState
+	out       *outbound
 	workers   []*worker
 	open      int          // workers whose socket is not closed yet (drain waits for 0)
 	siblings  int          // of them, sibling processes (--procs): not hub workers in the caps and metrics
@@ -63,7 +113,7 @@ type hubServer struct {
 	// maxWorkerChannels are their caps (hubMaxChannels, hubMaxChannelsPerWorker; tests lower them)
 	channels                       int
 	maxChannels, maxWorkerChannels int
-	pending                        []*worker // workers with ring bytes not yet handed to gnet
+	pending                        []*worker // workers with ring bytes not yet written
 	spare                          []*worker
 	dead                           []*worker // closed during an iteration; removed on the way out
 	leaving                        []*worker // sent a final STATUS during an iteration; unsubscribed on the way out
@@ -72,12 +122,16 @@ type hubServer struct {
 	buf                            []byte    // control frame scratch (ACK, STATUS, PONG)
 	msg                            []byte    // text scratch for control frames
 	nbuf                           []byte    // NOTIFY scratch: one encoding for every subscriber
-	iov                            [][]byte  // writev scratch
+	tail                           []byte    // scratch for the rest of a begun frame (keepPartial)
+	iov                            [2]unix.Iovec
+	stall                          hubStall
 }
 
 // worker is one connected worker process (loop-owned).
 type worker struct {
 	c        gnet.Conn
+	fd       int    // c's descriptor (the writability set knows it by it)
+	onRoom   func() // what the writability set runs when the socket has room (set in accept)
 	pid      uint32
 	name     string
 	sibling  bool // a sibling process (--procs) on a socket this process handed it: may SUB the stream channel
@@ -85,15 +139,20 @@ type worker struct {
 	gone     bool // OnClose ran
 	closing  bool // Close requested: no more frames are queued or read
 	draining bool // SHUTDOWN queued: close once everything is flushed
-	// lingerUntilMS: a final STATUS (EVICTED, PROTOCOL_ERROR) is in gnet's buffer; close once
-	// it is flushed or at this time
+	full     bool // the socket did not take everything last time: written again once it has room
+	stalled  bool // owes the hub's stalled NOTIFY (hubServer.stall)
+	watched  bool // the socket is in the writability set (outbound.watchOnce)
+	// lingerUntilMS: a final STATUS (EVICTED, PROTOCOL_ERROR) is queued; close once it is
+	// written or at this time
 	lingerUntilMS int64
-	queued        bool  // in hub.pending
+	queued        bool  // in hubServer.pending
 	openedMS      int64 // unix ms
 	out           *ring.Ring
+	partial       int // bytes of the frame at the ring's head still to be written (0: a frame boundary)
+	pumped        int // what the ring held after the last write (notify writes again hubWriteMarkBytes later)
 	subs          map[string]*hubSub
 	marked        []*hubSub // wake subscriptions owing a RESYNC once the ring drains
-	idx           int32     // in hub.workers
+	idx           int32     // in hubServer.workers
 }
 
 // hubSub is one worker's subscription to one channel.
@@ -106,6 +165,7 @@ type hubSub struct {
 	idx     int32    // in ch.hub.subs
 	marked  bool     // wake mode: notifications coalesced, RESYNC owed
 	dropped bool
+	client  bool // a sibling's subscription, counted in the SSE side's share (channels.go)
 }
 
 // hubChannel is a channel's hub side: its worker subscriptions, in a compact slice for fan-out.
@@ -119,18 +179,28 @@ type hubChannel struct {
 func workerIndex(w *worker) *int32   { return &w.idx }
 func hubSubIndex(sub *hubSub) *int32 { return &sub.idx }
 
-func newHubServer(env *loopEnv, chans *channelTable, lsn *listenState) hubServer {
-	return hubServer{loopEnv: env, chans: chans, lsn: lsn, maxChannels: hubMaxChannels, maxWorkerChannels: hubMaxChannelsPerWorker}
+func newHubServer(env *loopEnv, chans *channelTable, lsn *listenState, out *outbound) hubServer {
+	all, perWorker := hubShares(listenChannelLimit(env.cfg))
+	return hubServer{loopEnv: env, chans: chans, lsn: lsn, out: out, maxChannels: all, maxWorkerChannels: perWorker}
 }
 
 // count is the number of workers still connected.
 func (h *hubServer) count() int { return h.open }
 
+// channelCount is the number of distinct channels outside workers hold (the hub's share).
+func (h *hubServer) channelCount() int { return h.channels }
+
 // openCounter is the count of open worker connections the hub socket's acceptor caps.
 func (h *hubServer) openCounter() *atomic.Int64 { return &h.openCount }
 
-// needsPoll reports whether a worker waits for its socket to drain (see Server.ticker).
-func (h *hubServer) needsPoll() bool { return len(h.pending) > 0 }
+// needsPoll reports whether a worker waits for its socket to drain, or the hub for a stalled
+// worker (see Server.ticker: the tick retries writes and ends a stall at its deadline).
+func (h *hubServer) needsPoll() bool {
+	return len(h.pending) > 0 || len(h.lingering) > 0 || h.stalled()
+}
+
+// stalled reports whether notification delivery waits for a stalled worker.
+func (h *hubServer) stalled() bool { return len(h.stall.workers) > 0 }
 
 // enter and leave bracket every iteration over workers or subscriptions: a worker closed
 // meanwhile (gnet closes a socket synchronously when a write fails) is removed only on the
@@ -179,6 +249,7 @@ func (h *hubServer) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 	}
 	w := &worker{
 		c:        c,
+		fd:       c.Fd(),
 		sibling:  sibling,
 		openedMS: time.Now().UnixMilli(),
 		out:      ring.New(size),
@@ -188,6 +259,19 @@ func (h *hubServer) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 	// Wake policy (docs/hub-protocol.md, Modes and backpressure): coalesce above half full, owe
 	// the RESYNCs below a quarter.
 	w.out.SetWatermarks(w.out.Cap()/4, w.out.Cap()/2)
+	w.onRoom = func() { // the socket has room again (the writability set)
+		if w.gone {
+			return
+		}
+		h.enter()
+		w.full = false
+		if w.closing {
+			h.pump(w) // a final frame; closeLingering closes once it has left
+		} else {
+			h.service(w)
+		}
+		h.leave()
+	}
 	h.workers = append(h.workers, w)
 	h.open++
 	if sibling {
@@ -205,6 +289,10 @@ func (h *hubServer) closed(w *worker) {
 		return
 	}
 	w.gone, w.closing = true, true
+	h.unstallDrop(w)
+	if w.watched {
+		h.out.forget(w.fd)
+	}
 	h.open--
 	if w.sibling {
 		h.siblings--
@@ -253,7 +341,11 @@ func (h *hubServer) detach(sub *hubSub) {
 			h.channels--
 		}
 	}
-	h.chans.release(ch)
+	if sub.client {
+		h.chans.releaseClient(ch)
+	} else {
+		h.chans.release(ch)
+	}
 }
 
 // --- input from workers -----------------------------------------------------------------
@@ -264,6 +356,13 @@ func (h *hubServer) detach(sub *hubSub) {
 func (h *hubServer) traffic(w *worker) {
 	if w.closing {
 		_, _ = w.c.Discard(-1)
+		return
+	}
+	if w.stalled {
+		// Its answers would overtake the NOTIFY it owes: its input waits (unstall reads it).
+		if w.c.InboundBuffered() > hubStalledInputBytes {
+			h.evict(w, "it sent more than "+strconv.Itoa(hubStalledInputBytes)+" bytes while the hub waited for it to read")
+		}
 		return
 	}
 	h.enter()
@@ -354,21 +453,40 @@ func (h *hubServer) sub(w *worker, req uint32, mode framing.Mode, channel []byte
 		h.ack(w, req, framing.AckBadChannel, errReservedChannel.Error())
 		return
 	}
+	// The rule the SSE side answers 400 with: PostgreSQL refuses to LISTEN on a name that is
+	// not UTF-8 (22021), so asking it would only cost a round trip on the one session.
+	if err := names.CheckChannelUTF8(channel); err != nil {
+		h.ack(w, req, framing.AckBadChannel, err.Error())
+		return
+	}
 	// The caps are the hub's share of the LISTEN session for outside workers. A sibling's
-	// channels are its SSE clients' (capped per subject there), bounded like the first
-	// process's own by the session's limit.
+	// channels are its SSE clients' (capped per subject there): they count in the SSE side's
+	// share (channels.go, channelShares), like this process's own clients', the stream channel
+	// in neither.
+	client := w.sibling && !reservedChannel(channel)
+	if client && h.chans.sseShareFull(channel) {
+		h.chans.logLimit("SSE clients (with sibling processes')", h.chans.sseShare())
+		h.ack(w, req, framing.AckLimit, "SSE clients hold "+strconv.Itoa(h.chans.sseShare())+
+			" channels together, their share of the LISTEN session")
+		return
+	}
 	if len(w.subs) >= h.maxWorkerChannels && !w.sibling {
 		h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(h.maxWorkerChannels)+" channels per worker")
 		return
 	}
 	if existing := h.chans.lookup(channel); (existing == nil || existing.hub.workers == 0) && h.channels >= h.maxChannels && !w.sibling {
+		h.chans.logLimit("hub workers", h.maxChannels)
 		h.ack(w, req, framing.AckLimit, "the hub's workers hold "+strconv.Itoa(h.maxChannels)+
 			" channels together, their share of the LISTEN session (the rest is kept for SSE clients)")
 		return
 	}
 	// Register before LISTEN (docs/architecture.md, invariant 4); ACK once it completed on this
 	// session.
-	ch := h.chans.hold(string(channel))
+	hold := h.chans.hold
+	if client {
+		hold = h.chans.holdClient
+	}
+	ch := hold(string(channel))
 	if !w.sibling {
 		if ch.hub.workers == 0 {
 			h.channels++
@@ -378,7 +496,7 @@ func (h *hubServer) sub(w *worker, req uint32, mode framing.Mode, channel []byte
 	if ch.hub.name == nil {
 		ch.hub.name = []byte(ch.name)
 	}
-	sub := &hubSub{w: w, ch: ch, mode: mode, idx: int32(len(ch.hub.subs))}
+	sub := &hubSub{w: w, ch: ch, mode: mode, client: client, idx: int32(len(ch.hub.subs))}
 	ch.hub.subs = append(ch.hub.subs, sub)
 	w.subs[ch.name] = sub
 	if h.chans.isLive(ch) {
@@ -435,59 +553,72 @@ func (h *hubServer) protocolError(w *worker, reason string) {
 	h.final(w, h.status(framing.StatusProtocolError, nil, reason), hubFinalGraceMS)
 }
 
-// evict closes a worker that does not read fast enough for its lossless subscriptions.
-func (h *hubServer) evict(w *worker) {
+// evict closes a worker that does not read fast enough for its lossless subscriptions; why
+// is for the log.
+func (h *hubServer) evict(w *worker, why string) {
 	if w.closing {
 		return
 	}
 	h.metrics.evictions.Inc()
-	h.log.Warn("hub: evicting a worker that does not read its notifications", "pid", w.pid, "name", w.name,
-		"buffered", w.out.Len(), "buffer", w.out.Cap(), "gnet", w.c.OutboundBuffered())
-	w.out.Reset() // the worker stopped reading: nothing queued would reach it in time
+	h.log.Warn("hub: evicting a worker that does not read its notifications: "+why, "pid", w.pid, "name", w.name,
+		"buffered", w.out.Len(), "buffer", w.out.Cap())
+	// The worker stopped reading: nothing queued would reach it in time (but the rest of a
+	// frame its socket has begun, so that EVICTED arrives as a frame).
+	h.tail = w.keepPartial(h.tail)
 	h.final(w, h.status(framing.StatusEvicted, nil,
 		"outbound buffer of "+strconv.Itoa(w.out.Cap())+" bytes full: read faster or subscribe in wake mode"), hubFinalGraceMS)
 }
 
-// final hands what the ring holds (whole frames) and then frame to gnet, stops reading and
-// queueing, and closes once gnet has flushed it all — or after a grace period if the worker
-// never reads it (gnet's close does not wait for a slow peer). The worker leaves its
-// channels now, not at the close (docs/hub-protocol.md: eviction releases them like a disconnect).
+// final queues frame behind what the ring holds (or, if it does not fit, behind the rest of a
+// begun frame only), stops reading and queueing, and closes once it is all written — or after
+// a grace period if the worker never reads it. The worker leaves its channels now, not at the
+// close (docs/hub-protocol.md: eviction releases them like a disconnect).
 func (h *hubServer) final(w *worker, frame []byte, graceMS int64) {
 	w.closing = true
+	w.draining = false
+	h.unstallDrop(w)
 	if h.iter > 0 {
 		h.leaving = append(h.leaving, w)
 	} else {
 		h.unsubscribeAll(w)
 	}
-	if !w.gone {
-		a, b := w.out.Peek()
-		h.iov = append(h.iov[:0], a, b, frame)
-		_, err := w.c.Writev(h.iov)
-		clear(h.iov)
-		if err == nil && !w.gone {
-			if w.c.OutboundBuffered() == 0 {
-				_ = w.c.Close()
-			} else {
-				w.lingerUntilMS = h.nowMS + graceMS
-				h.lingering = append(h.lingering, w)
-			}
-		}
+	if w.gone {
+		w.out.Reset()
+		return
 	}
-	w.out.Reset()
+	if w.out.Free() < len(frame) {
+		h.tail = w.keepPartial(h.tail)
+	}
+	w.out.Push(frame) // fits: the ring holds two maximal frames, one of them begun at most
+	h.pump(w)
+	if w.gone {
+		return
+	}
+	if w.out.Len() == 0 {
+		_ = w.c.Close()
+		return
+	}
+	w.lingerUntilMS = h.nowMS + graceMS
+	h.lingering = append(h.lingering, w)
 }
 
-// closeLingering closes final-frame workers whose last bytes left, or whose grace ran out.
+// closeLingering writes the final frames still queued and closes the workers whose last bytes
+// left, or whose grace ran out.
 func (h *hubServer) closeLingering() {
 	keep := h.lingering[:0]
 	for _, w := range h.lingering {
-		switch {
-		case w.gone:
-		case w.c.OutboundBuffered() == 0 || h.nowMS >= w.lingerUntilMS:
-			_ = w.c.Close()
-		default:
-			keep = append(keep, w)
+		if w.gone {
 			continue
 		}
+		h.pump(w)
+		if w.gone {
+			continue
+		}
+		if w.out.Len() == 0 || h.nowMS >= w.lingerUntilMS {
+			_ = w.c.Close()
+			continue
+		}
+		keep = append(keep, w)
 	}
 	clear(h.lingering[len(keep):])
 	h.lingering = keep
@@ -502,8 +633,11 @@ func (h *hubServer) push(w *worker, frame []byte) bool {
 		return false
 	}
 	if !w.out.Push(frame) {
-		h.evict(w)
-		return false
+		h.pump(w)
+		if w.closing || !w.out.Push(frame) {
+			h.evict(w, "its answers do not fit")
+			return false
+		}
 	}
 	h.queue(w)
 	return true
@@ -516,32 +650,58 @@ func (h *hubServer) queue(w *worker) {
 	}
 }
 
-// pump hands whole frames from w's ring to gnet while gnet's buffer for the socket is small,
-// and queues owed wake RESYNCs once the ring has drained below its low watermark.
+// pump writes what w's ring holds to its socket, as much as the socket takes now: one writev,
+// straight to the socket. What it does not take stays in the ring, and the socket is watched
+// for room (outbound.watchOnce); a socket that failed is closed.
 func (h *hubServer) pump(w *worker) {
-	for writes := 0; writes < hubWritesPerPump && !w.closing; writes++ {
-		if len(w.marked) > 0 && w.out.BelowLow() {
-			h.oweResyncs(w)
-		}
-		if w.out.Len() == 0 || w.c.OutboundBuffered() >= hubOutboundLimitBytes {
-			break
-		}
-		a, b := w.out.Peek()
-		n := framing.WholeFrames(a, b, hubWriteChunkBytes)
-		var err error
-		if n <= len(a) {
-			_, err = w.c.Write(a[:n])
-		} else {
-			h.iov = append(h.iov[:0], a, b[:n-len(a)])
-			_, err = w.c.Writev(h.iov)
-			clear(h.iov)
-		}
-		if err != nil || w.gone {
-			return // the socket is gone; OnClose has run
-		}
-		w.out.Consume(n)
+	if w.gone || w.out.Len() == 0 {
+		return
 	}
-	if w.draining && !w.closing && w.out.Len() == 0 && w.c.OutboundBuffered() == 0 {
+	a, b := w.out.Peek()
+	h.iov[0] = unix.Iovec{Base: &a[0], Len: uint64(len(a))}
+	k := 1
+	if len(b) > 0 {
+		h.iov[1] = unix.Iovec{Base: &b[0], Len: uint64(len(b))}
+		k = 2
+	}
+	n, _, errno := syscall.Syscall(syscall.SYS_WRITEV, uintptr(w.c.Fd()), uintptr(unsafe.Pointer(&h.iov[0])), uintptr(k))
+	for errno == syscall.EINTR {
+		n, _, errno = syscall.Syscall(syscall.SYS_WRITEV, uintptr(w.c.Fd()), uintptr(unsafe.Pointer(&h.iov[0])), uintptr(k))
+	}
+	h.iov = [2]unix.Iovec{} // no pointers into the ring are kept
+	switch {
+	case errno == syscall.EAGAIN:
+		n = 0
+	case errno != 0:
+		// The worker is gone (EPIPE, ECONNRESET): gnet's close runs OnClose, which drops the rest.
+		w.closing = true
+		h.unstallDrop(w)
+		w.out.Reset()
+		_ = w.c.Close()
+		return
+	}
+	w.consume(int(n))
+	w.pumped = w.out.Len()
+	if w.full = w.pumped > 0; w.full && !w.gone {
+		w.watched = h.out.watchOnce(w.fd, w.onRoom) || w.watched
+	}
+}
+
+// service writes what w has queued and does what that makes possible: the RESYNCs it is owed,
+// the NOTIFY it stalled on (unstall), the close of a drained SHUTDOWN.
+func (h *hubServer) service(w *worker) {
+	if w.closing {
+		return
+	}
+	h.pump(w)
+	if len(w.marked) > 0 && w.out.BelowLow() && !w.closing {
+		h.oweResyncs(w)
+		h.pump(w)
+	}
+	if w.stalled && !w.closing && w.out.Free() >= len(h.stall.frame) {
+		h.unstall(w)
+	}
+	if w.draining && !w.closing && w.out.Len() == 0 {
 		w.closing = true
 		_ = w.c.Close()
 	}
@@ -563,8 +723,9 @@ func (h *hubServer) oweResyncs(w *worker) {
 	}
 }
 
-// flush pumps every worker with queued bytes: at the end of each loop entry (one write per
-// worker per notification batch) and on every tick (gnet has no "writable" callback).
+// flush writes to every worker with queued bytes: at the end of each loop entry (one write per
+// worker per notification batch, unless a ring filled past hubWriteMarkBytes meanwhile) and on
+// every tick (a safety net under the writability set, and all there is without one).
 func (h *hubServer) flush() {
 	if len(h.pending) == 0 {
 		return
@@ -578,22 +739,150 @@ func (h *hubServer) flush() {
 		if w.closing {
 			continue
 		}
-		h.pump(w)
-		if !w.closing && (w.out.Len() > 0 || w.draining) {
-			h.queue(w) // retried on the next tick
+		h.service(w)
+		if !w.closing && (w.out.Len() > 0 || w.draining || w.stalled) {
+			h.queue(w) // retried once the socket has room, and on the next tick
 		}
 	}
 	h.spare = list[:0]
 	h.leave()
 }
 
+// --- stalls ------------------------------------------------------------------------------
+
+// unstall queues the NOTIFY w owed, now that it fits, and reads what w sent meanwhile; the
+// last one to do so ends the stall.
+func (h *hubServer) unstall(w *worker) {
+	w.out.Push(h.stall.frame)
+	if !w.sibling {
+		h.metrics.deliveries.Inc()
+	}
+	h.unstallDrop(w)
+	h.queue(w)
+	h.pump(w)
+	if w.c.InboundBuffered() > 0 && !w.closing {
+		h.traffic(w)
+	}
+}
+
+// unstallDrop takes w off the stall (unstalled, evicted or gone); the last one ends it, and
+// the LISTEN source's events go on (listenState.resume).
+func (h *hubServer) unstallDrop(w *worker) {
+	if !w.stalled {
+		return
+	}
+	w.stalled = false
+	if waited, over := h.stall.drop(w); over {
+		h.metrics.hubStallSeconds.Add(waited.Seconds())
+		h.tasks.push(h.lsn.resume)
+	}
+}
+
+// stallTimeout evicts the workers still stalled once the stall's time is up (from the stall's
+// timer, as a task, and the tick).
+func (h *hubServer) stallTimeout() {
+	if !h.stalled() || time.Now().Before(h.stall.until) {
+		return
+	}
+	h.enter()
+	for _, w := range append([]*worker(nil), h.stall.workers...) {
+		h.evict(w, "it did not take a lossless notification within "+strconv.Itoa(hubStallMaxMS)+" ms")
+	}
+	h.leave()
+}
+
+// begin starts a stall on frame, a lossless NOTIFY a worker cannot take now, unless one is
+// on already (more workers stall on the same frame) — or reports false when the stall budget
+// is used up. timeout runs as a loop task (tasks) once the stall's time is up.
+func (st *hubStall) begin(frame []byte, tasks *taskQueue, timeout func()) bool {
+	if len(st.workers) > 0 {
+		return true
+	}
+	now := time.Now()
+	if st.creditAt.IsZero() {
+		st.credit = hubStallBudgetMS * time.Millisecond
+	} else {
+		st.credit = min(hubStallBudgetMS*time.Millisecond, st.credit+now.Sub(st.creditAt)/hubStallRefill)
+	}
+	st.creditAt = now
+	if st.credit <= 0 {
+		return false
+	}
+	st.began = now
+	wait := min(hubStallMaxMS*time.Millisecond, st.credit)
+	st.until = now.Add(wait)
+	st.frame = append(st.frame[:0], frame...)
+	if st.timer == nil {
+		st.timer = time.AfterFunc(wait, func() { tasks.push(timeout) })
+	} else {
+		st.timer.Reset(wait)
+	}
+	return true
+}
+
+// drop takes w off the stall; when it was the last, the stall is over: it reports how long it
+// took, charged to the budget.
+func (st *hubStall) drop(w *worker) (waited time.Duration, over bool) {
+	for i, x := range st.workers {
+		if x == w {
+			st.workers = append(st.workers[:i], st.workers[i+1:]...)
+			st.workers = st.workers[:len(st.workers):cap(st.workers)]
+			break
+		}
+	}
+	clear(st.workers[len(st.workers):cap(st.workers)])
+	if len(st.workers) > 0 {
+		return 0, false
+	}
+	waited = time.Since(st.began)
+	st.credit -= waited
+	return waited, true
+}
+
+// keepPartial drops what w's ring holds but the rest of the frame its socket has begun; tail
+// is scratch space, returned.
+func (w *worker) keepPartial(tail []byte) []byte {
+	if w.partial == 0 {
+		w.out.Reset()
+		return tail
+	}
+	a, b := w.out.Peek()
+	tail = append(tail[:0], a[:min(len(a), w.partial)]...)
+	if rest := w.partial - len(tail); rest > 0 {
+		tail = append(tail, b[:rest]...)
+	}
+	w.out.Reset()
+	w.out.Push(tail)
+	return tail
+}
+
+// consume drops n written bytes from the front of w's ring, keeping w.partial.
+func (w *worker) consume(n int) {
+	for n > 0 {
+		if w.partial == 0 {
+			a, b := w.out.Peek()
+			var hdr [framing.HeaderLen]byte
+			if k := copy(hdr[:], a); k < len(hdr) {
+				copy(hdr[k:], b)
+			}
+			w.partial = framing.HeaderLen + int(binary.BigEndian.Uint32(hdr[:]))
+		}
+		k := min(n, w.partial)
+		w.out.Consume(k)
+		w.partial -= k
+		n -= k
+	}
+}
+
 // --- events from the LISTEN session ------------------------------------------------------
 
 // notify queues a notification for the channel's workers: encoded once, copied into each
-// ring. payload is valid only during the call.
-func (h *hubServer) notify(ch *channel, pid uint32, payload []byte) {
+// ring, written at once to a worker whose ring has filled past hubWriteMarkBytes. payload is
+// valid only during the call. It reports whether a lossless worker could not take it (a
+// stall: the caller's batch waits, listenState.pause).
+func (h *hubServer) notify(ch *channel, pid uint32, payload []byte) (stalled bool) {
 	if len(ch.hub.subs) == 0 {
-		return
+		return false
 	}
 	h.enter()
 	frame := framing.AppendNotify(h.nbuf[:0], pid, ch.hub.name, payload)
@@ -602,6 +891,10 @@ func (h *hubServer) notify(ch *channel, pid uint32, payload []byte) {
 	for _, sub := range ch.hub.subs {
 		w := sub.w
 		if !sub.acked || w.closing || w.draining {
+			continue
+		}
+		if w.stalled { // not while its batch waits for it: a NOTIFY behind the one it owes
+			h.evict(w, "a notification arrived while it owed one")
 			continue
 		}
 		if sub.mode == framing.ModeWake {
@@ -628,12 +921,27 @@ func (h *hubServer) notify(ch *channel, pid uint32, payload []byte) {
 				continue
 			}
 			if !w.out.Push(frame) {
-				h.evict(w) // lossless and it does not fit: this worker only
+				// Lossless and it does not fit: wait for this worker's socket, within the
+				// stall's bounds; beyond them, this worker only is evicted.
+				if !h.stall.begin(frame, h.tasks, h.stallTimeout) {
+					h.evict(w, "its buffer is full and the hub's stall budget is used up")
+					continue
+				}
+				// w owes frame; the hub waits for it (see the top of this file).
+				w.stalled = true
+				h.stall.workers = append(h.stall.workers, w)
+				h.queue(w)
 				continue
 			}
 		}
 		if !w.sibling { // a sibling's own deliveries are counted by the sibling
 			delivered++
+		}
+		if n := w.out.Len(); n >= hubWriteMarkBytes && (!w.full || n-w.pumped >= hubWriteMarkBytes) {
+			// Write as it is queued: a fast reader need not wait for the batch's end, nor for
+			// the report that its socket has room (a task behind this batch) — a full socket
+			// is tried again each hubWriteMarkBytes.
+			h.pump(w)
 		}
 		h.queue(w)
 	}
@@ -644,6 +952,7 @@ func (h *hubServer) notify(ch *channel, pid uint32, payload []byte) {
 		h.metrics.droppedWakeCoalesced.Add(float64(coalesced))
 	}
 	h.leave()
+	return h.stalled()
 }
 
 // channelLive answers the SUBs waiting for this channel's LISTEN.
@@ -729,7 +1038,7 @@ func (h *hubServer) shutdown() {
 			continue
 		}
 		frame := h.status(framing.StatusShutdown, nil, "pgsse is shutting down: fail over now")
-		if !w.out.Push(frame) {
+		if w.stalled || !w.out.Push(frame) { // a stalled worker fails over without the NOTIFY it owed
 			h.final(w, frame, hubFinalGraceMS)
 			continue
 		}
@@ -740,11 +1049,13 @@ func (h *hubServer) shutdown() {
 	h.flush()
 }
 
-// tick runs on every tick (every 20 ms while a worker waits to drain): retry flushing and
-// close workers whose final frame left, or that never said HELLO.
+// tick runs on every tick (every 20 ms while a worker waits to drain or the hub for a stalled
+// one): retry writing, end a stall whose time is up, close workers whose final frame left, or
+// that never said HELLO.
 func (h *hubServer) tick() {
 	h.flush()
 	h.enter()
+	h.stallTimeout()
 	h.closeLingering()
 	for _, w := range h.workers {
 		if !w.hello && !w.closing && h.nowMS-w.openedMS > hubHelloTimeoutMS {

@@ -442,21 +442,6 @@ func TestHubEvictionUnlistens(t *testing.T) {
 	assert.Equal(t, framing.StatusEvicted, frames[len(frames)-1].Status, "it still reads EVICTED last")
 }
 
-// frameSink is a sinkConn that keeps what the hub wrote.
-type frameSink struct {
-	sinkConn
-	got []byte
-}
-
-func (c *frameSink) Write(b []byte) (int, error) { c.got = append(c.got, b...); return len(b), nil }
-func (c *frameSink) Writev(bs [][]byte) (int, error) {
-	n := len(c.got)
-	for _, b := range bs {
-		c.got = append(c.got, b...)
-	}
-	return len(c.got) - n, nil
-}
-
 // TestHubRepeatedSubWhileListenPending: a SUB repeated while its channel's LISTEN is in flight
 // waits for it (answered OK once the LISTEN completes), but only hubWaitingSubsMax of them:
 // the rest are answered LIMIT at once. Before the fix every repeat was kept, so a worker
@@ -465,7 +450,7 @@ func (c *frameSink) Writev(bs [][]byte) (int, error) {
 func TestHubRepeatedSubWhileListenPending(t *testing.T) {
 	s, err := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
-	conn := &frameSink{}
+	conn := newSinkConn(t, true)
 	_, action := s.hub.accept(conn, false)
 	require.Equal(t, gnet.None, action)
 	w := conn.ctx.(*worker)
@@ -479,20 +464,26 @@ func TestHubRepeatedSubWhileListenPending(t *testing.T) {
 	assert.Equal(t, hubWaitingSubsMax, len(w.subs["pending"].reqs), "SUBs kept while the LISTEN is in flight")
 	s.lsn.up = true
 	s.chans.live(ch) // the LISTEN completed
-	s.hub.flush()
+	flushAll(t, s)
 
 	codes := map[framing.AckCode]int{}
-	var dec framing.Decoder
-	dec.Feed(conn.got)
-	for {
-		f, err := dec.Next()
-		if err == framing.ErrIncomplete {
-			break
+	waitFor(t, 10*time.Second, "every SUB answered", func() bool {
+		clear(codes)
+		var dec framing.Decoder
+		dec.Feed(conn.received())
+		n := 0
+		for {
+			f, err := dec.Next()
+			if err == framing.ErrIncomplete {
+				break
+			}
+			require.NoError(t, err)
+			require.Equal(t, framing.TypeAck, f.Type)
+			codes[f.Ack]++
+			n++
 		}
-		require.NoError(t, err)
-		require.Equal(t, framing.TypeAck, f.Type)
-		codes[f.Ack]++
-	}
+		return n == repeats
+	})
 	assert.Equal(t, map[framing.AckCode]int{framing.AckOK: hubWaitingSubsMax, framing.AckLimit: repeats - hubWaitingSubsMax}, codes,
 		"every SUB answered: the waiting ones OK once the LISTEN completed, the others LIMIT")
 	s.hub.sub(w, repeats+1, framing.ModeLossless, []byte("pending"))

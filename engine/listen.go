@@ -50,6 +50,18 @@ type listenState struct {
 	payload     store.Payload // scratch: the payload being routed
 	batchSlots  chan struct{} // notification batches queued for the loop (Notifications)
 	stopping    chan struct{} // closed when Run stops the goroutines beside the loop
+	gate        sessionGate   // the source's events held while the hub stalls
+}
+
+// sessionGate keeps what the LISTEN source reports in its order while the hub stalls
+// (hubserver.go: a lossless worker could not take a notification): the rest of the batch it
+// stalled in (resume) and every event the source reported after it (waiting) run once the
+// stall is over (resume), in order. Nothing else waits: SSE clients' and workers' own
+// traffic, the ticks and the other tasks go on. waiting holds at most listenBatchesQueued
+// batches (the slot each holds until it is routed) and the few state events between them.
+type sessionGate struct {
+	rest    func()
+	waiting []func()
 }
 
 func newListenState(env *loopEnv, fan *fanout, chans *channelTable, hub *hubServer, pres *presenceTable) listenState {
@@ -63,7 +75,7 @@ func (l *listenState) open() {
 	if l.cfg.SiblingHub != nil {
 		l.src = newSiblingSource(l)
 	} else {
-		l.src = pglisten.NewSession(pglisten.Config{DSN: l.cfg.DatabaseURL, Logger: l.log, MaxChannels: listenMaxChannels}, sessionEvents{l})
+		l.src = pglisten.NewSession(pglisten.Config{DSN: l.cfg.DatabaseURL, Logger: l.log, MaxChannels: listenChannelLimit(l.cfg)}, sessionEvents{l})
 	}
 	l.src.Listen(storeChannel, func(err error) {
 		if err != nil && !errors.Is(err, pglisten.ErrClosed) { // closed: the server is stopping
@@ -137,52 +149,115 @@ func (e sessionEvents) Notifications(b *pglisten.Batch) {
 // for the loop.
 const listenBatchesQueued = 64
 
-func (e sessionEvents) Down(err error) { e.l.tasks.push(func() { e.l.onDown(err) }) }
-func (e sessionEvents) Resynced()      { e.l.tasks.push(e.l.onResynced) }
+func (e sessionEvents) Down(err error) { e.l.event(func() { e.l.onDown(err) }) }
+func (e sessionEvents) Resynced()      { e.l.event(e.l.onResynced) }
+
+// event hands one of the source's events but a batch to the loop, in order with the batches
+// (inOrder); from the source's goroutine.
+func (l *listenState) event(f func()) { l.tasks.push(func() { l.inOrder(f) }) }
+
+// inOrder runs f, one event of the LISTEN source (a batch, Down, Resynced, a LISTEN's
+// completion), now — or, while the gate holds earlier ones, after them; on the loop.
+func (l *listenState) inOrder(f func()) {
+	if l.gate.rest != nil || len(l.gate.waiting) > 0 {
+		l.gate.waiting = append(l.gate.waiting, f)
+		return
+	}
+	f()
+}
+
+// pause holds the LISTEN source's events behind rest, the remainder of a batch the hub
+// stalled in, until the stall is over (resume).
+func (l *listenState) pause(rest func()) {
+	l.gate.rest = rest
+	if !l.hub.stalled() {
+		l.tasks.push(l.resume) // over already
+	}
+}
+
+// resume runs what the gate holds, in order, until it is empty or the hub stalls again: a
+// task the hub pushes when a stall ends (hubServer.unstallDrop).
+func (l *listenState) resume() {
+	for !l.hub.stalled() {
+		if rest := l.gate.rest; rest != nil {
+			l.gate.rest = nil
+			rest()
+			continue
+		}
+		if len(l.gate.waiting) == 0 {
+			l.gate.waiting = l.gate.waiting[:0:0]
+			return
+		}
+		f := l.gate.waiting[0]
+		l.gate.waiting[0] = nil
+		l.gate.waiting = l.gate.waiting[1:]
+		f()
+	}
+}
 
 // handBatch hands one batch of notifications (run routes it) to the loop as a task, on the
 // source's goroutine. At most listenBatchesQueued batches wait for the loop at once
 // (docs/architecture.md, invariant 3): beyond that the source's goroutine waits here, the
 // source stops reading, and PostgreSQL's notification queue (or the first process's hub)
 // holds the rest — a loop busy writing to thousands of slow sockets does not pile up read
-// buffers. It returns false when the batch will not run (the server is stopping).
+// buffers. It returns false when the batch will not run (the server is stopping). run gives
+// the slot back once it has routed the whole batch (done), later if the hub stalls in it.
 func (l *listenState) handBatch(run func()) bool {
 	select {
 	case l.batchSlots <- struct{}{}:
 	case <-l.stopping:
 		return false
 	}
-	if !l.tasks.push(func() { run(); <-l.batchSlots }) {
+	if !l.tasks.push(func() { l.inOrder(run) }) {
 		<-l.batchSlots
 		return false
 	}
 	return true
 }
 
-// onBatch routes one batch of notifications from the process's own session.
+// onBatch routes one batch of notifications from the process's own session, then gives its
+// read buffer back and its slot (listenBatchesQueued) — later, if the hub stalls in it.
 func (l *listenState) onBatch(b *pglisten.Batch) {
 	l.metrics.notifications.Add(float64(len(b.Notes)))
-	for i := range b.Notes {
+	l.routeBatch(b, 0)
+}
+
+func (l *listenState) routeBatch(b *pglisten.Batch, from int) {
+	for i := from; i < len(b.Notes); i++ {
 		n := &b.Notes[i]
-		l.onNotification(n.Channel, n.PID, n.Payload)
+		if l.onNotification(n.Channel, n.PID, n.Payload) {
+			l.pause(func() { l.routeBatch(b, i+1) })
+			return
+		}
 	}
 	b.Release() // everything above copied what it keeps; the loop entry's leave writes it out
+	<-l.batchSlots
 }
 
 // onEvents routes one batch of notifications from the first process's hub (a sibling's
-// source, siblingsource.go): one loop entry, so one write per subscriber for all of them.
+// source, siblingsource.go): one loop entry, so one write per subscriber for all of them;
+// then it gives the batch's slot back (later, if the hub stalls in it).
 func (l *listenState) onEvents(evs []pglisten.Event) {
 	l.metrics.notifications.Add(float64(len(evs)))
-	for i := range evs {
-		l.onNotification([]byte(evs[i].Channel), evs[i].PID, evs[i].Payload)
+	l.routeEvents(evs, 0)
+}
+
+func (l *listenState) routeEvents(evs []pglisten.Event, from int) {
+	for i := from; i < len(evs); i++ {
+		if l.onNotification([]byte(evs[i].Channel), evs[i].PID, evs[i].Payload) {
+			l.pause(func() { l.routeEvents(evs, i+1) })
+			return
+		}
 	}
+	<-l.batchSlots
 }
 
 // onNotification routes one notification: the stream channel's payloads to the streams, raw
 // channels to their SSE subscriptions and hub workers (in the first process of --procs, the
 // stream channel is also a raw channel that sibling processes hold through the hub).
-// channel and payload are valid only during the call.
-func (l *listenState) onNotification(channel []byte, pid uint32, payload []byte) {
+// channel and payload are valid only during the call. It reports whether the hub stalled on
+// it (the caller holds the rest of its batch: pause).
+func (l *listenState) onNotification(channel []byte, pid uint32, payload []byte) (stalled bool) {
 	if string(channel) == storeChannel {
 		if err := store.ParsePayload(payload, &l.payload); err != nil {
 			l.metrics.droppedBadPayload.Inc()
@@ -193,7 +268,7 @@ func (l *listenState) onNotification(channel []byte, pid uint32, payload []byte)
 			l.fan.onPayload(&l.payload)
 		}
 	}
-	l.chans.notify(channel, pid, payload)
+	return l.chans.notify(channel, pid, payload)
 }
 
 // onDown: the session was lost. Connections stay; raw channels are no longer listening and

@@ -25,9 +25,11 @@ type metrics struct {
 	notifications  prometheus.Counter
 	deliveries     prometheus.Counter
 	evictions      prometheus.Counter
-	reconnects     prometheus.Counter
-	replays        prometheus.Counter
-	lag            prometheus.Histogram
+	// hubStallSeconds: time notification delivery waited for hub workers' sockets (hubserver.go, stalls)
+	hubStallSeconds prometheus.Counter
+	reconnects      prometheus.Counter
+	replays         prometheus.Counter
+	lag             prometheus.Histogram
 
 	outboundBytes     prometheus.Gauge // bytes queued for SSE connections (budget.go)
 	outboundWatermark prometheus.Gauge // a durable subscriber's high watermark at the moment
@@ -98,8 +100,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		notifications:  prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_notifications_total", Help: "Notifications received on the LISTEN session."}),
 		deliveries:     prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_deliveries_total", Help: "Events written to SSE clients and hub workers."}),
 		evictions:      prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_evictions_total", Help: "Hub workers evicted for not reading."}),
-		reconnects:     prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_pg_reconnects_total", Help: "Times the LISTEN session was re-established."}),
-		replays:        prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_replay_reads_total", Help: "History reads issued for catching connections up."}),
+		hubStallSeconds: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_hub_stall_seconds_total",
+			Help: "Time notification delivery waited for hub workers whose buffer was full to take a lossless notification (at most 0.1 s per wait)."}),
+		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_pg_reconnects_total", Help: "Times the LISTEN session was re-established."}),
+		replays:    prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_replay_reads_total", Help: "History reads issued for catching connections up."}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "pgsse_delivery_lag_seconds",
 			Help:    "Publish (commit) to write, per live event.",
@@ -123,6 +127,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	for why, label := range [shedReasons]string{
 		shedOverCapacity: "over_capacity", shedDraining: "draining",
 		shedDatabaseUnavailable: "database_unavailable", shedSubjectLimit: "subject_limit",
+		shedChannelLimit: "channel_limit",
 	} {
 		m.shed[why] = dropped.WithLabelValues(label)
 	}
@@ -181,7 +186,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	}
 	m.outboundBudget.Set(float64(s.cfg.MaxOutboundMemory))
 	collectors := append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
-		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark,
+		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.hubStallSeconds, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark,
 		m.outboundBudget, m.publishConns, published, m.publishBatch, m.publishCommit,
 		m.presenceSubjects, m.presenceWrites, m.presenceLeaseExpired}, tokens...)
 	if s.cfg.SiblingHub == nil {

@@ -128,6 +128,9 @@ type outbound struct {
 	epfd    int // edge-triggered EPOLLOUT set of the connections that ever queued; -1 = none
 	stopFD  int // an eventfd in that set: written to end watchWritable
 	byFD    map[int32]*sseConn
+	// others: sockets of other parts (hub workers) armed for one report each (watchOnce), and
+	// what to run once each has room
+	others map[int32]func()
 	// ready holds the sockets watchWritable found with room; the loop reads it in flushTask,
 	// then signals readyDone (watchWritable does not touch it in between).
 	ready     []int32
@@ -417,7 +420,7 @@ func (o *outbound) flushQueue(sc *sseConn) {
 	sc.wrote(o.nowMS)
 	if q.bytes == 0 {
 		o.emptied(sc)
-		sc.finished() // a closing connection's last bytes have left: it closes
+		o.conns.finished(sc) // a closing connection's last bytes have left: it closes
 	}
 }
 

@@ -111,11 +111,11 @@ func New(cfg Config) (*Server, error) {
 	s.pub = newPublishing(env, &s.conns, &s.req, &s.tok, &s.adm, &s.ans)
 	s.subs = subscriptions{loopEnv: env, conns: &s.conns, out: &s.out, fan: &s.fan, chans: &s.chans, lsn: &s.lsn, tr: &s.tr}
 	s.fan = fanout{loopEnv: env, subs: &s.subs, chans: &s.chans, out: &s.out, tr: &s.tr, streams: make(map[string]*stream)}
-	s.chans = channelTable{loopEnv: env, lsn: &s.lsn, fan: &s.fan, hub: &s.hub, byName: make(map[string]*channel)}
+	s.chans = newChannelTable(env, &s.lsn, &s.fan, &s.hub)
 	s.lsn = newListenState(env, &s.fan, &s.chans, &s.hub, &s.pres)
 	s.pres = newPresenceTable(env, &s.conns, &s.tr, &s.ans)
 	s.out = newOutbound(env, &s.conns)
-	s.hub = newHubServer(env, &s.chans, &s.lsn)
+	s.hub = newHubServer(env, &s.chans, &s.lsn, &s.out)
 	s.tasks.enter, s.tasks.leave = s.enter, s.leave
 	s.tasks.between = s.admitRound
 	s.schemaMsg.Store("schema not checked yet")
@@ -126,7 +126,7 @@ func New(cfg Config) (*Server, error) {
 // errors: SIGTERM) and returns nil; it returns an error if the server cannot start or fails.
 func (s *Server) Run(ctx context.Context) error {
 	// Bind first, each socket under its own flag's name: nothing else has started if one fails.
-	sseLn, err := listenSSE(s.cfg.Listen, s.cfg.ShareListen)
+	sseLn, err := listenSSE(s.cfg.Listen, s.cfg.ShareListen, s.cfg.SSESendBuffer)
 	if err != nil {
 		return fmt.Errorf("--listen %s: %w", s.cfg.Listen, bindError(err))
 	}

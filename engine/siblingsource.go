@@ -226,7 +226,7 @@ func (h *siblingSource) firstResync() {
 	defer h.mu.Unlock()
 	h.initial = false
 	if !h.down {
-		h.l.tasks.push(h.l.onResynced)
+		h.l.event(h.l.onResynced)
 	}
 }
 
@@ -285,13 +285,13 @@ func (h *siblingSource) deliver(batch []pglisten.Event) {
 		switch {
 		case ev.Kind == pglisten.KindDown:
 			h.down = true
-			h.l.tasks.push(func() { h.l.onDown(errHubLost) })
+			h.l.event(func() { h.l.onDown(errHubLost) })
 		case h.initial:
 			// The first Resynced follows the queued Listens (firstResync).
 			h.down = false
 		default: // KindResync: of everything, or of one channel (lossless mode sends none)
 			h.down = false
-			h.l.tasks.push(h.l.onResynced)
+			h.l.event(h.l.onResynced)
 		}
 		h.mu.Unlock()
 	}

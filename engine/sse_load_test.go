@@ -198,7 +198,12 @@ func TestSSESlowClient(t *testing.T) {
 }
 
 // A slow client on an ephemeral-only diet (a raw channel) is disconnected once over the
-// hard cap; nobody else is affected and server memory stays bounded.
+// hard cap; nobody else is affected and server memory stays bounded. The notifications come in
+// rounds of a quarter of the cap, each in one transaction, the next once the fast client has
+// read the last: what the fast one must hold is the cap's business (ephemeralLimitBytes), not
+// how fast this test's reader is. (Before issue 23 one transaction of 4.2 MB did it, which a
+// reader that fell behind survived only because Linux gave each loopback socket a 4 MiB send
+// buffer; pgsse now bounds those, Config.SSESendBuffer.)
 func TestSSESlowChannelClientIsClosed(t *testing.T) {
 	ts := startServer(t, "", nil)
 	addr := ts.Addr().String()
@@ -207,7 +212,10 @@ func TestSSESlowChannelClientIsClosed(t *testing.T) {
 	require.Equal(t, 200, slow.Status)
 	fast := dial(t, addr, "/channels/flood", tok)
 	require.Equal(t, 200, fast.Status)
-	const n, extra = 600, 5
+	const size = 7000
+	const perRound, rounds, extra = ephemeralLimitBytes / 4 / size, 8, 5 // twice the cap in all
+	const n = perRound * rounds
+	var read atomic.Int64
 	got := make(chan string, 1)
 	go func() {
 		i := 0
@@ -221,17 +229,22 @@ func TestSSESlowChannelClientIsClosed(t *testing.T) {
 				continue
 			}
 			num, _, _ := strings.Cut(ev.Data, ":")
-			if ev.HasID || num != strconv.Itoa(i+1) || len(ev.Data) < 7000 {
+			if ev.HasID || num != strconv.Itoa(i+1) || len(ev.Data) < size {
 				got <- fmt.Sprintf("notification %d: got %.40q (%d bytes, id %q)", i+1, ev.Data, len(ev.Data), ev.IDValue)
 				return
 			}
 			i++
+			read.Store(int64(i))
 		}
 		got <- ""
 	}()
-	payload := strings.Repeat("p", 7000)
-	// Distinct payloads: PostgreSQL folds identical notifications within a transaction.
-	pgtest.Exec(t, ts.DSN, fmt.Sprintf("DO $$ BEGIN FOR i IN 1..%d LOOP PERFORM pg_notify('flood', i || ':%s'); END LOOP; END $$", n, payload))
+	payload := strings.Repeat("p", size)
+	for r := range rounds {
+		// Distinct payloads: PostgreSQL folds identical notifications within a transaction.
+		pgtest.Exec(t, ts.DSN, fmt.Sprintf("DO $$ BEGIN FOR i IN %d..%d LOOP PERFORM pg_notify('flood', i || ':%s'); END LOOP; END $$",
+			r*perRound+1, (r+1)*perRound, payload))
+		waitFor(t, 30*time.Second, "the fast client read the round", func() bool { return read.Load() >= int64((r+1)*perRound) })
+	}
 	// The cap is applied when the next notifications are written.
 	for i := n + 1; i <= n+extra; i++ {
 		pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pg_notify('flood', '%d:%s')", i, payload))

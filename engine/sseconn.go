@@ -82,6 +82,10 @@ const (
 	// that has no response head yet is shed with ":database unavailable" rather than left
 	// waiting (a PostgreSQL restart that is over within it costs nobody their connection).
 	dbUnavailableAfterMS = 2_000
+	// slowCloseGraceMS: a subscriber sent away for not reading (evictSlow) gets this long to
+	// take its last bytes before it is aborted with what it did not read (docs/operations.md,
+	// Memory: the host's memory is given back within 2 s of an eviction).
+	slowCloseGraceMS = 500
 )
 
 // shedReason says why a connection without a response head was sent away; its comment is
@@ -94,6 +98,7 @@ const (
 	shedDraining                              // the server is shutting down
 	shedDatabaseUnavailable                   // PostgreSQL cannot be reached (or is not migrated)
 	shedSubjectLimit                          // --max-connections-per-subject
+	shedChannelLimit                          // the SSE side's share of the LISTEN session's channels (channels.go)
 	shedReasons
 )
 
@@ -102,6 +107,7 @@ var shedComments = [shedReasons]string{
 	shedDraining:            "draining",
 	shedDatabaseUnavailable: "database unavailable",
 	shedSubjectLimit:        "too many connections for this subject",
+	shedChannelLimit:        "too many channels",
 }
 
 // The retry: value a client gets when it is sent away (docs/http.md, Responses and errors:
@@ -189,6 +195,9 @@ type connTable struct {
 	reap   []*sseConn
 	active int          // admitted SSE connections (subscribers)
 	opened atomic.Int64 // len(list), for the acceptor's hard cap
+	// slow: closing connections sent away for not reading (evictSlow), aborted after
+	// slowCloseGraceMS (a set beside the connections: a flag would not fit sseConn's size)
+	slow map[*sseConn]struct{}
 }
 
 // all is every connection on the SSE port (read it, do not keep it).
@@ -264,15 +273,61 @@ func (t *connTable) finish(sc *sseConn, last []byte) {
 	if len(last) > 0 {
 		t.write(sc, last)
 	}
-	if sc.pending() == 0 {
-		_ = sc.c.Close()
+	if sc.pending() == 0 && !sc.closed {
+		t.finished(sc)
 	}
 }
 
-// finished closes a closing connection whose last bytes have left (outbound.flushQueue).
-func (sc *sseConn) finished() {
-	if sc.state == stateClosing && !sc.closed {
-		_ = sc.c.Close()
+// finished closes a closing connection whose last bytes the socket has taken (finish,
+// outbound.flushQueue) — unless it was sent away for not reading and the kernel has not
+// delivered them all yet: sweep closes it once it has, or aborts it after slowCloseGraceMS.
+func (t *connTable) finished(sc *sseConn) {
+	if sc.state != stateClosing || sc.closed || t.isSlow(sc) && unsentBytes(sc.c.Fd()) > 0 {
+		return
+	}
+	_ = sc.c.Close()
+}
+
+// isSlow reports whether sc was sent away for not reading (evictSlow).
+func (t *connTable) isSlow(sc *sseConn) bool {
+	_, slow := t.slow[sc]
+	return slow
+}
+
+// abort closes a connection that does not read, with what it has not taken: pgsse's queue
+// and the kernel's send buffer, which a close would otherwise keep trying to deliver long
+// after (SO_LINGER 0: the peer gets a reset) — so that a client sent away for not reading
+// holds no memory from that moment (docs/operations.md, Memory): → closing. Never for a close
+// whose last bytes the client should still get (finish).
+func (t *connTable) abort(sc *sseConn) {
+	if sc.closed {
+		return
+	}
+	sc.to(stateClosing, t.nowMS)
+	t.out.dropQueue(sc)
+	_ = unix.SetsockoptLinger(sc.c.Fd(), unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	_ = sc.c.Close()
+}
+
+// evictSlow sends away an ephemeral or channel subscriber over its outbound limit
+// (budget.go) with a retry field, like any streaming connection (closeWithRetry) — but it is
+// not reading: of its queue only an event the socket has begun is kept, and if the socket
+// has no room for that and the retry field now, the connection is aborted at once; if it
+// has, the client gets slowCloseGraceMS to take them from the kernel before it is aborted
+// (sweep). Either way what it did not read is given back at once or within the grace.
+func (t *connTable) evictSlow(sc *sseConn) {
+	t.metrics.droppedSlowClient.Inc()
+	if t.slow == nil {
+		t.slow = make(map[*sseConn]struct{})
+	}
+	t.slow[sc] = struct{}{}
+	t.closeWithRetry(sc)
+	if sc.closed || sc.pending() == 0 {
+		return
+	}
+	t.out.flushQueue(sc) // the begun event and the retry field, as far as the socket takes them now
+	if !sc.closed && sc.pending() > 0 {
+		t.abort(sc)
 	}
 }
 
@@ -426,6 +481,7 @@ func (t *connTable) remove(sc *sseConn) {
 	t.pub.uncountConn(sc)
 	t.pub.release(sc)
 	t.subs.unsubscribeAll(sc)
+	delete(t.slow, sc)
 	t.pres.closed(sc)
 	t.list = swapRemove(t.list, sc, connIndex)
 	t.opened.Store(int64(len(t.list)))
@@ -487,9 +543,14 @@ func (t *connTable) sweep() {
 					strconv.FormatInt(timeout/1000, 10)+" s")
 			}
 		case stateClosing:
-			if sc.pending() > 0 && t.nowMS-sc.enteredMS >= closeLingerMS {
-				t.out.dropQueue(sc) // the client does not read: give up on the last bytes
-				_ = sc.c.Close()
+			slow := t.isSlow(sc)
+			switch {
+			case slow && t.nowMS-sc.enteredMS >= slowCloseGraceMS:
+				t.abort(sc) // sent away for not reading, and it still does not
+			case slow && sc.pending() == 0:
+				t.finished(sc) // once the kernel has delivered the last bytes
+			case sc.pending() > 0 && t.nowMS-sc.enteredMS >= closeLingerMS:
+				t.abort(sc) // the client does not read: give up on the last bytes
 			}
 		case stateStreaming:
 			if sc.expiresMS > 0 && t.nowMS >= sc.expiresMS {

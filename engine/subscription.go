@@ -221,8 +221,16 @@ func (s *subscriptions) subscribeStream(sub *subscription, name string, cursor i
 }
 
 // subscribeChannel registers a subscription on its raw channel; it is live once the LISTEN
-// has completed (here, or in channelStarted).
+// has completed (here, or in channelStarted). Over the SSE side's share of channels
+// (channels.go, channelShares) its connection is shed, saying so: 200 and retry (docs/http.md,
+// Responses and errors), as for any capacity — a limit of the server that frees up as others
+// leave, not an error of the request, which EventSource would take as final.
 func (s *subscriptions) subscribeChannel(sub *subscription, name string) {
+	if s.chans.sseShareFull([]byte(name)) {
+		s.chans.logLimit("SSE clients", s.chans.sseShare())
+		s.conns.shed(sub.conn, shedChannelLimit)
+		return
+	}
 	sub.ch = s.fan.joinChannel(name, sub)
 	if s.chans.isLive(sub.ch) {
 		sub.to(subLive)
@@ -344,8 +352,7 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 				continue
 			}
 			if queued > l.ephemeral {
-				s.metrics.droppedSlowClient.Inc()
-				s.conns.closeWithRetry(sc)
+				s.conns.evictSlow(sc)
 				return 0
 			}
 		}
@@ -540,8 +547,7 @@ func (s *subscriptions) deliverChannel(sub *subscription, evs []*event) int {
 		return 0
 	}
 	if sc.pending() > s.out.limits().ephemeral {
-		s.metrics.droppedSlowClient.Inc()
-		s.conns.closeWithRetry(sc)
+		s.conns.evictSlow(sc)
 		return 0
 	}
 	s.conns.writeEvents(sc, evs)

@@ -127,11 +127,62 @@ func (o *outbound) unwatch(sc *sseConn) {
 	}
 }
 
-// flushReady writes the queues of sockets that have room again (watchWritable's task).
+// flushReady writes the queues of sockets that have room again (watchWritable's task): SSE
+// connections', and runs what another part armed a socket for (watchOnce: hub workers).
 func (o *outbound) flushReady(fds []int32) {
 	for _, fd := range fds {
-		if sc := o.byFD[fd]; sc != nil && !sc.closed {
-			o.flushQueue(sc)
+		if sc := o.byFD[fd]; sc != nil {
+			if !sc.closed {
+				o.flushQueue(sc)
+			}
+		} else if ready := o.others[fd]; ready != nil {
+			ready()
 		}
 	}
+}
+
+// watchOnce arms fd (a hub worker's socket) in the writability set for one report
+// (EPOLLONESHOT): ready runs on the loop once it has room. Its owner re-arms it each time it
+// finds the socket full, so a socket that takes everything costs no wake-ups; armed while the
+// socket already has room, it is reported at once. It reports false if fd cannot be watched
+// (the owner retries on the tick).
+func (o *outbound) watchOnce(fd int, ready func()) bool {
+	if o.epfd < 0 {
+		return false
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLONESHOT, Fd: int32(fd)}
+	op := unix.EPOLL_CTL_MOD
+	if o.others[int32(fd)] == nil {
+		op = unix.EPOLL_CTL_ADD
+	}
+	err := unix.EpollCtl(o.epfd, op, fd, &ev)
+	switch err {
+	case unix.EEXIST:
+		err = unix.EpollCtl(o.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+	case unix.ENOENT:
+		err = unix.EpollCtl(o.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	}
+	if err != nil {
+		o.log.Warn("cannot watch a hub worker's socket for room; it is written on the tick", "err", err)
+		return false
+	}
+	if o.others == nil {
+		o.others = make(map[int32]func())
+	}
+	o.others[int32(fd)] = ready
+	return true
+}
+
+// forget drops fd from watchOnce's sockets (its socket is closing, which also takes it out
+// of the set).
+func (o *outbound) forget(fd int) { delete(o.others, int32(fd)) }
+
+// unsentBytes is what the kernel holds for fd's peer that the peer has not acknowledged yet
+// (SIOCOUTQ); 0 if it cannot tell.
+func unsentBytes(fd int) int {
+	n, err := unix.IoctlGetInt(fd, unix.SIOCOUTQ)
+	if err != nil {
+		return 0
+	}
+	return n
 }

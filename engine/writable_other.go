@@ -17,3 +17,8 @@ func (o *outbound) stopWatching() {}
 func (o *outbound) watchWritable(ctx context.Context) { <-ctx.Done() }
 func (o *outbound) watch(*sseConn)                    {}
 func (o *outbound) unwatch(*sseConn)                  {}
+func (o *outbound) watchOnce(int, func()) bool        { return false }
+func (o *outbound) forget(int)                        {}
+
+// unsentBytes: without SIOCOUTQ the kernel's queue is not known; 0.
+func unsentBytes(int) int { return 0 }

@@ -130,8 +130,9 @@ func CheckChannel[T Text](s T) error {
 // CheckChannelUTF8 is CheckChannel plus valid UTF-8: the rule for a channel
 // a client names in /channels/{channel} or a token grants. PostgreSQL (UTF8
 // server encoding) refuses to LISTEN on anything else, so such a name is a
-// bad request, not a failed subscription. The hub protocol (docs/hub-protocol.md) keeps
-// the looser CheckChannel and lets PostgreSQL answer.
+// bad request, not a failed subscription; the hub answers a SUB of one with ACK
+// BAD_CHANNEL (docs/hub-protocol.md). Hub frames themselves are decoded with the looser
+// CheckChannel (framing), so such a SUB is an answerable request, not a protocol error.
 func CheckChannelUTF8[T Text](s T) error {
 	if err := CheckChannel(s); err != nil {
 		return err
