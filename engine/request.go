@@ -370,7 +370,7 @@ func (r *requests) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	r.conns.asked(sc, sub)
 	tok := requestToken(req)
 	if (tok == nil || !r.tok.configured()) && !sub.public {
-		reason := "a bearer token is required"
+		reason := noTokenReason(req, "a bearer token is required")
 		if tok != nil {
 			reason = "token authentication is not configured"
 		}
@@ -495,6 +495,17 @@ func crossSiteCookie(req *sse.Request, cors sse.CORS) bool {
 	}
 	_, host, ok := bytes.Cut(req.Origin, []byte("://"))
 	return !ok || len(req.Host) == 0 || !bytes.EqualFold(host, req.Host)
+}
+
+// noTokenReason is the 401 line for a request without a token: what, a sentence a person can
+// act on, unless an Authorization header was sent that is not "Bearer <token>" (the token
+// alone, say, or Basic), which would otherwise be told "a bearer token is required" while
+// it believes it sent one.
+func noTokenReason(req *sse.Request, what string) string {
+	if len(bytes.TrimSpace(req.Authorization)) > 0 {
+		return `the Authorization header must be "Bearer <token>" (the word Bearer, a space, then the token)`
+	}
+	return what
 }
 
 func bearer(h []byte) []byte {
