@@ -322,7 +322,11 @@ func (r *requests) askedStreams(req *sse.Request) (*subRequest, int, string) {
 	sub := &subRequest{streams: make([]streamAsk, k), public: true}
 	for i, name := range req.Streams {
 		if err := names.CheckStream(name); err != nil {
-			return nil, 400, "stream[" + strconv.Itoa(i) + "]: " + err.Error()
+			reason := "stream[" + strconv.Itoa(i) + "]: " + err.Error()
+			if bytes.IndexByte(name, ',') >= 0 { // stream=a,b: as the demo page takes them
+				reason += " (name one stream per parameter: stream=a&stream=b)"
+			}
+			return nil, 400, reason
 		}
 		for j := range i {
 			if string(name) == sub.streams[j].name {
