@@ -300,7 +300,12 @@ func (r *requests) parseSubscription(req *sse.Request) (sub *subRequest, status 
 	if v, field, ok := req.Cursor(); ok {
 		c, err := names.ParseCursor(v)
 		if err != nil {
-			return nil, 400, field + ": " + err.Error()
+			reason := field + ": " + err.Error()
+			if bytes.IndexByte(v, ',') >= 0 || bytes.IndexByte(v, ':') >= 0 {
+				// A composite id such as 1:3,1, taken from a /streams?stream=… connection.
+				reason += " (a composite cursor like 1:3,1 belongs to the /streams?stream=…&stream=… connection that gave it)"
+			}
+			return nil, 400, reason
 		}
 		sub.cursor, sub.hasCursor = c, true
 	}
