@@ -165,9 +165,20 @@ func TestChromium_FollowsTwentyStreamsOnOneConnectionAndResumes(t *testing.T) {
 }
 
 // The demo page (--demo) follows several streams over one connection when given several,
-// comma-separated: each row names the stream its composite id says.
+// comma-separated: each row names the stream its composite id says. Its cursor is a composite
+// one, or one plain cursor — the README's since=0 — that it repeats for each stream (the
+// endpoint itself refuses a plain number for several streams).
 func TestChromium_DemoPageFollowsSeveralStreams(t *testing.T) {
 	t.Parallel()
+	for _, since := range []string{"0,0", "0"} {
+		t.Run("since="+since, func(t *testing.T) {
+			t.Parallel()
+			testDemoPageFollowsSeveralStreams(t, since)
+		})
+	}
+}
+
+func testDemoPageFollowsSeveralStreams(t *testing.T, since string) {
 	dsn := newDatabase(t)
 	s := startServer(t, dsn, "127.0.0.1", "--demo")
 	token := mintToken(t, "demo*")
@@ -175,7 +186,7 @@ func TestChromium_DemoPageFollowsSeveralStreams(t *testing.T) {
 	publishSQL(t, dsn, "demo/2", "first of demo/2")
 
 	b := startChromium(t, s)
-	b.call(map[string]any{"cmd": "goto", "url": s.URL("/?stream=demo,demo/2&since=0,0&token=" + url.QueryEscape(token))})
+	b.call(map[string]any{"cmd": "goto", "url": s.URL("/?stream=demo,demo/2&since=" + since + "&token=" + url.QueryEscape(token))})
 	text := func(expr string) string {
 		var v string
 		require.NoError(t, json.Unmarshal(b.call(map[string]any{"cmd": "eval", "expr": expr}), &v))

@@ -18,7 +18,8 @@ import (
 // from).
 //
 // Query parameters fill its form: stream (comma-separated for several), token, since (the
-// cursor of the first connection; empty = live only; with several streams a composite one),
+// cursor of the first connection; empty = live only; with several streams a composite one, or
+// one plain cursor such as 0 that the page repeats for each stream),
 // events (comma-separated event names to listen for: EventSource fires only `message` for
 // events without a name, and a listener per name otherwise, so names the page is not told
 // about cannot be shown).
@@ -127,7 +128,11 @@ function connect() {
   $('stream-col').hidden = streams.length < 2;
   const params = new URLSearchParams();
   if (streams.length > 1) for (const s of streams) params.append('stream', s);
-  if ($('since').value.trim() !== '') params.set('since', $('since').value.trim());
+  let since = $('since').value.trim();
+  // One plain cursor for several streams (the README's since=0) stands for each of them: the
+  // endpoint itself takes exactly one entry per stream and refuses a plain number.
+  if (streams.length > 1 && since !== '' && !since.includes(',')) since = streams.map(() => since).join(',');
+  if (since !== '') params.set('since', since);
   if ($('token').value.trim() !== '') params.set('token', $('token').value.trim());
   const url = streams.length > 1 ? '/streams?' + params
     : '/streams/' + encodeURIComponent(stream).replace(/%2F/g, '/') + (params.toString() ? '?' + params : '');

@@ -121,7 +121,7 @@ func (p *publishing) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	tok := requestToken(req)
 	switch {
 	case tok == nil:
-		p.refuse(sc, 401, "a bearer token with a publish grant is required")
+		p.refuse(sc, 401, noTokenReason(req, "a bearer token with a publish grant is required"))
 		return
 	case !p.tok.running():
 		p.refuse(sc, 401, "token authentication is not configured")

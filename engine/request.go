@@ -323,7 +323,12 @@ func (r *requests) parseSubscription(req *sse.Request) (sub *subRequest, status 
 	if v, field, ok := req.Cursor(); ok {
 		c, err := names.ParseCursor(v)
 		if err != nil {
-			return nil, 400, field + ": " + err.Error()
+			reason := field + ": " + err.Error()
+			if bytes.IndexByte(v, ',') >= 0 || bytes.IndexByte(v, ':') >= 0 {
+				// A composite id such as 1:3,1, taken from a /streams?stream=… connection.
+				reason += " (a composite cursor like 1:3,1 belongs to the /streams?stream=…&stream=… connection that gave it)"
+			}
+			return nil, 400, reason
 		}
 		sub.cursor, sub.hasCursor = c, true
 	}
@@ -345,7 +350,11 @@ func (r *requests) askedStreams(req *sse.Request) (*subRequest, int, string) {
 	sub := &subRequest{streams: make([]streamAsk, k), public: true, presence: req.Presence}
 	for i, name := range req.Streams {
 		if err := names.CheckStream(name); err != nil {
-			return nil, 400, "stream[" + strconv.Itoa(i) + "]: " + err.Error()
+			reason := "stream[" + strconv.Itoa(i) + "]: " + err.Error()
+			if bytes.IndexByte(name, ',') >= 0 { // stream=a,b: as the demo page takes them
+				reason += " (name one stream per parameter: stream=a&stream=b)"
+			}
+			return nil, 400, reason
 		}
 		for j := range i {
 			if string(name) == sub.streams[j].name {
@@ -393,7 +402,7 @@ func (r *requests) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	r.conns.asked(sc, sub)
 	tok := requestToken(req)
 	if (tok == nil || !r.tok.configured()) && !sub.public {
-		reason := "a bearer token is required"
+		reason := noTokenReason(req, "a bearer token is required")
 		if tok != nil {
 			reason = "token authentication is not configured"
 		}
@@ -626,6 +635,17 @@ func crossSiteCookie(req *sse.Request, cors sse.CORS) bool {
 	}
 	_, host, ok := bytes.Cut(req.Origin, []byte("://"))
 	return !ok || len(req.Host) == 0 || !bytes.EqualFold(host, req.Host)
+}
+
+// noTokenReason is the 401 line for a request without a token: what, a sentence a person can
+// act on, unless an Authorization header was sent that is not "Bearer <token>" (the token
+// alone, say, or Basic), which would otherwise be told "a bearer token is required" while
+// it believes it sent one.
+func noTokenReason(req *sse.Request, what string) string {
+	if len(bytes.TrimSpace(req.Authorization)) > 0 {
+		return `the Authorization header must be "Bearer <token>" (the word Bearer, a space, then the token)`
+	}
+	return what
 }
 
 func bearer(h []byte) []byte {

@@ -204,3 +204,36 @@ func signHS256(t testing.TB, payload string) string {
 	mac.Write([]byte(unsigned))
 	return unsigned + "." + enc.EncodeToString(mac.Sum(nil))
 }
+
+// A request whose Authorization header is not "Bearer <token>" — the token alone, as a new
+// user pastes it, or another scheme — is told what the header must look like rather than
+// that a token is required, which it believes it sent; without the header the line is as
+// before. Subscribing and publishing alike.
+func TestNoTokenNamesTheAuthorizationHeaderForm(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", nil)
+	addr := ts.Addr().String()
+	good := token(t, auth.Claims{Streams: []string{"s"}}, time.Hour)
+	const form = `the Authorization header must be "Bearer <token>"`
+	for _, tc := range []struct {
+		name    string
+		headers []string
+		sub     string // the subscriber's 401 line
+		pub     string // the publisher's
+	}{
+		{"no header", nil, "a bearer token is required", "a bearer token with a publish grant is required"},
+		{"the token alone", []string{"Authorization: " + good}, form, form},
+		{"another scheme", []string{"Authorization: Basic dXNlcjpwYXNz"}, form, form},
+		{"Bearer without a token", []string{"Authorization: Bearer "}, form, form},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := get(t, addr, "/streams/s", tc.headers...)
+			require.Equal(t, 401, r.Status, r.Body)
+			assert.Contains(t, r.Body, tc.sub)
+			assert.Contains(t, r.Header.Get("WWW-Authenticate"), "Bearer")
+			p := dialPub(t, addr).do(post("/streams/s", "x", tc.headers...))
+			require.Equal(t, 401, p.Status, p.Body)
+			assert.Contains(t, p.Body, tc.pub)
+		})
+	}
+}

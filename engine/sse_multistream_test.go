@@ -236,6 +236,7 @@ func TestMultiStreamRefusals(t *testing.T) {
 		{"65 streams", streamsPath(s65), []string{all}, 400, "stream: 65 streams, but one connection may follow at most 64 (--max-streams-per-connection)"},
 		{"a repeated stream", "/streams?stream=a&stream=b&stream=a", []string{all}, 400, "stream[2]: repeats stream[0] (a): name each stream once"},
 		{"a bad name", "/streams?stream=a&stream=a%20b", []string{all}, 400, "stream[1]: stream name may contain only"},
+		{"comma-separated", "/streams?stream=a,b", []string{all}, 400, "stream[0]: stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ - (name one stream per parameter: stream=a&stream=b)"},
 		{"an empty name", "/streams?stream=a&stream=", []string{all}, 400, "stream[1]: stream name must be 1-200 bytes"},
 		{"a plain number", "/streams?stream=a&stream=b&since=5", []string{all}, 400, "since: cursor has 1 entry but the request names 2 streams"},
 		{"too many entries", "/streams?stream=a&stream=b", []string{all, "Last-Event-ID: 1:1,2,3"}, 400, "Last-Event-ID: cursor has 3 entries but the request names 2 streams"},

@@ -225,6 +225,10 @@ func TestSSECursorErrorNamesField(t *testing.T) {
 		{"/streams/s?since=9223372036854775808", nil, "since: cursor must be at most 9223372036854775807\n"},
 		{"/streams/s", []string{"Last-Event-ID: x1"}, "Last-Event-ID: cursor must be decimal digits\n"},
 		{"/streams/s?since=1", []string{"Last-Event-ID: 1.0"}, "Last-Event-ID: cursor must be decimal digits\n"},
+		// A composite id from a /streams?stream=… connection, pasted onto one stream: the
+		// error says where it belongs.
+		{"/streams/s", []string{"Last-Event-ID: 1:3,1"}, "Last-Event-ID: cursor must be decimal digits (a composite cursor like 1:3,1 belongs to the /streams?stream=…&stream=… connection that gave it)\n"},
+		{"/streams/s?since=3,1", nil, "since: cursor must be decimal digits (a composite cursor like 1:3,1 belongs to the /streams?stream=…&stream=… connection that gave it)\n"},
 	}
 	for _, tc := range cases {
 		r := get(t, addr, tc.target, append([]string{authH}, tc.headers...)...)
