@@ -23,7 +23,8 @@ import (
 // publishMemoryBytes) while its token is checked off the loop (verify.go: tokens.check); once both are
 // done the request goes to the Publisher, and the answer is written only after COMMIT,
 // from a loop task (the connection may have closed meanwhile). Pipelined requests wait in
-// the socket's input until then.
+// the connection's input until then (at most publishPipelineBytes of them) and are read as
+// soon as it is answered, whatever answered it (readAhead).
 
 // Limits of the publishing path (besides --max-publish-bytes).
 const (
@@ -134,7 +135,10 @@ func (p *publishing) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 		return
 	}
 	seq := pub.seq
-	claims, err, verdict := p.tok.check(tok, func(claims *auth.Claims, err error) { p.onPublishVerdict(sc, seq, claims, err) })
+	claims, err, verdict := p.tok.check(tok, func(claims *auth.Claims, err error) {
+		p.onPublishVerdict(sc, seq, claims, err)
+		p.readAhead(sc)
+	})
 	switch verdict {
 	case tokenChecked:
 		p.onPublishVerdict(sc, seq, claims, err)
@@ -201,7 +205,12 @@ func (p *publishing) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Clai
 func (p *publishing) readBody(sc *sseConn) bool {
 	pub := sc.pub
 	if pub.bodyDone {
-		return false // waiting for the token's verdict; what follows is the next request
+		// Waiting for the token's verdict; what follows is the next request, left in the
+		// input (readAhead reads it once this one is answered) up to publishPipelineBytes.
+		if sc.c.InboundBuffered() > publishPipelineBytes {
+			p.conns.finish(sc, nil)
+		}
+		return false
 	}
 	in, _ := sc.c.Peek(-1)
 	if len(in) == 0 {
@@ -322,7 +331,15 @@ func (p *publishing) onCommitted(sc *sseConn, seq uint32, res store.PublishResul
 		p.conns.answerPublish(sc, b, keep, false)
 		p.endPublish(pub)
 	}
-	if sc.state == stateIdle {
+	p.readAhead(sc)
+}
+
+// readAhead reads what the client sent ahead of an answer decided off the read path — a
+// token's verdict from the verifier pool, a COMMIT: the requests it pipelined are already in
+// the input and are processed now, not once the client sends more bytes (issue 23: a refusal
+// from the pool left them unanswered until the keep-alive timeout).
+func (p *publishing) readAhead(sc *sseConn) {
+	if !sc.closed {
 		p.req.read(sc)
 	}
 }
