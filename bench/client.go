@@ -28,6 +28,10 @@ type ClientConfig struct {
 	// keeps the server's kernel buffer for them small too, so that what they cannot take yet
 	// waits in the server.
 	RcvBuf int
+	// Paths, when set, are request targets taken in turn instead of Path: the k-th connection
+	// opened asks for Paths[k mod len(Paths)] (scenario 11: the published stream at varying
+	// positions of a connection's streams).
+	Paths []string
 }
 
 func (c *ClientConfig) defaults() {
@@ -51,7 +55,7 @@ func (c *ClientConfig) defaults() {
 // and last receive time, and per delivery the send→receive latency from the data's timestamp.
 type Client struct {
 	cfg    ClientConfig
-	req    []byte
+	reqs   [][]byte       // one request head per path
 	counts []atomic.Int32 // per seq: subscribers that have it
 	refs   []atomic.Int64 // per seq: reference time (commit) in UnixNano, set by the publisher
 	loops  []*pollLoop
@@ -97,12 +101,18 @@ type pollLoop struct {
 // NewClient starts the client's epoll loops; it opens no connection yet.
 func NewClient(cfg ClientConfig) (*Client, error) {
 	cfg.defaults()
+	paths := cfg.Paths
+	if len(paths) == 0 {
+		paths = []string{cfg.Path}
+	}
 	c := &Client{
 		cfg:    cfg,
-		req:    fmt.Appendf(nil, "GET %s HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n", cfg.Path, cfg.Addr),
 		counts: make([]atomic.Int32, cfg.MaxSeq+1),
 		refs:   make([]atomic.Int64, cfg.MaxSeq+1),
 		stop:   make(chan struct{}),
+	}
+	for _, path := range paths {
+		c.reqs = append(c.reqs, fmt.Appendf(nil, "GET %s HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n", path, cfg.Addr))
 	}
 	for range cfg.Readers {
 		epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
@@ -214,7 +224,7 @@ func (c *Client) dial(k uint32, slow bool) (*sseConn, error) {
 	tv := syscall.NsecToTimeval(int64(30 * time.Second))
 	_ = syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
 	for {
-		_, err := syscall.Write(fd, c.req) // a few dozen bytes into an empty buffer: all or nothing
+		_, err := syscall.Write(fd, c.reqs[int(k)%len(c.reqs)]) // a few hundred bytes into an empty buffer: all or nothing
 		if err == nil {
 			break
 		}

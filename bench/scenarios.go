@@ -50,6 +50,10 @@ type Params struct {
 
 	ProcsConns  int // scenario 10: idle connections through one port with --procs 2
 	HolderConns int // scenario 10: at most this many per load process holding them (0 = HolderConns)
+
+	MultiConns   int // scenario 11: connections of each kind (several streams each, one stream each)
+	MultiStreams int // scenario 11: streams per connection of the first kind
+	MultiRounds  int // scenario 11: fan-out rounds of each kind, alternating
 	// OutboundBudget is pgsse's --max-outbound-memory in scenarios 4, 7 and 8 (0 = the
 	// server's default); RSS is reported against it.
 	OutboundBudget int64
@@ -73,6 +77,7 @@ func Full() Params {
 		Memory: MemoryParams{StalledConns: 200, StalledDuration: 10 * time.Second, StalledData: 1024,
 			LargeBytes: 50 << 20, LargeSubscribers: 10},
 		ProcsConns: 30000,
+		MultiConns: 10000, MultiStreams: 8, MultiRounds: 2,
 	}
 }
 
@@ -89,6 +94,7 @@ func Small() Params {
 	p.SlowPercent = 5
 	p.Hub = HubParams{Workers: 8, Rate: 1000, Duration: time.Second}
 	p.ProcsConns = 400
+	p.MultiConns = 200
 	p.Memory = MemoryParams{StalledConns: 50, StalledDuration: 2 * time.Second, StalledData: 1024,
 		LargeBytes: 16 << 20, LargeSubscribers: 10}
 	p.Publish = smallPublish()

@@ -382,7 +382,7 @@ func TestSSEGracefulStop(t *testing.T) {
 	publishN(t, pub, "stop", "d", 3)
 
 	var clients []*sseClient
-	for _, p := range []string{"/streams/stop", "/streams/stop?since=0", "/streams/other", "/channels/stop", "/streams/stop"} {
+	for _, p := range []string{"/streams/stop", "/streams/stop?since=0", "/streams/other", "/channels/stop", "/streams/stop", "/streams?stream=other&stream=stop"} {
 		c := dial(t, addr, p, tok)
 		require.Equal(t, 200, c.Status)
 		assert.Equal(t, "1234", c.mustNext(5*time.Second).Retry)

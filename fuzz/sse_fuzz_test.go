@@ -91,6 +91,8 @@ func FuzzParseRequest(f *testing.F) {
 		"PATCH /streams/a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 		"DELETE /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
 		"POST /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nSec-Fetch-Site: cross-site\r\n\r\nx",
+		"GET /streams?stream=orders%2F42&stream=a+b&stream=&since=1:17,,4&token=t HTTP/1.1\r\nHost: x\r\nLast-Event-ID: 0:1,2,3\r\n\r\n",
+		"GET /streams?stream=a&stream=a&stream%3Dx HTTP/1.1\r\nHost: x\r\n\r\n",
 	} {
 		f.Add([]byte(s), uint16(8192))
 	}
@@ -151,6 +153,16 @@ func FuzzParseRequest(f *testing.F) {
 		for i, a := range req.Audience {
 			views["Audience"+strconv.Itoa(i)] = a
 		}
+		for i, st := range req.Streams {
+			views["Streams"+strconv.Itoa(i)] = st
+		}
+		if len(req.Streams) > sse.MaxStreams || cap(req.Streams) != len(req.Streams) ||
+			req.NStreams < len(req.Streams) || req.NStreams > len(req.Streams) && len(req.Streams) < sse.MaxStreams {
+			t.Fatalf("stream list of %d (cap %d) for %d parameters", len(req.Streams), cap(req.Streams), req.NStreams)
+		}
+		if req.Route != sse.RouteStreams && req.NStreams > 0 {
+			t.Fatalf("stream parameters on route %v", req.Route)
+		}
 		if len(req.Audience) > 64 || cap(req.Audience) != len(req.Audience) {
 			t.Fatalf("audience list of %d (cap %d)", len(req.Audience), cap(req.Audience))
 		}
@@ -180,6 +192,10 @@ func FuzzParseRequest(f *testing.F) {
 		route, method, host := req.Route, string(req.RawMethod), string(req.Host)
 		name, token := string(req.Name), string(req.Token)
 		hasToken := req.Token != nil
+		var streams []string
+		for _, st := range req.Streams {
+			streams = append(streams, string(st))
+		}
 		framing, contentLength, keepAlive := req.Framing, req.ContentLength, req.KeepAlive
 
 		// Every proper prefix of an accepted head is incomplete, not wrong.
@@ -233,6 +249,25 @@ func FuzzParseRequest(f *testing.F) {
 			}
 			if again.Route != route || string(again.Name) != name || string(again.Token) != token {
 				t.Fatalf("round trip of %q gave route %v name %q token %q", target, again.Route, again.Name, again.Token)
+			}
+		}
+		// So do the stream parameters, in order.
+		if route == sse.RouteStreams && len(streams) > 0 {
+			target := "/streams?stream=" + ssePctEncode(streams[0])
+			for _, st := range streams[1:] {
+				target += "&stream=" + ssePctEncode(st)
+			}
+			again, err := p.Parse([]byte("GET "+target+" HTTP/1.1\r\nHost: x\r\n\r\n"), len(target)+64)
+			if err != nil {
+				t.Fatalf("re-encoded %q: %v", target, err)
+			}
+			if again.Route != route || again.NStreams != len(streams) {
+				t.Fatalf("round trip of %q gave route %v and %d streams", target, again.Route, again.NStreams)
+			}
+			for i, st := range again.Streams {
+				if string(st) != streams[i] {
+					t.Fatalf("round trip of %q: stream %d is %q, not %q", target, i, st, streams[i])
+				}
 			}
 		}
 	})
