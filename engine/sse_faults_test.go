@@ -505,7 +505,7 @@ func TestSSEFaultIdsReusedAfterImmediateStop(t *testing.T) {
 			waitFor(t, 30*time.Second, "the live clients past the lost ids", func() bool { return c.lastID() > delivered+5 })
 		}
 		reconnecting = startReuseClient(t, addr, "/streams/reuse", tok, "Last-Event-ID: "+strconv.FormatInt(again.lastID(), 10))
-		reconnecting.from = again.lastID()
+		reconnecting.follows(again)
 	}
 	require.True(t, lost, "an immediate stop lost acknowledged events in one of 3 rounds")
 	pub.Stop()
@@ -616,7 +616,8 @@ func immediateStop(t *testing.T, c *pgtest.Cluster) {
 type reuseClient struct {
 	c        *sseClient
 	stream   string
-	from     int64 // the cursor it connected with (-1: none)
+	from     int64        // the cursor it connected with (-1: none)
+	prior    []reuseEntry // what it received before it reconnected (follows)
 	mu       sync.Mutex
 	log      []reuseEntry
 	last     int64
@@ -684,6 +685,17 @@ func (rc *reuseClient) run() {
 	}
 }
 
+// follows makes rc the reconnection of before, which it takes its cursor from: it is checked
+// as one client with what before received.
+func (rc *reuseClient) follows(before *reuseClient) {
+	before.mu.Lock()
+	prior, from := slices.Clone(before.log), before.from
+	before.mu.Unlock()
+	rc.mu.Lock()
+	rc.prior, rc.from = prior, from
+	rc.mu.Unlock()
+}
+
 func (rc *reuseClient) halt() {
 	rc.once.Do(func() { close(rc.stop) })
 	<-rc.done
@@ -718,14 +730,15 @@ func (rc *reuseClient) check(t *testing.T, name string, final map[int64]string, 
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	assert.Empty(t, rc.problems, name)
-	require.NotEmpty(t, rc.log, name)
+	log := append(slices.Clone(rc.prior), rc.log...)
+	require.NotEmpty(t, log, name)
 	c := rc.from
-	if c < 0 && !rc.log[0].gap {
-		c = rc.log[0].id - 1
+	if c < 0 && !log[0].gap {
+		c = log[0].id - 1
 	}
 	var untold []int64 // received events not the table's, no gap below them since
 	var gaps []string
-	for i, e := range rc.log {
+	for i, e := range log {
 		if e.gap {
 			require.Equal(t, c, e.after, "%s: entry %d: a gap from where the client was", name, i)
 			c = e.resume
@@ -741,5 +754,5 @@ func (rc *reuseClient) check(t *testing.T, name string, final map[int64]string, 
 	}
 	assert.Equal(t, head, c, "%s: ends at the head", name)
 	assert.Empty(t, untold, "%s: events received under ids the table gave to other events, with no gap announcing it (gaps: %v)", name, gaps)
-	t.Logf("%s: %d entries, gaps %v", name, len(rc.log), gaps)
+	t.Logf("%s: %d entries, gaps %v", name, len(log), gaps)
 }
