@@ -236,16 +236,18 @@ func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadR
 // wentBack tells a subscription whose stream's history went back to id to (fanout.rewind:
 // acknowledged events lost, their ids reused) that what it delivered after to is not the
 // stream's any more: one pgsse:gap from its cursor back to to (docs/http.md, Cursors and
-// gaps), then the events after to, under their reused ids. A subscription whose connection
-// has no response head yet is left to its own first read, which compares the client's
-// cursor with the head.
+// gaps), then the events after to, under their reused ids. One whose connection has no
+// response head yet has been sent nothing: it starts at to instead, or, when its cursor is
+// the client's and not checked yet, its first read compares it with the head.
 func (s *subscriptions) wentBack(sub *subscription, to int64) {
-	if sub.cursor <= to || !sub.conn.streaming() || !sub.gapChecked {
+	if sub.cursor <= to || !sub.gapChecked || sub.conn.ending() {
 		return
 	}
 	switch sub.state {
 	case subLive, subCatchUp, subLagging:
-		s.conns.write(sub.conn, s.tr.gap([]byte(sub.st.name), sub.cursor, to))
+		if sub.conn.streaming() {
+			s.conns.write(sub.conn, s.tr.gap([]byte(sub.st.name), sub.cursor, to))
+		}
 		sub.cursor = to
 	}
 }
