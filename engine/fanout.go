@@ -179,7 +179,7 @@ func (f *fanout) onPayload(p *store.Payload) {
 			return
 		}
 		ev := &event{id: id, enc: f.tr.event(nil, id, p.Event, p.Data), audience: payloadTags(p), timeUS: p.TimeUS}
-		if id == st.last+1 && !st.fetching {
+		if id == st.last+1 && !st.fetching && !st.check {
 			f.appendLive(st, ev)
 			return
 		}
@@ -283,14 +283,15 @@ func (f *fanout) flushStreams() {
 type fetchMode uint8
 
 const (
-	fetchOn     fetchMode = iota // the events after st.last
-	fetchCheck                   // the same, from st.last itself: is it still the event delivered?
+	fetchOn     fetchMode = iota // the events after st.last (and st.last itself, to check it)
 	fetchRewind                  // where the table's history parts from what was delivered
 )
 
-// startFetch reads the stream from the table after st.last, for the whole live set (after
-// the LISTEN session came back, from st.last itself, to check it; while rewinding, the range
-// below rewindHi).
+// startFetch reads the stream from the table after st.last, for the whole live set — from
+// st.last itself when its publish time is known, so that every read checks that the table
+// still holds what was delivered (wentBack); while rewinding, the range below rewindHi. While
+// check is set (the LISTEN session came back, or a notification reused a delivered id),
+// live events wait for the read.
 func (f *fanout) startFetch(st *stream) {
 	if st.fetching || f.replayer == nil {
 		return
@@ -300,20 +301,19 @@ func (f *fanout) startFetch(st *stream) {
 	switch {
 	case st.rewindHi > 0:
 		after, mode, limit = max(0, st.rewindHi-rewindBatchEvents), fetchRewind, rewindBatchEvents
-	case st.check && st.last > 0 && st.maxTimeUS > 0:
-		after, mode = st.last-1, fetchCheck
+	case st.last > 0 && st.maxTimeUS > 0:
+		after = st.last - 1
 	}
-	st.check = false
+	checking := st.check // a read that began before check was set does not answer it
 	ok := f.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: limit, Encode: f.tr.replayEncoder(), OwnBuffers: true},
-		func(res store.ReadResult) { f.tasks.push(func() { f.onFetch(st, after, mode, res) }) })
+		func(res store.ReadResult) { f.tasks.push(func() { f.onFetch(st, after, mode, checking, res) }) })
 	if !ok {
 		st.fetching = false
-		st.check = mode == fetchCheck
 		f.log.Warn("replay queue full; stream catch-up postponed", "stream", st.name)
 	}
 }
 
-func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, res store.ReadResult) {
+func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool, res store.ReadResult) {
 	st.fetching = false
 	if f.streams[st.name] != st || len(st.subs) == 0 {
 		st.rewindHi = 0
@@ -322,15 +322,17 @@ func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, res store.Read
 	}
 	if res.Err != nil {
 		f.log.Warn("stream catch-up read failed; retrying on the next tick", "stream", st.name, "err", res.Err)
-		st.check = st.check || mode == fetchCheck
 		f.retryFetch = append(f.retryFetch, st)
 		return
 	}
-	switch {
-	case mode == fetchRewind:
+	if mode == fetchRewind {
 		f.onRewindRead(st, after, res)
 		return
-	case st.wentBack(res):
+	}
+	if checking {
+		st.check = false
+	}
+	if st.wentBack(res) {
 		// The stream's head went back below what was delivered, or the event at st.last is
 		// another one: acknowledged events were lost (a crash without synchronous_commit, a
 		// failover to an asynchronous replica) and their ids given to new events. Find where.
@@ -386,7 +388,7 @@ func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, res store.Read
 }
 
 // wentBack reports whether a read shows the stream's history rewound below st.last: its head
-// is lower, or the event with id st.last (a fetchCheck read starts with it) was published
+// is lower, or the event with id st.last (a read starts with it when its time is known) was published
 // after every event the stream has accounted for — another event under a reused id.
 func (st *stream) wentBack(res store.ReadResult) bool {
 	switch {
