@@ -11,7 +11,13 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
 )
+
+// maxLine bounds a line of an event stream at the load client: the benchmark's events are
+// small, so a longer line is a fault, counted in ClientStats.Bad.
+const maxLine = 64 << 10
 
 // ClientConfig configures a Client: N SSE subscribers of one server.
 type ClientConfig struct {
@@ -74,7 +80,7 @@ type Client struct {
 
 type sseConn struct {
 	fd      int
-	s       Stream
+	s       ssetest.Decoder // Eager (heartbeats count when they arrive), lines ≤ 64 KiB
 	lastSeq int64
 	events  int64
 	gaps    int64 // sequence numbers skipped
@@ -257,7 +263,7 @@ func (c *Client) dial(k uint32, slow bool) (*sseConn, error) {
 		line, _, _ := bytes.Cut(head, []byte("\r\n"))
 		return nil, fmt.Errorf("response: %q", line)
 	}
-	sc := &sseConn{fd: fd}
+	sc := &sseConn{fd: fd, s: ssetest.Decoder{Eager: true, MaxLine: maxLine}}
 	sc.s.Chunked = bytes.Contains(bytes.ToLower(head), []byte("\r\ntransfer-encoding: chunked"))
 	tv = syscall.Timeval{}
 	_ = syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
@@ -265,7 +271,7 @@ func (c *Client) dial(k uint32, slow bool) (*sseConn, error) {
 		return nil, err
 	}
 	if rest := buf[end+4 : n]; len(rest) > 0 {
-		sc.s.Feed(rest, func([]byte) {}) // the preamble: retry and a comment
+		sc.s.Feed(rest, nil) // the preamble: retry and a comment
 	}
 	ok = true
 	return sc, nil
@@ -330,7 +336,11 @@ func (l *pollLoop) readConn(sc *sseConn, buf []byte) {
 		now := time.Now().UnixNano()
 		l.reads++
 		l.bytes += int64(m)
-		sc.s.Feed(buf[:m], func(v []byte) { l.event(sc, v, now) })
+		sc.s.Feed(buf[:m], func(b *ssetest.Block) {
+			if b.HasData {
+				l.event(sc, b.Data, now)
+			}
+		})
 		if m < len(buf) {
 			return
 		}

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
 	"github.com/pgsse/pgsse/sse"
 )
 
@@ -313,61 +314,26 @@ type sseEvent struct {
 	typ, data, lastID string
 }
 
-// sseParse is an independent EventSource parser, written from the WHATWG
-// HTML spec §9.2.6 ("Interpreting an event stream"): lines end in CRLF, LF
-// or CR; a blank line dispatches; ':' starts a comment; field:value with one
-// optional leading space stripped; data lines are joined with LF; an
-// unterminated last line is discarded. It returns the dispatched events and
-// every field name it saw, in order.
+// sseParse decodes a stream with internal/testkit/ssetest's Decoder: an EventSource parser
+// written from the WHATWG HTML standard ("Interpreting an event stream"), independent of
+// package sse — lines end in CRLF, LF or CR; a blank line dispatches a block that had data;
+// ':' starts a comment; field:value with one optional leading space stripped; data lines are
+// joined with LF; an unterminated last line is discarded. It returns the dispatched events
+// and every field name it saw, in order.
 func sseParse(stream []byte) (events []sseEvent, fields []string) {
-	var data strings.Builder
-	typ, lastID := "", ""
-	for len(stream) > 0 {
-		i := bytes.IndexAny(stream, "\r\n")
-		if i < 0 {
-			break // incomplete last line: discarded
+	var d ssetest.Decoder
+	d.Feed(stream, func(b *ssetest.Block) {
+		for _, f := range b.Fields {
+			fields = append(fields, string(f.Name))
 		}
-		line := string(stream[:i])
-		if stream[i] == '\r' && i+1 < len(stream) && stream[i+1] == '\n' {
-			i++
-		}
-		stream = stream[i+1:]
-
-		if line == "" {
-			if data.Len() == 0 {
-				typ = ""
-				continue
+		if b.HasData {
+			typ := string(b.Type)
+			if typ == "" {
+				typ = "message"
 			}
-			d := strings.TrimSuffix(data.String(), "\n")
-			t := typ
-			if t == "" {
-				t = "message"
-			}
-			events = append(events, sseEvent{typ: t, data: d, lastID: lastID})
-			data.Reset()
-			typ = ""
-			continue
+			events = append(events, sseEvent{typ: typ, data: string(b.Data), lastID: string(b.LastEventID)})
 		}
-		if line[0] == ':' {
-			continue
-		}
-		field, value := line, ""
-		if c := strings.IndexByte(line, ':'); c >= 0 {
-			field, value = line[:c], strings.TrimPrefix(line[c+1:], " ")
-		}
-		fields = append(fields, field)
-		switch field {
-		case "event":
-			typ = value
-		case "data":
-			data.WriteString(value)
-			data.WriteByte('\n')
-		case "id":
-			if !strings.Contains(value, "\x00") {
-				lastID = value
-			}
-		}
-	}
+	})
 	return events, fields
 }
 

@@ -26,8 +26,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/names"
-	"github.com/pgsse/pgsse/scripts/pgtest"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -205,7 +205,7 @@ func TestNoDatabaseConfigured(t *testing.T) {
 	run := func(args ...string) result {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, binary, args...)
+		cmd := exec.CommandContext(ctx, binary(t), args...)
 		cmd.Env = env
 		var stdout, stderr strings.Builder
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -382,7 +382,7 @@ func TestVersion(t *testing.T) {
 	requireOK(t, r)
 	assert.Regexp(t, `^pgsse \S+ commit \S+.* `+regexp.QuoteMeta(runtime.Version())+` `+runtime.GOOS+`/`+runtime.GOARCH+"\n$", r.stdout)
 	// The commit is what the toolchain stamped into the binary (none with -buildvcs=false).
-	out, err := exec.Command("go", "version", "-m", binary).Output()
+	out, err := exec.Command("go", "version", "-m", binary(t)).Output()
 	require.NoError(t, err)
 	if m := regexp.MustCompile(`(?m)^\s*build\s+vcs\.revision=([0-9a-f]+)$`).FindSubmatch(out); m != nil {
 		assert.Contains(t, r.stdout, " commit "+string(m[1]))
