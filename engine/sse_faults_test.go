@@ -7,9 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -482,7 +479,7 @@ func TestSSEFaultIdsReusedAfterImmediateStop(t *testing.T) {
 	for round := 0; round < 3 && !lost; round++ {
 		again := startReuseClient(t, addr, "/streams/reuse", tok)
 		waitFor(t, 20*time.Second, "events flowing", func() bool { return again.count() > 20 })
-		immediateStop(t, cluster)
+		cluster.StopImmediate()
 		// What the server delivered before its LISTEN session went down reaches the clients.
 		waitFor(t, 10*time.Second, "the LISTEN session seen down", func() bool { return !ts.lsn.ok() })
 		var delivered int64
@@ -594,21 +591,6 @@ func (rc *reuseClient) firstGap() reuseEntry {
 		}
 	}
 	return reuseEntry{}
-}
-
-// immediateStop stops the cluster with `pg_ctl stop -m immediate`: no shutdown checkpoint,
-// WAL not yet written is gone (crash recovery on the next start).
-func immediateStop(t *testing.T, c *pgtest.Cluster) {
-	t.Helper()
-	bin, err := exec.Command(pgtest.Script(), "bindir").Output()
-	require.NoError(t, err)
-	args := []string{"-D", filepath.Join(c.Dir, "data"), "-w", "-t", "60", "-m", "immediate", "stop"}
-	cmd := exec.Command(filepath.Join(strings.TrimSpace(string(bin)), "pg_ctl"), args...)
-	if os.Geteuid() == 0 {
-		cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", cmd.Path}, args...)...)
-	}
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "pg_ctl stop -m immediate: %s", out)
 }
 
 // reuseClient records what one SSE client of a stream receives: events (id, data) and
