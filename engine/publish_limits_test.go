@@ -103,7 +103,8 @@ func TestPublishPipelineBoundWhileVerifying(t *testing.T) {
 	assert.Less(t, time.Since(start), 5*time.Second, "closed at once, not after the verdict or the body deadline")
 }
 
-// holdVerifier keeps every goroutine of ts's verifier pool busy until release is called
+// holdVerifier keeps every goroutine of ts's verifier pool (its rescue too) busy until
+// release is called
 // (also at the end of the test): tokens that are not in its cache wait in its queue
 // meanwhile, as they do when a storm of new tokens swamps it.
 func holdVerifier(t testing.TB, ts *testServer) (release func()) {
@@ -121,6 +122,9 @@ func holdVerifier(t testing.TB, ts *testServer) (release func()) {
 		}))
 	}
 	busy.Wait()
+	// One more, first in the queue: the pool's rescue (auth.PoolConfig.StarveAfter), which
+	// verifies what has waited too long for the lowered workers, takes it and is held too.
+	require.True(t, pool.Submit([]byte("held-rescue"), time.Now(), func(*auth.Claims, error) { <-block }))
 	var once sync.Once
 	release = func() { once.Do(func() { close(block) }) }
 	t.Cleanup(release)
