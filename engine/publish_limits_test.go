@@ -104,9 +104,8 @@ func TestPublishPipelineBoundWhileVerifying(t *testing.T) {
 }
 
 // holdVerifier keeps every goroutine of ts's verifier pool (its rescue too) busy until
-// release is called
-// (also at the end of the test): tokens that are not in its cache wait in its queue
-// meanwhile, as they do when a storm of new tokens swamps it.
+// release is called (also at the end of the test): tokens that are not in its cache wait in
+// its queue meanwhile, as they do when a storm of new tokens swamps it.
 func holdVerifier(t testing.TB, ts *testServer) (release func()) {
 	t.Helper()
 	var pool *auth.Pool
