@@ -129,11 +129,12 @@ func (s *subscriptions) replay(sub *subscription) {
 	s.metrics.replays.Inc()
 	// What the read may bring counts against the budget until it is written (outbound.reading).
 	reserved := s.out.limits().replayBytes()
-	req := store.ReadRequest{Stream: sub.st.name, After: sub.cursor, Tags: sub.conn.tags, Limit: replayBatchEvents,
+	after := sub.cursor
+	req := store.ReadRequest{Stream: sub.st.name, After: after, Tags: sub.conn.tags, Limit: replayBatchEvents,
 		MaxBytes: reserved, Encode: s.tr.replayEncoder()}
 	s.out.reserveRead(reserved)
 	ok := s.replayer.Read(req, func(res store.ReadResult) {
-		s.tasks.push(func() { s.out.releaseRead(reserved); s.onReplay(sub, res) })
+		s.tasks.push(func() { s.out.releaseRead(reserved); s.onReplay(sub, after, res) })
 	})
 	if !ok {
 		s.out.releaseRead(reserved)
@@ -144,7 +145,7 @@ func (s *subscriptions) replay(sub *subscription) {
 	}
 }
 
-func (s *subscriptions) onReplay(sub *subscription, res store.ReadResult) {
+func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadResult) {
 	sub.replaying = false
 	s.readDone(sub)
 	sc := sub.conn
@@ -157,14 +158,28 @@ func (s *subscriptions) onReplay(sub *subscription, res store.ReadResult) {
 		return
 	}
 	sub.retries = 0
+	if sub.cursor < after { // its stream went back meanwhile (wentBack): read from the new cursor
+		s.replay(sub)
+		return
+	}
 	items := s.items[:0]
 	s.ids = s.ids[:0]
 	c := sub.cursor
+	resume, lost := sub.st.lostCursor(c)
 	switch {
 	case !sub.gapChecked && c > res.Head:
 		// The client's own cursor is newer than the head.
 		items = append(items, transientItem(s.tr.gap([]byte(sub.st.name), c, res.Head)))
 		sub.cursor = res.Head
+	case !sub.gapChecked && lost && resume <= res.Head:
+		// The client's cursor is from history the stream lost (fanout.rewind): its ids were
+		// given to other events since, which are read next.
+		s.conns.write(sc, s.tr.gap([]byte(sub.st.name), c, resume))
+		sub.cursor, sub.gapChecked = resume, true
+		if !sc.ending() {
+			s.replay(sub)
+		}
+		return
 	case (c > 0 || sub.gapChecked) && c+1 < res.Oldest:
 		// The next events were pruned: before this client connected, or while it was
 		// too slow to take live writes. A cursor of 0 the client sent asks for whatever is
@@ -190,6 +205,7 @@ func (s *subscriptions) onReplay(sub *subscription, res store.ReadResult) {
 			waitLarge = true // too many large events held: read from here again later
 			break
 		}
+		sub.st.sawPublished(e.TimeUS)
 		n++
 	}
 	if len(items) > 0 {
@@ -215,6 +231,25 @@ func (s *subscriptions) onReplay(sub *subscription, res store.ReadResult) {
 		return
 	}
 	s.replay(sub)
+}
+
+// wentBack tells a subscription whose stream's history went back to id to (fanout.rewind:
+// acknowledged events lost, their ids reused) that what it delivered after to is not the
+// stream's any more: one pgsse:gap from its cursor back to to (docs/http.md, Cursors and
+// gaps), then the events after to, under their reused ids. One whose connection has no
+// response head yet has been sent nothing: it starts at to instead, or, when its cursor is
+// the client's and not checked yet, its first read compares it with the head.
+func (s *subscriptions) wentBack(sub *subscription, to int64) {
+	if sub.cursor <= to || !sub.gapChecked || sub.conn.ending() {
+		return
+	}
+	switch sub.state {
+	case subLive, subCatchUp, subLagging:
+		if sub.conn.streaming() {
+			s.conns.write(sub.conn, s.tr.gap([]byte(sub.st.name), sub.cursor, to))
+		}
+		sub.cursor = to
+	}
 }
 
 // tryJoin moves a catching-up subscription that has read the table up to its cursor into

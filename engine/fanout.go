@@ -46,6 +46,17 @@ type stream struct {
 	fetching bool     // a stream-level table read is in flight
 	out      []*event // items appended during the current loop task, flushed once
 	dirty    bool
+
+	// Ids reused after a crash (rewind): maxTimeUS is the latest publish time (PostgreSQL's
+	// clock) of the events accounted for — a table event with an id ≤ last but a later time is
+	// another event under a reused id; check asks the next read to verify that last is still
+	// the event delivered (the LISTEN session came back); rewindHi is the top of the range a
+	// rewinding read searches (0 = not rewinding); backFrom/backTo is the last rewind (a
+	// reconnecting client's cursor in (backTo, backFrom] is from the lost history).
+	maxTimeUS        int64
+	check            bool
+	rewindHi         int64
+	backFrom, backTo int64
 }
 
 // channelSubs is a raw channel's SSE side (channel.sse): its subscriptions, in a compact
@@ -64,6 +75,7 @@ const (
 	pendingMaxEvents  = 4096    // live events held beyond a gap while the table is read
 	replayBatchEvents = 200     // events per catch-up read for one subscription
 	fetchBatchEvents  = 500     // events per stream-level read
+	rewindBatchEvents = 500     // events per read looking for where a stream's history was rewound
 )
 
 // fanout is the loop's part for the live side of streams and channels.
@@ -153,6 +165,13 @@ func (f *fanout) onPayload(p *store.Payload) {
 			st.last = id - 1 // first sight of the stream: the ring starts here
 		}
 		if id <= st.last {
+			if p.TimeUS > st.maxTimeUS && st.maxTimeUS > 0 && st.rewindHi == 0 {
+				// Published after everything accounted for, yet under an id already used: a
+				// duplicate of an event read from the table, or ids reused after a crash —
+				// the next read checks st.last (rewind).
+				st.check = true
+				f.startFetch(st)
+			}
 			return // already accounted for (replayed or duplicate)
 		}
 		if p.Kind == store.KindWake {
@@ -160,7 +179,7 @@ func (f *fanout) onPayload(p *store.Payload) {
 			return
 		}
 		ev := &event{id: id, enc: f.tr.event(nil, id, p.Event, p.Data), audience: payloadTags(p), timeUS: p.TimeUS}
-		if id == st.last+1 && !st.fetching {
+		if id == st.last+1 && !st.fetching && !st.check {
 			f.appendLive(st, ev)
 			return
 		}
@@ -186,6 +205,7 @@ func payloadTags(p *store.Payload) []string {
 // appendLive records the next contiguous durable event and queues it for the live set.
 func (f *fanout) appendLive(st *stream, ev *event) {
 	st.last = ev.id
+	st.maxTimeUS = max(st.maxTimeUS, ev.timeUS)
 	st.ring = append(st.ring, ev)
 	st.ringSize += len(ev.enc)
 	if len(st.ring) > ringMaxEvents || st.ringSize > ringMaxBytes {
@@ -259,30 +279,65 @@ func (f *fanout) flushStreams() {
 	f.dirtyStreams = f.dirtyStreams[:0]
 }
 
-// startFetch reads the stream from the table after st.last, for the whole live set.
+// What a stream-level read is for.
+type fetchMode uint8
+
+const (
+	fetchOn     fetchMode = iota // the events after st.last (and st.last itself, to check it)
+	fetchRewind                  // where the table's history parts from what was delivered
+)
+
+// startFetch reads the stream from the table after st.last, for the whole live set — from
+// st.last itself when its publish time is known, so that every read checks that the table
+// still holds what was delivered (wentBack); while rewinding, the range below rewindHi. While
+// check is set (the LISTEN session came back, or a notification reused a delivered id),
+// live events wait for the read.
 func (f *fanout) startFetch(st *stream) {
 	if st.fetching || f.replayer == nil {
 		return
 	}
 	st.fetching = true
-	after := st.last
-	ok := f.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: fetchBatchEvents, Encode: f.tr.replayEncoder(), OwnBuffers: true},
-		func(res store.ReadResult) { f.tasks.push(func() { f.onFetch(st, after, res) }) })
+	after, mode, limit := st.last, fetchOn, fetchBatchEvents
+	switch {
+	case st.rewindHi > 0:
+		after, mode, limit = max(0, st.rewindHi-rewindBatchEvents), fetchRewind, rewindBatchEvents
+	case st.last > 0 && st.maxTimeUS > 0:
+		after = st.last - 1
+	}
+	checking := st.check // a read that began before check was set does not answer it
+	ok := f.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: limit, Encode: f.tr.replayEncoder(), OwnBuffers: true},
+		func(res store.ReadResult) { f.tasks.push(func() { f.onFetch(st, after, mode, checking, res) }) })
 	if !ok {
 		st.fetching = false
 		f.log.Warn("replay queue full; stream catch-up postponed", "stream", st.name)
 	}
 }
 
-func (f *fanout) onFetch(st *stream, after int64, res store.ReadResult) {
+func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool, res store.ReadResult) {
 	st.fetching = false
 	if f.streams[st.name] != st || len(st.subs) == 0 {
+		st.rewindHi = 0
 		f.maybeDropStream(st)
 		return
 	}
 	if res.Err != nil {
 		f.log.Warn("stream catch-up read failed; retrying on the next tick", "stream", st.name, "err", res.Err)
 		f.retryFetch = append(f.retryFetch, st)
+		return
+	}
+	if mode == fetchRewind {
+		f.onRewindRead(st, after, res)
+		return
+	}
+	if checking {
+		st.check = false
+	}
+	if st.wentBack(res) {
+		// The stream's head went back below what was delivered, or the event at st.last is
+		// another one: acknowledged events were lost (a crash without synchronous_commit, a
+		// failover to an asynchronous replica) and their ids given to new events. Find where.
+		st.rewindHi = st.last
+		f.startFetch(st)
 		return
 	}
 	if res.Oldest > st.last+1 && st.last >= 0 {
@@ -327,16 +382,96 @@ func (f *fanout) onFetch(st *stream, after int64, res store.ReadResult) {
 		st.pending[i] = nil
 	}
 	st.pending = keep
-	if !res.Done || st.notified > st.last || len(st.pending) > 0 {
+	if !res.Done || st.notified > st.last || len(st.pending) > 0 || st.check {
 		f.startFetch(st)
 	}
 }
 
+// wentBack reports whether a read shows the stream's history rewound below st.last: its head
+// is lower, or the event with id st.last (a read starts with it when its time is known) was published
+// after every event the stream has accounted for — another event under a reused id.
+func (st *stream) wentBack(res store.ReadResult) bool {
+	switch {
+	case st.last <= 0:
+		return false
+	case res.Head < st.last:
+		return true
+	}
+	return len(res.Events) > 0 && res.Events[0].ID == st.last && st.maxTimeUS > 0 && res.Events[0].TimeUS > st.maxTimeUS
+}
+
+// onRewindRead looks for where the table's history parts from what was delivered, in the
+// ids after..rewindHi: the first event published after everything the stream accounted for
+// (its ids were reused), or the head when the table simply ends lower. When that is the
+// first event read, the search goes on further back.
+func (f *fanout) onRewindRead(st *stream, after int64, res store.ReadResult) {
+	hi := min(st.rewindHi, res.Head)
+	to := hi
+	for i := range res.Events {
+		e := &res.Events[i]
+		if e.ID > hi {
+			break
+		}
+		if e.TimeUS > st.maxTimeUS {
+			to = e.ID - 1
+			break
+		}
+		if i == len(res.Events)-1 && !res.Done {
+			to = e.ID // the batch ended before hi: what lies beyond was not compared
+		}
+	}
+	switch {
+	case hi > 0 && hi <= after:
+		st.rewindHi = hi // the table ends below what was read: look below its head
+		f.startFetch(st)
+		return
+	case to <= after && after > 0 && after >= res.Oldest:
+		st.rewindHi = after // even the first event read is another one: look further back
+		f.startFetch(st)
+		return
+	}
+	f.rewind(st, max(to, 0))
+}
+
+// rewind makes the stream continue from id to, lower than what it delivered: every
+// subscription past it is told (subscriptions.wentBack: a pgsse:gap resuming at to), the
+// ring forgets the events after it, and the table is read on from to — the events that
+// reused the lost ids are delivered under them.
+func (f *fanout) rewind(st *stream, to int64) {
+	f.log.Warn("stream went back below what was delivered: acknowledged events were lost (synchronous_commit off, or a failover to an asynchronous replica) and their ids reused; subscribers are sent a pgsse:gap",
+		"stream", st.name, "delivered", st.last, "resume", to)
+	st.backFrom, st.backTo = max(st.last, st.backFrom), to
+	for _, sub := range st.subs {
+		f.subs.wentBack(sub, to)
+	}
+	keep := len(st.ring)
+	for keep > 0 && st.ring[keep-1].id > to {
+		keep--
+		st.ringSize -= len(st.ring[keep].enc)
+	}
+	clear(st.ring[keep:])
+	st.ring = st.ring[:keep]
+	st.last, st.notified, st.rewindHi = to, to, 0
+	f.startFetch(st)
+}
+
+// sawPublished notes the publish time of an event delivered from the stream by a
+// subscription's own catch-up (catchup.go): what a rewind is told apart by (maxTimeUS).
+func (st *stream) sawPublished(timeUS int64) { st.maxTimeUS = max(st.maxTimeUS, timeUS) }
+
+// lostCursor reports whether cursor c is from history the stream lost (the last rewind), and
+// where delivery then resumes.
+func (st *stream) lostCursor(c int64) (resume int64, lost bool) {
+	return st.backTo, st.backFrom > 0 && c > st.backTo && c <= st.backFrom
+}
+
 // resync catches every active stream up from the table after the LISTEN session came
-// back: events committed during the outage were never notified.
+// back: events committed during the outage were never notified, and the table may now hold
+// less than was delivered (rewind), which the first read checks.
 func (f *fanout) resync() {
 	for _, st := range f.streams {
 		if st.last >= 0 {
+			st.check = true
 			f.startFetch(st)
 		}
 	}

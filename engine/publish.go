@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"strconv"
 	"sync"
@@ -19,16 +20,19 @@ import (
 // its data) and POST /publish an NDJSON batch, through the group-commit Publisher
 // (store.Publisher). A publisher connection carries one request at a time (sseconn.go:
 // publish-body → publish-commit → idle, HTTP/1.1 keep-alive): its body is read into the
-// connection's buffer (at most --max-publish-bytes, and all bodies together at most
-// publishMemoryBytes) while its token is checked off the loop (verify.go: tokens.check); once both are
-// done the request goes to the Publisher, and the answer is written only after COMMIT,
+// connection's buffer (at most --max-publish-bytes, counted against the bodies' budget as
+// its bytes arrive: bodyBudget) while its token is checked off the loop (verify.go:
+// tokens.check); once both are done the request goes to the Publisher, and the answer is written only after COMMIT,
 // from a loop task (the connection may have closed meanwhile). Pipelined requests wait in
-// the socket's input until then.
+// the connection's input until then (at most publishPipelineBytes of them) and are read as
+// soon as it is answered, whatever answered it (readAhead).
 
 // Limits of the publishing path (besides --max-publish-bytes).
 const (
-	publishBodyTimeoutMS     = 30_000    // a body must arrive within this of its head (slow-loris bound)
+	publishBodyTimeoutMS     = 30_000    // a body must arrive within this of its head, however it trickles (slow-loris bound)
 	publishMemoryBytes       = 128 << 20 // bodies being received, all connections together (at least 2 × --max-publish-bytes)
+	publishShareDivisor      = 8         // one subject's bodies: at most this fraction of publishMemoryBytes (at least --max-publish-bytes)
+	publishUnverifiedDivisor = 4         // bodies whose token has no verdict yet, together: at most this fraction (at least --max-publish-bytes)
 	publishKeepBufBytes      = 4 << 10   // a body buffer up to this size is kept for the connection's next request (idle keep-alive connections hold no more)
 	publishPipelineBytes     = 64 << 10  // input a client may send ahead while its request is committed
 	publishUnreadAnswerBytes = 64 << 10  // answers a client leaves unread before its connection is closed
@@ -55,7 +59,15 @@ type publishConn struct {
 	buf      []byte // the body's buffer, kept for the next request while small
 	data     []byte // the whole body, owned (in buf), once read
 	bodyDone bool   // data is set
-	held     int64  // bytes counted against publishMemoryBytes
+
+	// Its share of the bodies' budget (bodyBudget): held bytes, counted under key — the
+	// token's until its verdict (unverified), then its subject's.
+	held       int64
+	key        string
+	verified   bool
+	tokenHash  [sha256.Size]byte // the current request's token
+	tokenKey   string            // "token:" + tokenHash, kept while the connection keeps its token
+	subjectKey string            // the last verdict's subject key, kept likewise
 
 	claims  *auth.Claims // the token's verdict, once known
 	granted bool
@@ -82,6 +94,7 @@ func (p *publishing) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	}
 	pub.claims, pub.granted, pub.status, pub.reason = nil, false, 0, ""
 	pub.data, pub.bodyDone = nil, false
+	pub.key, pub.verified = "", false // bodies.start sets them once the request has a token
 
 	switch {
 	case p.draining:
@@ -101,10 +114,8 @@ func (p *publishing) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 		p.closePublish(sc, statusOf(err), err.Error())
 		return
 	}
-	if req.Framing == sse.BodyLength && !p.holdPublishBytes(pub, req.ContentLength) {
-		p.closePublish(sc, 503, "too many publish bodies in flight; retry later")
-		return
-	}
+	// Nothing is reserved for the Content-Length: a body counts against the budget as it
+	// arrives (readBody), or 128 slow clients announcing 1 MiB each would hold it all.
 	p.conns.beginPublish(sc)
 	if pub.body.Done() { // Content-Length: 0
 		p.bodyRead(sc)
@@ -133,8 +144,12 @@ func (p *publishing) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 		p.refuse(sc, 403, "a publish authorised by the pgsse_token cookie must come from the same origin or one of --cors-origins")
 		return
 	}
+	p.bodies.start(pub, tok)
 	seq := pub.seq
-	claims, err, verdict := p.tok.check(tok, func(claims *auth.Claims, err error) { p.onPublishVerdict(sc, seq, claims, err) })
+	claims, err, verdict := p.tok.check(tok, func(claims *auth.Claims, err error) {
+		p.onPublishVerdict(sc, seq, claims, err)
+		p.readAhead(sc)
+	})
 	switch verdict {
 	case tokenChecked:
 		p.onPublishVerdict(sc, seq, claims, err)
@@ -187,6 +202,7 @@ func (p *publishing) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Clai
 		return
 	}
 	pub.claims, pub.granted = claims, true
+	p.bodies.verified(pub, claims)
 	if pub.bodyDone {
 		p.submitPublish(sc)
 		return
@@ -201,7 +217,12 @@ func (p *publishing) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Clai
 func (p *publishing) readBody(sc *sseConn) bool {
 	pub := sc.pub
 	if pub.bodyDone {
-		return false // waiting for the token's verdict; what follows is the next request
+		// Waiting for the token's verdict; what follows is the next request, left in the
+		// input (readAhead reads it once this one is answered) up to publishPipelineBytes.
+		if sc.c.InboundBuffered() > publishPipelineBytes {
+			p.conns.finish(sc, nil)
+		}
+		return false
 	}
 	in, _ := sc.c.Peek(-1)
 	if len(in) == 0 {
@@ -218,10 +239,18 @@ func (p *publishing) readBody(sc *sseConn) bool {
 		}
 		return true
 	}
-	if !p.holdPublishBytes(pub, int64(cap(pub.body.Buffer()))-pub.held) {
-		discard(sc.c, n)
-		p.closePublish(sc, 503, "too many publish bodies in flight; retry later")
-		return true
+	// What the body holds now: its buffer, or, for a body that came whole in this input, the
+	// copy bodyRead is about to make. A refused request's body is skipped, not kept.
+	holds := int64(cap(pub.body.Buffer()))
+	if done {
+		holds = max(holds, int64(len(pub.body.Body())))
+	}
+	if pub.status == 0 {
+		if why := p.bodies.grow(pub, holds-pub.held); why != "" {
+			discard(sc.c, n)
+			p.closePublish(sc, 503, why) // the buffer goes with the request (endPublish)
+			return true
+		}
 	}
 	if !done {
 		discard(sc.c, n)
@@ -254,7 +283,7 @@ func (p *publishing) bodyRead(sc *sseConn) {
 	if len(body) > 0 && (cap(buf) == 0 || &buf[:1][0] != &body[0]) {
 		buf = append(buf[:0], body...)
 		body = buf
-		p.countPublishBytes(pub, int64(cap(buf))-pub.held) // already read: counted even over the budget
+		p.bodies.add(pub, int64(cap(buf))-pub.held) // the copy's rounding up: counted even over the budget
 	}
 	pub.buf = buf[:0]
 	pub.data, pub.bodyDone = body, true
@@ -294,7 +323,7 @@ func (p *publishing) submitPublish(sc *sseConn) {
 		p.answerPublishError(sc, status, reason)
 		return
 	}
-	p.releasePublishBytes(pub) // the Publisher's own budget holds the data now
+	p.bodies.release(pub) // the Publisher's own budget holds the data now
 	p.conns.submitted(sc)
 }
 
@@ -322,7 +351,15 @@ func (p *publishing) onCommitted(sc *sseConn, seq uint32, res store.PublishResul
 		p.conns.answerPublish(sc, b, keep, false)
 		p.endPublish(pub)
 	}
-	if sc.state == stateIdle {
+	p.readAhead(sc)
+}
+
+// readAhead reads what the client sent ahead of an answer decided off the read path — a
+// token's verdict from the verifier pool, a COMMIT: the requests it pipelined are already in
+// the input and are processed now, not once the client sends more bytes (issue 23: a refusal
+// from the pool left them unanswered until the keep-alive timeout).
+func (p *publishing) readAhead(sc *sseConn) {
+	if !sc.closed {
 		p.req.read(sc)
 	}
 }
@@ -341,7 +378,7 @@ func (p *publishing) refuse(sc *sseConn, status int, reason string) {
 	default:
 		pub.status, pub.reason = status, reason
 		pub.body.Skip()
-		p.releasePublishBytes(pub)
+		p.bodies.release(pub)
 	}
 }
 
@@ -376,44 +413,137 @@ func (p *publishing) keepPublisher(pub *publishConn) bool { return pub.keepAlive
 
 // endPublish releases what a request held once it is answered.
 func (p *publishing) endPublish(pub *publishConn) {
-	p.releasePublishBytes(pub)
+	p.bodies.release(pub)
 	if cap(pub.buf) > publishKeepBufBytes {
 		pub.buf = nil
 	}
+	pub.body = sse.BodyDecoder{} // nor does the decoder keep a larger buffer, or a view into the input
 	pub.data, pub.req, pub.one[0], pub.claims = nil, store.PublishRequest{}, store.PublishEvent{}, nil
 }
 
 // release drops a closed connection's request state (connTable.remove).
 func (p *publishing) release(sc *sseConn) {
 	if sc.pub != nil {
-		p.releasePublishBytes(sc.pub)
+		p.bodies.release(sc.pub)
 		sc.pub = nil // a request still with the Publisher keeps its own data alive
 	}
 }
 
-// holdPublishBytes counts n more bytes of pub's body against the budget for bodies in
-// flight (publishBudget); false when that would exceed it (nothing is counted then).
-func (p *publishing) holdPublishBytes(pub *publishConn, n int64) bool {
+// bodyBudget is the memory that publish bodies being received may hold (docs/http.md,
+// Publishing over HTTP). A body counts as its bytes arrive — the capacity of the buffer they
+// are read into — never for the length its head announces, from its first byte until the
+// Publisher has it (or it is refused); the bytes of one body that came in one read are counted
+// at once. Three limits, each a 503 that says which: all bodies together at most total; the
+// bodies of one subject — the token's sub claim, or the token itself when it has none, the key
+// of --max-connections-per-subject — at most share, so that one client cannot take the budget
+// from the others however many connections it opens; and while a token's verdict is not known
+// yet (the pool verifies it) its bodies count under the token and also against unverified, the
+// most all such bodies may hold together, so that tokens nobody has verified — a flood of
+// forged ones — cannot take it either. A body's deadline counts from its head, whatever
+// arrives meanwhile (publishBodyTimeoutMS), so a slow client holds what it has sent for at
+// most that long.
+type bodyBudget struct {
+	total, share, unverifiedMax int64
+	held                        int64            // all bodies
+	unverified                  int64            // bodies whose token has no verdict yet
+	byKey                       map[string]int64 // per subject (or token)
+}
+
+func newBodyBudget(maxPublishBytes int64) bodyBudget {
+	total := max(publishMemoryBytes, 2*maxPublishBytes)
+	return bodyBudget{
+		total:         total,
+		share:         max(total/publishShareDivisor, maxPublishBytes),
+		unverifiedMax: max(total/publishUnverifiedDivisor, maxPublishBytes),
+		byKey:         map[string]int64{},
+	}
+}
+
+// The 503 texts of the three limits (docs/http.md, Publishing over HTTP).
+const (
+	bodiesFullText       = "too many publish bodies are being received; retry later"
+	bodiesSubjectText    = "too many publish bodies are being received for this token's subject; retry later"
+	bodiesUnverifiedText = "too many publish bodies are waiting for their tokens to be verified; retry later"
+)
+
+// start begins counting a request's body under its token tok, unverified (publishing.publish,
+// before the token is checked; pub holds nothing yet).
+func (b *bodyBudget) start(pub *publishConn, tok []byte) {
+	if h := sha256.Sum256(tok); h != pub.tokenHash || pub.tokenKey == "" {
+		pub.tokenHash = h
+		pub.tokenKey = "token:" + string(h[:])
+		pub.subjectKey = ""
+	}
+	pub.key, pub.verified = pub.tokenKey, false
+}
+
+// verified moves what a request holds from its token to its subject, once the token is
+// known to be good (its grant checked): from then on the subject's share applies.
+func (b *bodyBudget) verified(pub *publishConn, claims *auth.Claims) {
+	if pub.verified {
+		return
+	}
+	key := pub.tokenKey
+	switch sub := claims.Subject; {
+	case sub == "":
+	case len(pub.subjectKey) == len("sub:")+len(sub) && pub.subjectKey[len("sub:"):] == sub:
+		key = pub.subjectKey
+	default:
+		pub.subjectKey = subjectKey(claims, &pub.tokenHash)
+		key = pub.subjectKey
+	}
+	n := pub.held
+	b.uncount(pub)
+	pub.key, pub.verified = key, true
+	b.add(pub, n)
+}
+
+// grow counts n more bytes of pub's body; when a limit would be passed it counts nothing and
+// returns the text of the refusal ("" = counted).
+func (b *bodyBudget) grow(pub *publishConn, n int64) string {
+	switch {
+	case n <= 0:
+		return ""
+	case b.held+n > b.total:
+		return bodiesFullText
+	case b.byKey[pub.key]+n > b.share:
+		return bodiesSubjectText
+	case !pub.verified && b.unverified+n > b.unverifiedMax:
+		return bodiesUnverifiedText
+	}
+	b.add(pub, n)
+	return ""
+}
+
+// add counts n bytes pub already holds, whatever the limits say.
+func (b *bodyBudget) add(pub *publishConn, n int64) {
 	if n <= 0 {
-		return true
+		return
 	}
-	if p.publishHeld+n > p.publishBudget {
-		return false
-	}
-	p.countPublishBytes(pub, n)
-	return true
-}
-
-// countPublishBytes counts bytes already held, whatever the budget says.
-func (p *publishing) countPublishBytes(pub *publishConn, n int64) {
-	if n > 0 {
-		p.publishHeld += n
-		pub.held += n
+	pub.held += n
+	b.held += n
+	b.byKey[pub.key] += n
+	if !pub.verified {
+		b.unverified += n
 	}
 }
 
-func (p *publishing) releasePublishBytes(pub *publishConn) {
-	p.publishHeld -= pub.held
+// release drops everything pub's request holds.
+func (b *bodyBudget) release(pub *publishConn) { b.uncount(pub) }
+
+func (b *bodyBudget) uncount(pub *publishConn) {
+	if pub.held == 0 {
+		return
+	}
+	b.held -= pub.held
+	if !pub.verified {
+		b.unverified -= pub.held
+	}
+	if left := b.byKey[pub.key] - pub.held; left > 0 {
+		b.byKey[pub.key] = left
+	} else {
+		delete(b.byKey, pub.key)
+	}
 	pub.held = 0
 }
 
@@ -543,17 +673,16 @@ type publishing struct {
 	pubShared  *store.Publisher // guarded by pubMu
 
 	// Loop-owned.
-	publisher     *store.Publisher // the loop's copy of pubShared
-	publishers    int              // connections counted as publishers
-	publishHeld   int64            // bytes of publish bodies in flight
-	publishBudget int64            // the most they may hold: publishMemoryBytes, at least 2 × --max-publish-bytes
+	publisher  *store.Publisher // the loop's copy of pubShared
+	publishers int              // connections counted as publishers
+	bodies     bodyBudget       // what publish bodies being received hold
 	// publishBodyTimeoutMS is the constant of that name (a field so that tests can shorten it).
 	publishBodyTimeoutMS int64
 }
 
 func newPublishing(env *loopEnv, conns *connTable, req *requests, tok *tokens, adm *admission, ans *httpAnswers) publishing {
 	return publishing{loopEnv: env, conns: conns, req: req, tok: tok, adm: adm, ans: ans,
-		publishBudget: max(publishMemoryBytes, 2*env.cfg.MaxPublishBytes), publishBodyTimeoutMS: publishBodyTimeoutMS}
+		bodies: newBodyBudget(env.cfg.MaxPublishBytes), publishBodyTimeoutMS: publishBodyTimeoutMS}
 }
 
 // count is the number of connections counted as publishers.

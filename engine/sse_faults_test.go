@@ -3,9 +3,11 @@ package engine
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -448,4 +450,291 @@ func TestShedDatabaseUnavailable(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "back", live.mustNextData(10*time.Second).Data, "the connected client stayed")
 	assert.Equal(t, "back", c.mustNextData(10*time.Second).Data)
+}
+
+// Issue 23: with synchronous_commit off an immediate stop loses the last acknowledged events,
+// and after recovery new events get their ids again. Every live subscriber, and one that
+// reconnects with a cursor from the lost history, either receives each id once or is told by
+// a pgsse:gap whose resume lies below what it lost — never a silent skip: at the end, every
+// event a client holds is the table's event under that id.
+func TestSSEFaultIdsReusedAfterImmediateStop(t *testing.T) {
+	t.Parallel()
+	cluster := pgtest.StartCluster(t, pgtest.ClusterOptions{}) // pg.sh: synchronous_commit = off, fsync = off
+	// A partly filled WAL page is written at most every wal_writer_delay: the commits in it
+	// are acknowledged and notified, and lost by an immediate stop.
+	pgtest.Exec(t, cluster.URL("disable"), "ALTER SYSTEM SET wal_writer_delay = '10s'")
+	pgtest.Exec(t, cluster.URL("disable"), "SELECT pg_reload_conf()")
+	dsn := migrated(t, cluster.NewDatabase(t))
+	ts := startServer(t, dsn, nil)
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+
+	pub := startPublisher(t, dsn, "reuse", 10*time.Millisecond)
+	live := []*reuseClient{
+		startReuseClient(t, addr, "/streams/reuse", tok),
+		startReuseClient(t, addr, "/streams/reuse?since=0", tok),
+	}
+	var reconnecting *reuseClient
+	lost := false
+	for round := 0; round < 3 && !lost; round++ {
+		again := startReuseClient(t, addr, "/streams/reuse", tok)
+		waitFor(t, 20*time.Second, "events flowing", func() bool { return again.count() > 20 })
+		cluster.StopImmediate()
+		// What the server delivered before its LISTEN session went down reaches the clients.
+		waitFor(t, 10*time.Second, "the LISTEN session seen down", func() bool { return !ts.lsn.ok() })
+		var delivered int64
+		ts.onLoop(t, func() { delivered = ts.fan.streams["reuse"].head() })
+		for _, c := range append(live, again) {
+			waitFor(t, 10*time.Second, "the delivered events received", func() bool { return c.lastID() >= delivered })
+		}
+		again.halt()
+		cluster.Start()
+		head := streamHead(t, dsn, "reuse")
+		t.Logf("round %d: delivered up to id %d, the recovered head is %d", round, delivered, head)
+		lost = head < delivered
+		if !lost {
+			continue // nothing was lost this time (the stop came right after a WAL write)
+		}
+		// Once later events have taken the lost ids and more, and the live clients have them,
+		// the one that was away comes back with its cursor from the lost history.
+		waitFor(t, 30*time.Second, "the lost ids reused and passed", func() bool { return streamHead(t, dsn, "reuse") > delivered+5 })
+		for _, c := range live {
+			waitFor(t, 30*time.Second, "the live clients past the lost ids", func() bool { return c.lastID() > delivered+5 })
+		}
+		reconnecting = startReuseClient(t, addr, "/streams/reuse", tok, "Last-Event-ID: "+strconv.FormatInt(again.lastID(), 10))
+		reconnecting.follows(again)
+	}
+	require.True(t, lost, "an immediate stop lost acknowledged events in one of 3 rounds")
+	pub.Stop()
+
+	final := map[int64]string{}
+	for _, r := range pgtest.Exec(t, dsn, "SELECT id, data FROM pgsse.events WHERE stream = 'reuse' ORDER BY id") {
+		for _, row := range r.Rows {
+			id, err := strconv.ParseInt(string(row[0]), 10, 64)
+			require.NoError(t, err)
+			final[id] = string(row[1])
+		}
+	}
+	head := streamHead(t, dsn, "reuse")
+	for i, c := range append(live, reconnecting) {
+		waitFor(t, 30*time.Second, "every event delivered", func() bool { return c.lastID() >= head })
+		c.halt()
+		c.check(t, "client "+strconv.Itoa(i), final, head)
+	}
+}
+
+// The stream's history rewound as a crash without synchronous_commit leaves it — its last
+// events gone, its head lower, new events under their ids and beyond — shown to the server
+// by the live notifications of the new events, or, when they were committed while its
+// LISTEN session was down, by its catch-up when the session comes back: a subscriber that had
+// the lost events gets one gap back to where the histories part, then the new events; one
+// that reconnects with a lost cursor gets the same.
+func TestSSEStreamWentBack(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name            string
+		hold            bool  // the new events are committed while the LISTEN session is down
+		old, kept, news int64 // events delivered, of them kept by the "crash", new events after it
+	}{
+		{"live notifications", false, 10, 5, 8},
+		{"caught up when the LISTEN session comes back", true, 10, 5, 8},
+		{"more lost than one read looks back over", true, 1200, 400, 900},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ts := startServer(t, "", nil)
+			addr := ts.Addr().String()
+			tok := bearerH(allStreams(t))
+			pub := connect(t, ts.DSN)
+			head := tc.kept + tc.news
+			publishN(t, pub, "wb", "old", int(tc.old))
+			live := startReuseClient(t, addr, "/streams/wb?since=0", tok)
+			waitFor(t, 10*time.Second, "the old events delivered", func() bool { return live.lastID() >= tc.old })
+			release := func() {}
+			if tc.hold {
+				release = holdListenDown(t, ts)
+			}
+			// What the crash leaves: the events after kept gone, the head at kept; then the new
+			// events, under the lost ids and beyond.
+			kept := strconv.FormatInt(tc.kept, 10)
+			_, err := pub.Exec(context.Background(), "DELETE FROM pgsse.events WHERE stream = 'wb' AND id > "+kept+"; UPDATE pgsse.streams SET head = "+kept+" WHERE stream = 'wb'").ReadAll()
+			require.NoError(t, err)
+			publishN(t, pub, "wb", "new", int(tc.news))
+			release()
+			waitFor(t, 30*time.Second, "the new events delivered", func() bool { return live.lastID() >= head && live.gaps() > 0 })
+			back := startReuseClient(t, addr, "/streams/wb", tok, "Last-Event-ID: "+strconv.FormatInt(tc.old-1, 10))
+			back.from = tc.old - 1
+			waitFor(t, 10*time.Second, "the reconnecting client caught up", func() bool { return back.lastID() >= head })
+
+			final := map[int64]string{}
+			for i := int64(1); i <= head; i++ {
+				final[i] = "old" + strconv.FormatInt(i, 10)
+				if i > tc.kept {
+					final[i] = "new" + strconv.FormatInt(i-tc.kept, 10)
+				}
+			}
+			for i, c := range []*reuseClient{live, back} {
+				c.halt()
+				c.check(t, "client "+strconv.Itoa(i), final, head)
+				assert.Equal(t, reuseEntry{gap: true, after: []int64{tc.old, tc.old - 1}[i], resume: tc.kept}, c.firstGap(), "client %d: told where the histories part", i)
+			}
+		})
+	}
+}
+
+func (rc *reuseClient) firstGap() reuseEntry {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, e := range rc.log {
+		if e.gap {
+			return e
+		}
+	}
+	return reuseEntry{}
+}
+
+// reuseClient records what one SSE client of a stream receives: events (id, data) and
+// gaps, in order.
+type reuseClient struct {
+	c        *sseClient
+	stream   string
+	from     int64        // the cursor it connected with (-1: none)
+	prior    []reuseEntry // what it received before it reconnected (follows)
+	mu       sync.Mutex
+	log      []reuseEntry
+	last     int64
+	ngaps    int
+	problems []string
+	stop     chan struct{}
+	done     chan struct{}
+	once     sync.Once
+}
+
+type reuseEntry struct {
+	gap           bool
+	id            int64 // an event's id
+	data          string
+	after, resume int64 // a gap's
+}
+
+func startReuseClient(t *testing.T, addr, path string, headers ...string) *reuseClient {
+	t.Helper()
+	c := dial(t, addr, path, headers...)
+	require.Equal(t, 200, c.Status, c.Body)
+	stream, _, _ := strings.Cut(strings.TrimPrefix(path, "/streams/"), "?")
+	rc := &reuseClient{c: c, stream: stream, from: -1, stop: make(chan struct{}), done: make(chan struct{})}
+	go rc.run()
+	t.Cleanup(rc.halt)
+	return rc
+}
+
+func (rc *reuseClient) run() {
+	defer close(rc.done)
+	for {
+		select {
+		case <-rc.stop:
+			return
+		default:
+		}
+		ev, err := rc.c.next(200 * time.Millisecond)
+		if err != nil {
+			if isTimeout(err) {
+				continue
+			}
+			rc.mu.Lock()
+			rc.problems = append(rc.problems, "connection ended: "+err.Error())
+			rc.mu.Unlock()
+			return
+		}
+		rc.mu.Lock()
+		switch {
+		case ev.Event == "pgsse:gap":
+			var g struct {
+				Stream        string
+				After, Resume int64
+			}
+			if err := json.Unmarshal([]byte(ev.Data), &g); err != nil || g.Stream != rc.stream {
+				rc.problems = append(rc.problems, "bad gap: "+ev.Data)
+			}
+			rc.log = append(rc.log, reuseEntry{gap: true, after: g.After, resume: g.Resume})
+			rc.ngaps++
+			rc.last = g.Resume
+		case ev.HasID:
+			rc.log = append(rc.log, reuseEntry{id: ev.id(), data: ev.Data})
+			rc.last = ev.id()
+		}
+		rc.mu.Unlock()
+	}
+}
+
+// follows makes rc the reconnection of before, which it takes its cursor from: it is checked
+// as one client with what before received.
+func (rc *reuseClient) follows(before *reuseClient) {
+	before.mu.Lock()
+	prior, from := slices.Clone(before.log), before.from
+	before.mu.Unlock()
+	rc.mu.Lock()
+	rc.prior, rc.from = prior, from
+	rc.mu.Unlock()
+}
+
+func (rc *reuseClient) halt() {
+	rc.once.Do(func() { close(rc.stop) })
+	<-rc.done
+	rc.c.conn.Close()
+}
+
+func (rc *reuseClient) count() int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return len(rc.log)
+}
+
+func (rc *reuseClient) lastID() int64 {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.last
+}
+
+func (rc *reuseClient) gaps() int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.ngaps
+}
+
+// check walks what the client received against the table's final events: ids follow one
+// another (a gap moves the cursor from exactly where the client was to its resume), it ends
+// at head, and every event it received that is not the table's event under that id (lost in
+// the crash) was followed by a gap resuming below it — so the client was told, and then got
+// the table's event under that id.
+func (rc *reuseClient) check(t *testing.T, name string, final map[int64]string, head int64) {
+	t.Helper()
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	assert.Empty(t, rc.problems, name)
+	log := append(slices.Clone(rc.prior), rc.log...)
+	require.NotEmpty(t, log, name)
+	c := rc.from
+	if c < 0 && !log[0].gap {
+		c = log[0].id - 1
+	}
+	var untold []int64 // received events not the table's, no gap below them since
+	var gaps []string
+	for i, e := range log {
+		if e.gap {
+			require.Equal(t, c, e.after, "%s: entry %d: a gap from where the client was", name, i)
+			c = e.resume
+			gaps = append(gaps, fmt.Sprintf("%d→%d", e.after, e.resume))
+			untold = slices.DeleteFunc(untold, func(id int64) bool { return id > e.resume })
+			continue
+		}
+		require.Equal(t, c+1, e.id, "%s: entry %d: ids follow one another (gaps: %v)", name, i, gaps)
+		c = e.id
+		if final[e.id] != e.data {
+			untold = append(untold, e.id)
+		}
+	}
+	assert.Equal(t, head, c, "%s: ends at the head", name)
+	assert.Empty(t, untold, "%s: events received under ids the table gave to other events, with no gap announcing it (gaps: %v)", name, gaps)
+	t.Logf("%s: %d entries, gaps %v", name, len(log), gaps)
 }

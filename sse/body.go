@@ -125,11 +125,13 @@ func (d *BodyDecoder) Start(req *Request, maxBytes int64, buf []byte) error {
 
 // Skip makes d consume the rest of the body without keeping it: for a
 // request already answered (401, 403, a bad parameter) whose connection
-// stays open for the next one. The limit still applies.
+// stays open for the next one. The limit still applies. The buffer given to
+// Start (and what it grew to) is dropped, so that a refused body that is
+// still arriving holds no memory: Buffer is empty afterwards.
 func (d *BodyDecoder) Skip() {
 	d.skip = true
 	d.pending = nil
-	d.buf = d.buf[:0]
+	d.buf = nil
 }
 
 // Done reports whether the whole body has been consumed.

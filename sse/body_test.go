@@ -98,13 +98,14 @@ func TestBodyDecodes(t *testing.T) {
 			assert.Equal(t, tc.body, body)
 			assert.Equal(t, len(tc.wire), n)
 
-			// Skipped: consumed the same, kept nothing.
-			require.NoError(t, d.Start(bodyHead(tc.framing, tc.cl), limit, nil))
+			// Skipped: consumed the same, kept nothing — not even the buffer it was given.
+			require.NoError(t, d.Start(bodyHead(tc.framing, tc.cl), limit, make([]byte, 0, 4096)))
 			d.Skip()
 			body, n, err = decodeAll(t, &d, in, []int{len(tc.wire) / 2})
 			require.NoError(t, err)
 			assert.Empty(t, body)
 			assert.Equal(t, len(tc.wire), n)
+			assert.Zero(t, cap(d.Buffer()), "a skipped body holds no buffer")
 		})
 	}
 }

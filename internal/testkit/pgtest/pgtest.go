@@ -246,6 +246,11 @@ func (c *Cluster) Restart() { c.pgctl("-m", "fast", "-o", "-p "+c.Port, "-l", c.
 // Stop runs `pg_ctl stop -m fast`.
 func (c *Cluster) Stop() { c.pgctl("-m", "fast", "stop") }
 
+// StopImmediate runs `pg_ctl stop -m immediate`: no shutdown checkpoint, so WAL not yet
+// written is lost (with synchronous_commit off, commits already acknowledged) and the next
+// Start runs crash recovery.
+func (c *Cluster) StopImmediate() { c.pgctl("-m", "immediate", "stop") }
+
 // Start brings a stopped cluster back on the same port.
 func (c *Cluster) Start() { c.pgctl("-o", "-p "+c.Port, "-l", c.logFile(), "start") }
 
