@@ -130,7 +130,7 @@ func BenchmarkScenario9Publish(b *testing.B) {
 // of each run.
 func BenchmarkScenario5Hub(b *testing.B) {
 	runPaired(b, func(env *Env, t Target, p Params) ([]*Result, error) {
-		return Hub(context.Background(), env, t, p, p.Hub)
+		return HubLoad(context.Background(), env, t, p, p.Hub)
 	})
 }
 

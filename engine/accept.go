@@ -58,7 +58,7 @@ const (
 	originSSE     origin = iota + 1 // the --listen socket
 	originHub                       // the hub's Unix socket
 	originAnchor                    // the loop's own anchor connection (loop.go)
-	originSibling                   // a --procs sibling's hub connection, enrolled by AddSibling (hub.go)
+	originSibling                   // a --procs sibling's hub connection, enrolled by AddSibling (hubserver.go)
 )
 
 // Reasons of pgsse_accept_errors_total.

@@ -58,13 +58,32 @@ func (f *connFIFO) pop() *sseConn {
 	return sc
 }
 
-// admitQueued admits queued connections for at most budget (and at least admitMinPerRound of
-// them) and registers them on their streams or channels; it reports whether more are waiting.
-// The task drain calls it between rounds of tasks (admitRound), inside its own enter/leave.
-func (s *Server) admitQueued(budget time.Duration) bool {
+// admission is the loop's part that decides who becomes a subscriber, and when: the FIFO of
+// authorised connections, the capacity checks, and the count of connections per subject.
+type admission struct {
+	*loopEnv
+	conns *connTable
+	subs  *subscriptions
+	pub   *publishing
+	lsn   *listenState
+
+	q        connFIFO         // authorised connections waiting to be admitted
+	subjects map[string]int32 // connections per subject (--max-connections-per-subject)
+}
+
+// push queues an authorised connection (connTable.queueAdmission).
+func (a *admission) push(sc *sseConn) { a.q.push(sc) }
+
+// waiting is the number of connections in the FIFO.
+func (a *admission) waiting() int { return a.q.len() }
+
+// round admits queued connections for at most budget (and at least admitMinPerRound of
+// them) and subscribes them; it reports whether more are waiting. The task drain calls it
+// between rounds of tasks (Server.admitRound), inside its own enter/leave.
+func (a *admission) round(budget time.Duration) bool {
 	start := time.Now()
 	for n := 0; n < admitMinPerRound || time.Since(start) < budget; {
-		sc := s.admitQ.pop()
+		sc := a.q.pop()
 		if sc == nil {
 			return false
 		}
@@ -72,42 +91,33 @@ func (s *Server) admitQueued(budget time.Duration) bool {
 			continue // gone, or sent away (drain) while it waited
 		}
 		n++
-		if why, full := s.overCapacity(); full {
-			s.shed(sc, why)
+		if why, full := a.overCapacity(); full {
+			a.conns.shed(sc, why)
 			continue
 		}
-		req := sc.req
-		s.admit(sc)
-		if req.isChan {
-			s.subscribeChannel(sc, req.name)
-		} else {
-			s.subscribeStream(sc, req.name, req.cursor, req.hasCursor)
-		}
+		a.conns.admit(sc)
+		a.subs.subscribe(sc, sc.setup)
 	}
-	return s.admitQ.len() > 0
+	return a.q.len() > 0
 }
 
 // overCapacity says whether a new subscriber must be sent away now, and why.
-func (s *Server) overCapacity() (shedReason, bool) {
+func (a *admission) overCapacity() (shedReason, bool) {
 	switch {
-	case s.draining:
+	case a.draining:
 		return shedDraining, true
-	case s.atCapacity():
+	case a.atCapacity():
 		return shedOverCapacity, true
-	case s.databaseUnavailable():
+	case a.lsn.databaseUnavailable():
 		return shedDatabaseUnavailable, true
 	}
 	return 0, false
 }
 
-// databaseUnavailable: the LISTEN session has been down for dbUnavailableAfterMS (or has not
-// come up that long after start).
-func (s *Server) databaseUnavailable() bool {
-	after := int64(dbUnavailableAfterMS)
-	if s.cfg.dbUnavailableAfterMS > 0 {
-		after = s.cfg.dbUnavailableAfterMS
-	}
-	return !s.listenUp && s.nowMS-s.listenDownSinceMS >= after
+// atCapacity reports whether the SSE port holds --max-connections subscribers and
+// publishers.
+func (a *admission) atCapacity() bool {
+	return a.conns.subscribers()+a.pub.count() >= a.cfg.MaxConnections
 }
 
 // subjectKey is whom a token's connections are counted against (--max-connections-per-subject):
@@ -121,29 +131,29 @@ func subjectKey(claims *auth.Claims, tokenKey *[sha256.Size]byte) string {
 
 // countSubject counts sc against its subject, or reports false when the subject already holds
 // --max-connections-per-subject connections.
-func (s *Server) countSubject(sc *sseConn, key string) bool {
-	limit := s.cfg.MaxConnectionsPerSubject
+func (a *admission) countSubject(sc *sseConn, key string) bool {
+	limit := a.cfg.MaxConnectionsPerSubject
 	if limit < 0 {
 		return true // no limit
 	}
-	n := s.subjects[key]
+	n := a.subjects[key]
 	if n >= int32(limit) {
 		return false
 	}
-	s.subjects[key] = n + 1
+	a.subjects[key] = n + 1
 	sc.subject = key
 	return true
 }
 
-// uncountSubject gives back sc's place in its subject's count (removeConn).
-func (s *Server) uncountSubject(sc *sseConn) {
+// uncountSubject gives back sc's place in its subject's count (connTable.remove).
+func (a *admission) uncountSubject(sc *sseConn) {
 	if sc.subject == "" {
 		return
 	}
-	if n := s.subjects[sc.subject] - 1; n > 0 {
-		s.subjects[sc.subject] = n
+	if n := a.subjects[sc.subject] - 1; n > 0 {
+		a.subjects[sc.subject] = n
 	} else {
-		delete(s.subjects, sc.subject)
+		delete(a.subjects, sc.subject)
 	}
 	sc.subject = ""
 }

@@ -67,12 +67,12 @@ func TestAdmitBudget(t *testing.T) {
 func TestAdmitQueuedBoundedPerRound(t *testing.T) {
 	s, err := New(Config{Heartbeat: time.Second, MaxConnections: 1000, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
-	s.listenUp = true
+	s.lsn.up = true
 	const n = admitMinPerRound*2 + 5
 	conns := make([]*sseConn, n)
 	for i := range conns {
-		conns[i] = s.openConn(newRecordConn(t))
-		s.queueAdmission(conns[i], &subRequest{name: "s" + strconv.Itoa(i)}, nil, 0)
+		conns[i] = s.conns.open(newRecordConn(t))
+		queueFor(s, conns[i], &subRequest{name: "s" + strconv.Itoa(i)}, 0)
 	}
 	conns[3].closed = true // gone while it waited: skipped, not counted
 	states := func() (queued, pending int) {
@@ -89,18 +89,18 @@ func TestAdmitQueuedBoundedPerRound(t *testing.T) {
 		}
 		return
 	}
-	require.True(t, s.admitQueued(0), "more wait after the first round")
+	require.True(t, s.adm.round(0), "more wait after the first round")
 	q, p := states()
 	assert.Equal(t, admitMinPerRound, p)
 	assert.Equal(t, n-1-admitMinPerRound, q)
 	assert.Equal(t, statePending, conns[admitMinPerRound].state, "FIFO: the oldest first")
 	assert.Equal(t, stateQueued, conns[admitMinPerRound+1].state)
-	require.True(t, s.admitQueued(0))
+	require.True(t, s.adm.round(0))
 	require.False(t, s.admitRound(0), "the last round (2 ms) empties the queue")
 	q, p = states()
 	assert.Equal(t, 0, q)
 	assert.Equal(t, n-1, p)
-	assert.Equal(t, n-1, s.active)
+	assert.Equal(t, n-1, s.conns.active)
 }
 
 // docs/http.md, Authorization: signatures are checked on the verifier pool, and a token seen
@@ -109,7 +109,7 @@ func TestAdmitQueuedBoundedPerRound(t *testing.T) {
 func TestTokenVerifiedOnPoolThenCached(t *testing.T) {
 	ts := startServer(t, "", nil)
 	addr := ts.Addr().String()
-	stats := ts.pool.Stats()
+	stats := ts.tok.pool.Stats()
 	tok := token(t, auth.Claims{Streams: []string{"cached"}, Subject: "pool"}, time.Hour)
 
 	c1 := dial(t, addr, "/streams/cached", bearerH(tok))
@@ -186,7 +186,7 @@ func TestConnectionStormWithFreshTokens(t *testing.T) {
 			}
 		}
 	}
-	assert.GreaterOrEqual(t, ts.pool.Stats().Verified.Load(), uint64(storm))
+	assert.GreaterOrEqual(t, ts.tok.pool.Stats().Verified.Load(), uint64(storm))
 }
 
 // docs/http.md, Authorization (Per subject): --max-connections-per-subject caps the connections
@@ -212,7 +212,7 @@ func TestSubjectLimit(t *testing.T) {
 	a1.conn.Close()
 	waitFor(t, 10*time.Second, "alice's place back", func() bool {
 		n := -1
-		ts.onLoop(t, func() { n = int(ts.subjects["sub:alice"]) })
+		ts.onLoop(t, func() { n = int(ts.adm.subjects["sub:alice"]) })
 		return n == 1
 	})
 	a3 := dial(t, addr, "/streams/x", bearerH(alice2))
@@ -246,8 +246,8 @@ func TestShedOverCapacityAndDraining(t *testing.T) {
 	assert.Equal(t, float64(1), metricValue(t, ts.metrics.shed[shedOverCapacity]))
 
 	s, c, sc := openAt(t, 1_000_000)
-	s.listenUp = true
-	s.queueAdmission(sc, &subRequest{name: "s"}, nil, 0)
+	s.lsn.up = true
+	queueFor(s, sc, &subRequest{name: "s"}, 0)
 	s.draining = true
 	s.admitRound(0)
 	assert.Equal(t, stateClosing, sc.state)

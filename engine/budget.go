@@ -5,7 +5,6 @@ import (
 	"math"
 	"runtime/debug"
 	rtmetrics "runtime/metrics"
-	"slices"
 	"time"
 
 	"github.com/pgsse/pgsse/store"
@@ -65,14 +64,14 @@ type outLimits struct {
 
 // limits computes the write limits for the current total and connection count. Called once
 // per connection per write pass (a few integer operations), never per delivery.
-func (s *Server) limits() outLimits {
-	budget := s.cfg.MaxOutboundMemory
+func (o *outbound) limits() outLimits {
+	budget := o.cfg.MaxOutboundMemory
 	quarter := budget / 4
-	over := s.out.total + s.out.reading - quarter
+	over := o.total + o.reading - quarter
 	if over <= 0 {
 		return outLimits{high: durableHighBytes, slice: durableSliceBytes, low: durableHighBytes / 4, ephemeral: ephemeralLimitBytes}
 	}
-	share := budget / max(1, s.active)
+	share := budget / max(1, o.conns.subscribers())
 	floorHigh := min(max(share/8, minWatermarkBytes), durableHighBytes)
 	floorEph := min(max(share/2, minEphemeralBytes), ephemeralLimitBytes)
 	over = min(over, quarter)
@@ -88,55 +87,43 @@ func (s *Server) limits() outLimits {
 // tableEvent is the event to write for e, read from stream's table rows: for a large one, the
 // event already held for the same id (shared: no new memory), or a new one counted against
 // maxLargeEvents — or nil when that many are held (the caller reads it again later).
-func (s *Server) tableEvent(stream string, e *store.Event) *event {
+func (o *outbound) tableEvent(stream string, e *store.Event) *event {
 	if len(e.Data) < largeEventBytes {
 		return &event{id: e.ID, enc: e.Data, audience: e.Audience, timeUS: e.TimeUS} // Data is the encoding (encodeEvent)
 	}
-	for _, ev := range s.out.large {
+	for _, ev := range o.large {
 		if ev.id == e.ID && ev.stream == stream {
 			return ev
 		}
 	}
-	if len(s.out.large) >= maxLargeEvents {
+	if len(o.large) >= maxLargeEvents {
 		return nil
 	}
 	return &event{id: e.ID, enc: e.Data, audience: e.Audience, timeUS: e.TimeUS, stream: stream}
 }
 
-// retryLarge reissues the reads that waited for a large event to leave (from the sweep).
-func (s *Server) retryLarge() {
-	if len(s.out.largeWait) == 0 {
-		return
-	}
-	s.out.largeWait = slices.DeleteFunc(s.out.largeWait, func(sc *sseConn) bool { return sc.closed || sc.state != stateCatchUp })
-	if len(s.out.large) >= maxLargeEvents {
-		return
-	}
-	waiting := s.out.largeWait
-	s.out.largeWait = nil
-	for _, sc := range waiting {
-		s.replay(sc)
-	}
-}
+// largeFull reports whether maxLargeEvents large events are held: a read that would bring
+// another waits (subscriptions.retryLarge).
+func (o *outbound) largeFull() bool { return len(o.large) >= maxLargeEvents }
 
 // replayBytes is how many bytes one catch-up read for a connection asks for: what the
 // connection may queue now.
 func (l outLimits) replayBytes() int { return max(l.high+l.slice, replayMinBytes) }
 
-// observeOutbound updates the gauges and, once the pressure has passed, asks for the heap to
-// be given back (from the tick).
-func (s *Server) observeOutbound() {
-	l := s.limits()
-	s.metrics.outboundBytes.Set(float64(s.out.total))
-	s.metrics.outboundWatermark.Set(float64(l.high))
-	s.outboundTotal.Store(int64(s.out.total))
-	switch used := s.out.total + s.out.reading; {
-	case used > s.cfg.MaxOutboundMemory/4:
-		s.out.pressed = true
-	case s.out.pressed && used < s.cfg.MaxOutboundMemory/16:
-		s.out.pressed = false
+// observe updates the gauges and, once the pressure has passed, asks for the heap to be
+// given back (from the tick).
+func (o *outbound) observe() {
+	l := o.limits()
+	o.metrics.outboundBytes.Set(float64(o.total))
+	o.metrics.outboundWatermark.Set(float64(l.high))
+	o.totalSeen.Store(int64(o.total))
+	switch used := o.total + o.reading; {
+	case used > o.cfg.MaxOutboundMemory/4:
+		o.pressed = true
+	case o.pressed && used < o.cfg.MaxOutboundMemory/16:
+		o.pressed = false
 		select {
-		case s.relieved <- struct{}{}:
+		case o.relieved <- struct{}{}:
 		default:
 		}
 	}
@@ -146,12 +133,12 @@ func (s *Server) observeOutbound() {
 // the loop says the pressure has passed (rate-limited), and keeps the soft memory limit in
 // step with the budget when Config.GoMemoryLimit is set. It restores the previous limit when
 // ctx ends.
-func (s *Server) keepMemory(ctx context.Context) {
+func (o *outbound) keepMemory(ctx context.Context) {
 	var lastFree time.Time
 	prevLimit := debug.SetMemoryLimit(-1)
 	var limiter *memoryLimiter
-	if s.cfg.GoMemoryLimit {
-		limiter = newMemoryLimiter(int64(s.cfg.MaxOutboundMemory))
+	if o.cfg.GoMemoryLimit {
+		limiter = newMemoryLimiter(int64(o.cfg.MaxOutboundMemory))
 		defer debug.SetMemoryLimit(prevLimit)
 	}
 	var tick <-chan time.Time // only with a limit to keep: an idle server wakes no one
@@ -164,13 +151,13 @@ func (s *Server) keepMemory(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.relieved:
+		case <-o.relieved:
 			if time.Since(lastFree) >= freeOSMemoryEvery {
 				lastFree = time.Now()
 				debug.FreeOSMemory()
 			}
 		case <-tick:
-			limiter.update(s.outboundTotal.Load())
+			limiter.update(o.totalSeen.Load())
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 
 	"github.com/pgsse/pgsse/pglisten"
-	"github.com/pgsse/pgsse/sse"
 )
 
 // errReservedChannel refuses the stream channel as a raw channel, to SSE clients (403) and
@@ -15,16 +14,25 @@ var errReservedChannel = errors.New("channel " + storeChannel + " is reserved fo
 func reservedChannel(name []byte) bool { return string(name) == storeChannel }
 
 // channel is one raw PostgreSQL channel with holders on this server: SSE /channels/
-// clients and hub workers share one LISTEN (one session reference) per channel.
+// subscriptions and hub workers share one LISTEN (one session reference) per channel.
 type channel struct {
 	name      string
-	sse       []*sseConn
-	holders   int  // SSE connections + hub workers holding the channel
+	holders   int  // SSE subscriptions + hub workers holding the channel
 	listening bool // LISTEN completed on the current session
 	ref       sessionRef
-	out       []*event // notifications of this loop pass, each encoded once
-	dirty     bool
-	hub       hubChannel // hub workers' side (hub.go)
+	sse       channelSubs // the SSE subscriptions' side (fanout.go)
+	hub       hubChannel  // hub workers' side (hubserver.go)
+}
+
+// channelTable is the loop's part for raw channels: the channels held, by name, each with
+// its LISTEN on the session (held by its first holder, released by its last), and the news
+// of that LISTEN for both sides — SSE subscriptions (fanout.go) and hub workers (hubserver.go).
+type channelTable struct {
+	*loopEnv
+	lsn    *listenState
+	fan    *fanout
+	hub    *hubServer
+	byName map[string]*channel
 }
 
 // sessionRef is the channel's reference on the LISTEN session. The session can only be
@@ -38,152 +46,136 @@ const (
 	refHeld                      // done(nil): Unlisten when the last holder leaves
 )
 
-// holdChannel adds a holder and returns the channel; the first holder starts the LISTEN.
-func (s *Server) holdChannel(name string) *channel {
-	ch := s.channels[name]
+// hold adds a holder and returns the channel; the first holder starts the LISTEN.
+func (t *channelTable) hold(name string) *channel {
+	ch := t.byName[name]
 	if ch == nil {
 		ch = &channel{name: name}
-		s.channels[name] = ch
+		t.byName[name] = ch
 	}
 	ch.holders++
 	if ch.holders == 1 {
-		s.countChannels()
-		if s.listen != nil {
+		t.countChannels()
+		if t.lsn.listen(name, func(err error) {
+			t.tasks.push(func() { t.onListened(ch, err) })
+		}) {
 			ch.ref = refPending
-			s.listen.Listen(name, func(err error) {
-				s.tasks.push(func() { s.onListened(ch, err) })
-			})
 		}
 	}
 	return ch
 }
 
+// lookup is the channel held under name, or nil.
+func (t *channelTable) lookup(name []byte) *channel { return t.byName[string(name)] }
+
+// count is the number of channels held.
+func (t *channelTable) count() int { return len(t.byName) }
+
+// isLive reports whether the channel's LISTEN is complete on the current session, so that a
+// new holder is live at once.
+func (t *channelTable) isLive(ch *channel) bool { return ch.listening && t.lsn.isUp() }
+
 // countChannels sets pgsse_listen_channels: the raw channels held, not the stream channel
 // (which sibling processes of --procs hold through the hub).
-func (s *Server) countChannels() {
-	n := len(s.channels)
-	if s.channels[storeChannel] != nil {
+func (t *channelTable) countChannels() {
+	n := len(t.byName)
+	if t.byName[storeChannel] != nil {
 		n--
 	}
-	s.metrics.listenChannels.Set(float64(n))
+	t.metrics.listenChannels.Set(float64(n))
 }
 
-// releaseChannel drops a holder; the last one UNLISTENs.
-func (s *Server) releaseChannel(ch *channel) {
+// release drops a holder; the last one UNLISTENs.
+func (t *channelTable) release(ch *channel) {
 	ch.holders--
 	if ch.holders > 0 {
 		return
 	}
-	if s.channels[ch.name] == ch {
-		delete(s.channels, ch.name)
-		s.countChannels()
+	if t.byName[ch.name] == ch {
+		delete(t.byName, ch.name)
+		t.countChannels()
 	}
-	if ch.ref == refHeld && s.listen != nil {
-		s.listen.Unlisten(ch.name)
+	if ch.ref == refHeld && t.lsn.unlisten(ch.name) {
 		ch.ref = refNone
 	}
 	// refPending: onListened drops the reference once PostgreSQL has answered.
 }
 
-func (s *Server) onListened(ch *channel, err error) {
+func (t *channelTable) onListened(ch *channel, err error) {
 	if err != nil {
 		ch.ref = refNone
-		if s.channels[ch.name] == ch {
-			s.log.Warn("LISTEN failed", "channel", ch.name, "err", err)
-			s.channelFailed(ch, err)
+		if t.byName[ch.name] == ch {
+			t.log.Warn("LISTEN failed", "channel", ch.name, "err", err)
+			t.failed(ch, err)
 		}
 		return
 	}
-	if s.channels[ch.name] != ch || ch.holders == 0 {
+	if t.byName[ch.name] != ch || ch.holders == 0 {
 		// Every holder left while the LISTEN was in flight: give the reference back.
 		ch.ref = refNone
-		if s.listen != nil {
-			s.listen.Unlisten(ch.name)
-		}
+		t.lsn.unlisten(ch.name)
 		return
 	}
 	ch.ref = refHeld
-	s.channelLive(ch)
+	t.live(ch)
 }
 
-// channelLive runs once the LISTEN is complete on the current session: waiting SSE
-// clients get their response head, waiting hub SUBs their ACK.
-func (s *Server) channelLive(ch *channel) {
-	if !s.listenUp {
+// live runs once the LISTEN is complete on the current session: waiting SSE subscriptions
+// start (their connections get the response head), waiting hub SUBs get their ACK.
+func (t *channelTable) live(ch *channel) {
+	if !t.lsn.isUp() {
 		return // Resynced will do it once the session is back
 	}
 	ch.listening = true
-	for _, sc := range ch.sse {
-		if sc.state == statePending && !sc.closed {
-			s.respond(sc, stateLive)
-		}
-	}
-	s.hub.channelLive(ch)
+	t.fan.channelLive(ch)
+	t.hub.channelLive(ch)
 }
 
-// channelFailed: the LISTEN failed. Waiting SSE clients are shed — over capacity when the
-// session holds all the channels it may, else the database is unavailable — and waiting hub
-// SUBs answered.
-func (s *Server) channelFailed(ch *channel, err error) {
+// failed: the LISTEN failed. Waiting SSE subscriptions' connections are shed — over capacity
+// when the session holds all the channels it may, else the database is unavailable — and
+// waiting hub SUBs answered.
+func (t *channelTable) failed(ch *channel, err error) {
 	why := shedDatabaseUnavailable
 	if errors.Is(err, pglisten.ErrTooManyChannels) {
 		why = shedOverCapacity
 	}
-	for _, sc := range append([]*sseConn(nil), ch.sse...) {
-		if sc.state == statePending {
-			s.shed(sc, why)
-		}
-	}
-	s.hub.channelFailed(ch, err)
+	t.fan.channelFailed(ch, why)
+	t.hub.channelFailed(ch, err)
 }
 
-// subscribeChannel registers an admitted (pending) connection on its channel; the response
-// head goes out once the LISTEN has completed (here, or in channelLive).
-func (s *Server) subscribeChannel(sc *sseConn, name string) {
-	ch := s.holdChannel(name)
-	sc.ch = ch
-	sc.subIdx = int32(len(ch.sse))
-	ch.sse = append(ch.sse, sc)
-	if ch.listening && s.listenUp {
-		s.respond(sc, stateLive)
+// down: the LISTEN session was lost; no channel is listening until it is back.
+func (t *channelTable) down() {
+	for _, ch := range t.byName {
+		ch.listening = false
 	}
 }
 
-// onChannelNotify queues a raw notification for the channel's SSE clients (encoded once)
-// and hands it to the hub workers.
-func (s *Server) onChannelNotify(ch *channel, pid uint32, payload []byte) {
-	if len(ch.sse) > 0 {
-		ch.out = append(ch.out, &event{enc: sse.AppendEvent(nil, 0, nil, payload)})
-		if !ch.dirty {
-			ch.dirty = true
-			s.dirtyChannels = append(s.dirtyChannels, ch)
+// resynced: the session is back with every channel LISTENed again; the channels whose
+// LISTEN had completed are live (a failed or still-pending one is not).
+func (t *channelTable) resynced() {
+	for _, ch := range t.byName {
+		if ch.ref == refHeld {
+			t.live(ch)
 		}
 	}
-	s.hub.notify(ch, pid, payload)
 }
 
-func (s *Server) flushChannels() {
-	for _, ch := range s.dirtyChannels {
-		ch.dirty = false
-		if len(ch.out) == 0 {
-			continue
-		}
-		n := 0
-		for _, sc := range ch.sse {
-			if sc.closed || sc.state != stateLive {
-				continue
-			}
-			if sc.pending() > s.limits().ephemeral {
-				s.metrics.droppedSlowClient.Inc()
-				s.closeWithRetry(sc)
-				continue
-			}
-			sc.writeEvents(s, ch.out)
-			n += len(ch.out)
-		}
-		s.metrics.deliveries.Add(float64(n))
-		clear(ch.out)
-		ch.out = ch.out[:0]
+// names are the channels held (tests).
+func (t *channelTable) names() []string {
+	var out []string
+	for name := range t.byName {
+		out = append(out, name)
 	}
-	s.dirtyChannels = s.dirtyChannels[:0]
+	return out
+}
+
+// notify hands a raw notification to the channel's SSE subscriptions (encoded once) and hub
+// workers; channel and payload are valid only during the call.
+func (t *channelTable) notify(channel []byte, pid uint32, payload []byte) {
+	ch := t.byName[string(channel)]
+	if ch == nil {
+		return
+	}
+	t.fan.channelNotify(ch, payload)
+	t.hub.notify(ch, pid, payload)
 }

@@ -53,7 +53,7 @@ func TestChannelChurnKeepsSessionReferencesConsistent(t *testing.T) {
 		return err == nil && len(res[0].Rows) == 1 && string(res[0].Rows[0][0]) == `UNLISTEN "churn"`
 	})
 	gone := make(chan int, 1)
-	ts.tasks.push(func() { gone <- len(ts.channels) })
+	ts.tasks.push(func() { gone <- len(ts.chans.byName) })
 	assert.Equal(t, 0, <-gone, "no channel left in the table")
 }
 

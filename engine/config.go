@@ -67,7 +67,7 @@ type Config struct {
 	// a host"; cmd/pgsse/procs.go starts them): instead of a LISTEN session of its own it reads
 	// the first process's hub over this already-connected socket — one end of a socketpair the
 	// first process made, so no outside worker can present it — and fails over to a session of
-	// its own if the first process goes away (listenhub.go). The first process enrols the other
+	// its own if the first process goes away (siblingsource.go). The first process enrols the other
 	// end with AddSibling. A sibling sets ShareListen: the first process holds --listen already.
 	SiblingHub net.Conn
 

@@ -85,6 +85,6 @@ func TestStoppedServerIsFreed(t *testing.T) {
 func TestLoopAnchorIsNoClient(t *testing.T) {
 	ts := startServer(t, "", nil)
 	conns := -1
-	ts.onLoop(t, func() { conns = len(ts.conns) })
+	ts.onLoop(t, func() { conns = len(ts.conns.list) })
 	assert.Equal(t, 0, conns)
 }

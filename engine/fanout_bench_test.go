@@ -79,7 +79,8 @@ func benchFanout(b *testing.B, subs, perPass int) {
 // discarding) and returns a loop task that injects perPass contiguous durable events and
 // flushes them, signalling done.
 func fanoutFixture(tb testing.TB, subs, perPass int) (*testServer, func(), chan struct{}) {
-	ts := startServer(tb, "", func(c *Config) { c.Heartbeat = time.Hour })
+	// One token for every subscriber: no per-subject cap (256 by default would shed the rest).
+	ts := startServer(tb, "", func(c *Config) { c.Heartbeat = time.Hour; c.MaxConnectionsPerSubject = NoLimit })
 	tok := token(tb, auth.Claims{Streams: []string{"bench"}}, time.Hour)
 	for i := 0; i < subs; i++ {
 		c := dial(tb, ts.Addr().String(), "/streams/bench", "Authorization: Bearer "+tok)
@@ -90,9 +91,9 @@ func fanoutFixture(tb testing.TB, subs, perPass int) (*testServer, func(), chan 
 		live := make(chan int, 1)
 		ts.tasks.push(func() {
 			n := 0
-			if st := ts.streams["bench"]; st != nil {
-				for _, sc := range st.subs {
-					if sc.state == stateLive {
+			if st := ts.fan.streams["bench"]; st != nil {
+				for _, sub := range st.subs {
+					if sub.state == subLive {
 						n++
 					}
 				}
@@ -114,13 +115,13 @@ func fanoutFixture(tb testing.TB, subs, perPass int) (*testServer, func(), chan 
 		for k := 0; k < perPass; k++ {
 			p := store.Payload{Kind: store.KindDurable, TimeUS: time.Now().UnixMicro(), Stream: []byte("bench"), ID: next, Data: data}
 			payloads[k] = store.AppendPayload(payloads[k][:0], &p, nil)
-			if err := store.ParsePayload(payloads[k], &ts.payload); err != nil {
+			if err := store.ParsePayload(payloads[k], &ts.lsn.payload); err != nil {
 				panic(err)
 			}
-			ts.onPayload(&ts.payload)
+			ts.fan.onPayload(&ts.lsn.payload)
 			next++
 		}
-		ts.flushStreams()
+		ts.fan.flushStreams()
 		ts.leave()
 		done <- struct{}{}
 	}

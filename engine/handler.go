@@ -7,7 +7,7 @@ import (
 )
 
 // The gnet.EventHandler: every callback finds out which kind of connection it is about — an
-// SSE connection (sseconn.go, request.go), a hub worker (hub.go) or the loop's private anchor
+// SSE connection (sseconn.go, request.go), a hub worker (hubserver.go) or the loop's private anchor
 // (loop.go) — from the connection's context: when OnOpen runs, that is the origin the
 // acceptor that handed it over gave it (accept.go); after that, its part's own state.
 
@@ -33,7 +33,7 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	case originSSE:
 		s.enter()
 		defer s.leave()
-		s.openConn(c)
+		s.conns.open(c)
 		return nil, gnet.None
 	}
 	return nil, gnet.Close // not ours (gnet's placeholder listener cannot accept anyone)
@@ -41,9 +41,14 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 
 // OnClose implements gnet.EventHandler.
 func (s *Server) OnClose(c gnet.Conn, _ error) gnet.Action {
+	// gnet runs OnClose synchronously when the loop's own code closes a socket (a failed
+	// write), inside an entry; or on its own, outside any: then this is the entry, and the
+	// connection is removed from the tables on the way out.
 	switch x := c.Context().(type) {
 	case *sseConn:
-		s.connClosed(x)
+		s.enter()
+		defer s.leave()
+		s.conns.closed(x)
 	case *worker:
 		s.hub.closed(x)
 	}
@@ -56,7 +61,7 @@ func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
 	case *sseConn:
 		s.enter()
 		defer s.leave()
-		s.readRequest(x)
+		s.req.read(x)
 	case *worker:
 		s.enter()
 		defer s.leave()

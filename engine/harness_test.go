@@ -64,7 +64,7 @@ func startServer(t testing.TB, dsn string, tweak func(*Config)) *testServer {
 	}
 	t.Cleanup(func() { ts.Stop(t) })
 	// Wait until the LISTEN session is up so that "live" means live.
-	waitFor(t, 15*time.Second, "LISTEN session up", func() bool { return srv.listenOK.Load() })
+	waitFor(t, 15*time.Second, "LISTEN session up", func() bool { return srv.lsn.ok() })
 	return ts
 }
 

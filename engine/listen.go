@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"errors"
+	"sync/atomic"
+
 	"github.com/pgsse/pgsse/pglisten"
 	"github.com/pgsse/pgsse/store"
 )
@@ -10,12 +13,12 @@ const storeChannel = store.Channel
 
 // listenMaxChannels is how many channels the LISTEN session holds at most (PostgreSQL scans a
 // backend's channel list linearly per notification); a LISTEN beyond it fails, and the hub
-// takes at most its share (hub.go).
+// takes at most its share (hubserver.go).
 const listenMaxChannels = 10_000
 
 // listenSource is where the loop's notifications come from: the process's own LISTEN session
-// (pglisten.Session), or in a sibling process of --procs the first process's hub (hubSource,
-// listenhub.go). The loop uses nothing else of it: Listen/Unlisten for each channel it holds
+// (pglisten.Session), or in a sibling process of --procs the first process's hub (siblingSource,
+// siblingsource.go). The loop uses nothing else of it: Listen/Unlisten for each channel it holds
 // (done reports once the LISTEN completed, or failed), Start and Close, and the callbacks
 // onBatch/onEvents, onDown and onResynced, which the source hands to the loop in order.
 type listenSource interface {
@@ -27,33 +30,104 @@ type listenSource interface {
 
 var _ listenSource = (*pglisten.Session)(nil)
 
-// newListenSource opens (not starts) the process's own LISTEN session — or, in a sibling
-// process of --procs, the first process's hub (listenhub.go).
-func (s *Server) newListenSource() listenSource {
-	if s.cfg.SiblingHub != nil {
-		return s.newHubSource()
+// listenState is the loop's part for the LISTEN source: the source itself, whether its
+// session is up, and the routing of what it reports — notifications to the streams (the
+// pgsse channel's payloads) and to the raw channels' holders, losses and resyncs to every
+// part that must know.
+type listenState struct {
+	*loopEnv
+	fan   *fanout
+	chans *channelTable
+	hub   *hubServer
+
+	src listenSource // from Run (open); nil before: nothing is LISTENed
+	// up: the session is up with every channel LISTENed (Resynced, no Down since); everUp:
+	// it has been once; downSinceMS: when it went down (or Run started it).
+	up, everUp  bool
+	downSinceMS int64
+	upNow       atomic.Bool   // up, for Ready (other goroutines)
+	payload     store.Payload // scratch: the payload being routed
+	batchSlots  chan struct{} // notification batches queued for the loop (Notifications)
+	stopping    chan struct{} // closed when Run stops the goroutines beside the loop
+}
+
+func newListenState(env *loopEnv, fan *fanout, chans *channelTable, hub *hubServer) listenState {
+	return listenState{loopEnv: env, fan: fan, chans: chans, hub: hub,
+		batchSlots: make(chan struct{}, listenBatchesQueued), stopping: make(chan struct{})}
+}
+
+// open opens (not starts) the process's own LISTEN session — or, in a sibling process of
+// --procs, the first process's hub (siblingsource.go) — and asks for the stream channel.
+func (l *listenState) open() {
+	if l.cfg.SiblingHub != nil {
+		l.src = newSiblingSource(l)
+	} else {
+		l.src = pglisten.NewSession(pglisten.Config{DSN: l.cfg.DatabaseURL, Logger: l.log, MaxChannels: listenMaxChannels}, sessionEvents{l})
 	}
-	return pglisten.NewSession(pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log, MaxChannels: listenMaxChannels}, sessionEvents{s})
+	l.src.Listen(storeChannel, func(err error) {
+		if err != nil && !errors.Is(err, pglisten.ErrClosed) { // closed: the server is stopping
+			l.log.Error("LISTEN on the stream channel failed", "channel", storeChannel, "err", err)
+		}
+	})
+}
+
+// start starts the source (once the loop runs).
+func (l *listenState) start() { l.src.Start() }
+
+// close stops handing batches to the loop and closes the source.
+func (l *listenState) close() {
+	close(l.stopping)
+	if l.src != nil {
+		_ = l.src.Close()
+	}
+}
+
+// listen asks the source for a LISTEN on channel (done reports, on the source's goroutine);
+// false when there is no source (a server that is not running).
+func (l *listenState) listen(channel string, done func(error)) bool {
+	if l.src == nil {
+		return false
+	}
+	l.src.Listen(channel, done)
+	return true
+}
+
+// unlisten gives back a channel whose LISTEN completed; false when there is no source.
+func (l *listenState) unlisten(channel string) bool {
+	if l.src == nil {
+		return false
+	}
+	l.src.Unlisten(channel)
+	return true
+}
+
+// isUp reports whether the session is up with every channel LISTENed.
+func (l *listenState) isUp() bool { return l.up }
+
+// ok is isUp for other goroutines (Ready).
+func (l *listenState) ok() bool { return l.upNow.Load() }
+
+// downSince records when the session went down (Run: it is not up yet).
+func (l *listenState) downSince(nowMS int64) { l.downSinceMS = nowMS }
+
+// databaseUnavailable: the LISTEN session has been down for dbUnavailableAfterMS (or has not
+// come up that long after start).
+func (l *listenState) databaseUnavailable() bool {
+	after := int64(dbUnavailableAfterMS)
+	if l.cfg.dbUnavailableAfterMS > 0 {
+		after = l.cfg.dbUnavailableAfterMS
+	}
+	return !l.up && l.nowMS-l.downSinceMS >= after
 }
 
 // sessionEvents hands the LISTEN source's callbacks to the loop, in order.
-type sessionEvents struct{ s *Server }
+type sessionEvents struct{ l *listenState }
 
 var _ pglisten.Events = sessionEvents{}
 
-// Notifications hands a batch to the loop. At most listenBatchesQueued batches wait for the
-// loop at once (docs/architecture.md, invariant 3): beyond that the session's goroutine waits
-// here, the session stops reading, and PostgreSQL's notification queue holds the rest — a loop
-// busy writing to thousands of slow sockets does not pile up read buffers.
+// Notifications hands a batch to the loop (handBatch).
 func (e sessionEvents) Notifications(b *pglisten.Batch) {
-	select {
-	case e.s.batchSlots <- struct{}{}:
-	case <-e.s.stopping:
-		b.Release()
-		return
-	}
-	if !e.s.tasks.push(func() { e.s.onBatch(b); <-e.s.batchSlots }) {
-		<-e.s.batchSlots
+	if !e.l.handBatch(func() { e.l.onBatch(b) }) {
 		b.Release()
 	}
 }
@@ -62,85 +136,88 @@ func (e sessionEvents) Notifications(b *pglisten.Batch) {
 // for the loop.
 const listenBatchesQueued = 64
 
-func (e sessionEvents) Down(err error) { e.s.tasks.push(func() { e.s.onDown(err) }) }
-func (e sessionEvents) Resynced()      { e.s.tasks.push(e.s.onResynced) }
+func (e sessionEvents) Down(err error) { e.l.tasks.push(func() { e.l.onDown(err) }) }
+func (e sessionEvents) Resynced()      { e.l.tasks.push(e.l.onResynced) }
+
+// handBatch hands one batch of notifications (run routes it) to the loop as a task, on the
+// source's goroutine. At most listenBatchesQueued batches wait for the loop at once
+// (docs/architecture.md, invariant 3): beyond that the source's goroutine waits here, the
+// source stops reading, and PostgreSQL's notification queue (or the first process's hub)
+// holds the rest — a loop busy writing to thousands of slow sockets does not pile up read
+// buffers. It returns false when the batch will not run (the server is stopping).
+func (l *listenState) handBatch(run func()) bool {
+	select {
+	case l.batchSlots <- struct{}{}:
+	case <-l.stopping:
+		return false
+	}
+	if !l.tasks.push(func() { run(); <-l.batchSlots }) {
+		<-l.batchSlots
+		return false
+	}
+	return true
+}
 
 // onBatch routes one batch of notifications from the process's own session.
-func (s *Server) onBatch(b *pglisten.Batch) {
-	s.enter()
-	defer s.leave()
-	s.metrics.notifications.Add(float64(len(b.Notes)))
+func (l *listenState) onBatch(b *pglisten.Batch) {
+	l.metrics.notifications.Add(float64(len(b.Notes)))
 	for i := range b.Notes {
 		n := &b.Notes[i]
-		s.onNotification(n.Channel, n.PID, n.Payload)
+		l.onNotification(n.Channel, n.PID, n.Payload)
 	}
-	b.Release() // everything above copied what it keeps; leave() writes it out
+	b.Release() // everything above copied what it keeps; the loop entry's leave writes it out
 }
 
 // onEvents routes one batch of notifications from the first process's hub (a sibling's
-// source, listenhub.go): one loop entry, so one write per subscriber for all of them.
-func (s *Server) onEvents(evs []pglisten.Event) {
-	s.enter()
-	defer s.leave()
-	s.metrics.notifications.Add(float64(len(evs)))
+// source, siblingsource.go): one loop entry, so one write per subscriber for all of them.
+func (l *listenState) onEvents(evs []pglisten.Event) {
+	l.metrics.notifications.Add(float64(len(evs)))
 	for i := range evs {
-		s.onNotification([]byte(evs[i].Channel), evs[i].PID, evs[i].Payload)
+		l.onNotification([]byte(evs[i].Channel), evs[i].PID, evs[i].Payload)
 	}
 }
 
 // onNotification routes one notification: the stream channel's payloads to the streams, raw
-// channels to their SSE clients and hub workers (in the first process of --procs, the
+// channels to their SSE subscriptions and hub workers (in the first process of --procs, the
 // stream channel is also a raw channel that sibling processes hold through the hub).
 // channel and payload are valid only during the call.
-func (s *Server) onNotification(channel []byte, pid uint32, payload []byte) {
+func (l *listenState) onNotification(channel []byte, pid uint32, payload []byte) {
 	if string(channel) == storeChannel {
-		if err := store.ParsePayload(payload, &s.payload); err != nil {
-			s.metrics.droppedBadPayload.Inc()
-			s.log.Debug("ignoring a payload on the stream channel that is not pgsse's", "err", err, "pid", pid)
+		if err := store.ParsePayload(payload, &l.payload); err != nil {
+			l.metrics.droppedBadPayload.Inc()
+			l.log.Debug("ignoring a payload on the stream channel that is not pgsse's", "err", err, "pid", pid)
 		} else {
-			s.onPayload(&s.payload)
+			l.fan.onPayload(&l.payload)
 		}
 	}
-	if ch := s.channels[string(channel)]; ch != nil {
-		s.onChannelNotify(ch, pid, payload)
-	}
+	l.chans.notify(channel, pid, payload)
 }
 
 // onDown: the session was lost. Connections stay; raw channels are no longer listening and
 // workers are told (LISTENER_DOWN).
-func (s *Server) onDown(err error) {
-	s.enter()
-	defer s.leave()
-	s.listenUp = false
-	s.listenDownSinceMS = s.nowMS
-	s.listenOK.Store(false)
-	s.log.Warn("LISTEN session lost; clients keep their connections and will be caught up", "err", err)
-	for _, ch := range s.channels {
-		ch.listening = false
-	}
-	s.hub.listenerDown()
+func (l *listenState) onDown(err error) {
+	l.up = false
+	l.downSinceMS = l.nowMS
+	l.upNow.Store(false)
+	l.log.Warn("LISTEN session lost; clients keep their connections and will be caught up", "err", err)
+	l.chans.down()
+	l.hub.listenerDown()
 }
 
 // onResynced: the session is (back) up with every channel LISTENed again. Raw channels go
 // live, every stream is caught up from the table (docs/architecture.md, invariant 4) and, after a
 // loss, workers are told to RESYNC.
-func (s *Server) onResynced() {
-	s.enter()
-	defer s.leave()
-	wasUp := s.everUp
-	s.listenUp, s.everUp = true, true
-	s.listenOK.Store(true)
+func (l *listenState) onResynced() {
+	wasUp := l.everUp
+	l.up, l.everUp = true, true
+	l.upNow.Store(true)
 	if wasUp {
-		s.metrics.reconnects.Inc()
-		s.log.Info("LISTEN session back; catching streams up from the table", "streams", len(s.streams), "channels", len(s.channels))
+		l.metrics.reconnects.Inc()
+		l.log.Info("LISTEN session back; catching streams up from the table", "streams", l.fan.count(), "channels", l.chans.count())
 	}
-	for _, ch := range s.channels {
-		if ch.ref == refHeld { // a failed or still-pending LISTEN is not live
-			s.channelLive(ch)
-		}
-	}
-	s.resyncStreams()
+	l.chans.resynced()
+	l.fan.resync()
 	if wasUp {
-		s.hub.resync()
+		l.hub.resync()
 	}
 }

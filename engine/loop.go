@@ -2,16 +2,33 @@ package engine
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+
+	"github.com/pgsse/pgsse/store"
 )
 
-// What runs the loop: the task queue that hands work to the loop goroutine in order,
-// enter/leave around every entry into the loop's state, and the ticker that drives the
-// periodic work.
+// What runs the loop: the environment every part of it reads (loopEnv), the task queue that
+// hands work to the loop goroutine in order, enter/leave around every entry into the loop's
+// state, and the ticker that drives the periodic work.
+
+// loopEnv is what every part of the loop reads: the configuration, the log, the metrics, the
+// task queue, the replay pool, the loop clock and whether the server is draining. New and Run
+// set it up, the tick moves the clock and drain sets draining; it holds no rule of its own, so
+// each part embeds a pointer to it instead of reaching into another part for these.
+type loopEnv struct {
+	cfg      Config
+	log      *slog.Logger
+	metrics  *metrics
+	tasks    *taskQueue
+	replayer *store.Replayer // the replay pool, from Run (nil before: no table reads)
+	nowMS    int64           // the loop clock: unix milliseconds, refreshed every tick
+	draining bool            // the server is shutting down: newcomers are sent away
+}
 
 // Tick periods. Waking the loop costs more than the tick's work — each wake pulls the
 // loop's thread out of epoll_wait — so an idle server wakes it 4 times a second, and 50
@@ -22,11 +39,11 @@ const (
 	tickSlow = 250 * time.Millisecond
 )
 
-// enter/leave bracket every entry into the loop's state (gnet callbacks and each drain of
-// the task queue). On the way out of the outermost entry, everything the entry queued is
-// written — one write per connection for all of it — and connections closed meanwhile
-// (gnet closes a socket synchronously when a write fails) are removed from the tables,
-// so no slice changes under an iteration.
+// enter/leave bracket every entry into the loop's state (gnet callbacks, each round of the
+// task queue, each round of admissions). On the way out of the outermost entry, everything
+// the entry queued is written — one write per connection for all of it — and connections
+// closed meanwhile (gnet closes a socket synchronously when a write fails) are removed from
+// the tables, so no slice changes under an iteration.
 //
 // Hub workers are written first: one write each, and among them may be the sibling
 // processes of --procs, which start their own fan-out as soon as they have the
@@ -39,16 +56,10 @@ func (s *Server) leave() {
 		return
 	}
 	s.hub.flush()
-	s.flushStreams()
-	s.flushChannels()
+	s.fan.flush()
 	s.hub.flush() // whatever the writes above queued (nothing, usually: then it costs a length check)
-	for len(s.reap) > 0 {
-		sc := s.reap[len(s.reap)-1]
-		s.reap[len(s.reap)-1] = nil
-		s.reap = s.reap[:len(s.reap)-1]
-		s.removeConn(sc)
-	}
-	if poll := len(s.lagging) > 0 || (pollQueues && s.out.queued > 0) || s.hub.needsPoll(); poll != s.needPoll.Load() {
+	s.conns.reapClosed()
+	if poll := s.subs.anyLagging() || (pollQueues && s.out.anyQueued()) || s.hub.needsPoll(); poll != s.needPoll.Load() {
 		s.needPoll.Store(poll)
 		if poll {
 			select {
@@ -86,30 +97,29 @@ func (s *Server) ticker(ctx context.Context) {
 	}
 }
 
-// tick is the loop's periodic work: the clock, lagging connections that drained, the hub's flushing and deadlines, the outbound gauges,
-// and — at most every sweepIntervalMS — failed reads to retry, queues to retry and the
-// connections' time rules (sweepConns).
+// tick is the loop's periodic work: the clock, lagging subscriptions whose connections
+// drained, the hub's flushing and deadlines, the outbound gauges, and — at most every
+// sweepIntervalMS — failed reads to retry, queues to retry and the connections' time rules
+// (connTable.sweep). It runs as a task, inside the drain's enter/leave.
 func (s *Server) tick() {
-	s.enter()
-	defer s.leave()
 	now := time.Now()
 	s.nowMS = now.UnixMilli()
 	s.healthyAt.Store(now.UnixNano())
 	if pollQueues {
-		s.retryQueues(0)
+		s.out.retryQueues(0)
 	}
-	s.resumeLagging()
+	s.subs.resumeLagging()
 	s.hub.tick()
-	s.observeOutbound()
+	s.out.observe()
 	if s.nowMS-s.lastSweepMS < sweepIntervalMS {
 		return
 	}
 	s.lastSweepMS = s.nowMS
-	s.retryStreamFetches()
-	s.runReadRetries()
-	s.retryQueues(queueRetryMS)
-	s.retryLarge()
-	s.sweepConns()
+	s.fan.retryFetches()
+	s.subs.runReadRetries()
+	s.out.retryQueues(queueRetryMS)
+	s.subs.retryLarge()
+	s.conns.sweep()
 }
 
 // taskQueue hands work from other goroutines (the LISTEN session, replay reads, the

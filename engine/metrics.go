@@ -171,9 +171,9 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	if s.cfg.SiblingHub == nil {
 		m.notifyQueue = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_notify_queue_usage",
 			Help: "PostgreSQL's NOTIFY queue in use, 0 to 1 (pg_notification_queue_usage(), read every 10 s); at 1 every NOTIFY, and so every publish, fails at commit."})
-		up := func(b *atomic.Bool) func() float64 {
+		up := func(ok func() bool) func() float64 {
 			return func() float64 {
-				if b.Load() {
+				if ok() {
 					return 1
 				}
 				return 0
@@ -181,17 +181,11 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		}
 		collectors = append(collectors, m.notifyQueue,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pgsse_ready",
-				Help: "1 while /readyz answers 200 (the LISTEN session is up and the schema is at the expected version), else 0."},
-				func() float64 {
-					if s.Ready() {
-						return 1
-					}
-					return 0
-				}),
+				Help: "1 while /readyz answers 200 (the LISTEN session is up and the schema is at the expected version), else 0."}, up(s.Ready)),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pgsse_listen_up",
-				Help: "1 while the LISTEN session is up, else 0 (clients are told to retry and publishing answers 503)."}, up(&s.listenOK)),
+				Help: "1 while the LISTEN session is up, else 0 (clients are told to retry and publishing answers 503)."}, up(s.lsn.ok)),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pgsse_schema_ok",
-				Help: "1 while the database's pgsse schema is at the version this binary expects (checked every 10 s), else 0."}, up(&s.schemaOK)),
+				Help: "1 while the database's pgsse schema is at the version this binary expects (checked every 10 s), else 0."}, up(s.schemaOK.Load)),
 		)
 	}
 	for _, c := range collectors {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -9,7 +10,7 @@ import (
 )
 
 // The write path to SSE clients (docs/architecture.md, invariants 2 and 3). Every byte for an SSE
-// connection leaves through Server.send, in one writev per connection per call, straight to
+// connection leaves through outbound.send (or sendLive), in one writev per connection per call, straight to
 // the socket: gnet's outbound buffer is never used for SSE connections. Whatever the kernel
 // does not take at once stays in the connection's own queue (outQueue), and it is kept by
 // reference, not copied, when it is shared: a live event's encoding (event.enc) queued for a
@@ -51,6 +52,49 @@ type outItem struct {
 	// transient: b is the caller's scratch, valid only during the call; it is copied if it
 	// has to be kept. Never set on a queued item.
 	transient bool
+	// lead: b is the connection's own bytes that belong with the next item (an id line of
+	// its own in front of a shared encoding): sendLive sends or holds back the two together.
+	lead bool
+}
+
+// sharedItem writes ev's encoding, shared by every connection (kept by reference).
+func sharedItem(ev *event) outItem { return outItem{b: ev.enc, ev: ev} }
+
+// sharedBodyItem writes the part body of ev's encoding (the transport's eventBody: without
+// its id line), shared like sharedItem; led by a leadItem of the connection's own.
+func sharedBodyItem(ev *event, body []byte) outItem { return outItem{b: body, ev: ev} }
+
+// leadItem writes b, the connection's own bytes, in front of the next item (copied if kept).
+func leadItem(b []byte) outItem { return outItem{b: b, transient: true, lead: true} }
+
+// ownItem writes b, which belongs to this connection alone and does not change (a table
+// read's encoding): kept by reference.
+func ownItem(b []byte) outItem { return outItem{b: b} }
+
+// transientItem writes b, the caller's scratch (copied if kept).
+func transientItem(b []byte) outItem { return outItem{b: b, transient: true} }
+
+// cutEvent is the event that sendLive's cut at items[cut] holds back.
+func cutEvent(items []outItem, cut int) *event {
+	if items[cut].lead {
+		cut++
+	}
+	return items[cut].ev
+}
+
+// writtenBefore counts the events sendLive wrote when it cut at cut: those before the cut and
+// the ephemeral ones after it (only durable events are held back).
+func writtenBefore(items []outItem, cut int) int {
+	n := 0
+	for i, it := range items {
+		if it.lead || it.ev == nil {
+			continue
+		}
+		if i < cut || it.ev.id == 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // outQueue is what a connection's socket has not taken yet, in order.
@@ -62,9 +106,12 @@ type outQueue struct {
 	triedMS int64 // when a write from the queue was last tried
 }
 
-// outbound is the loop's state of the write path: the queues' total, the writability set and
-// scratch space. A field of Server (loop-owned).
+// outbound is the loop's part for the write path: the queues' total, the writability set,
+// the large events held (budget.go) and scratch space.
 type outbound struct {
+	*loopEnv
+	conns *connTable
+
 	total  int // bytes held in queues: private bytes, each shared encoding once, outItemBytes per piece
 	queued int // connections with a non-empty queue
 	// reading is what the catch-up reads in flight may bring (their MaxBytes): the limits
@@ -81,9 +128,42 @@ type outbound struct {
 	iovecs    []unix.Iovec
 	items     []outItem // scratch for building one connection's write
 	free      []*outQueue
-	large     []*event   // large events read from the table that queues hold (budget.go)
-	largeWait []*sseConn // connections whose catch-up waits for one of them to leave
-	pressed   bool       // the limits shrank (budget.go); cleared, and the heap returned, once the queues are low again
+	large     []*event // large events read from the table that queues hold (budget.go)
+	pressed   bool     // the limits shrank (budget.go); cleared, and the heap returned, once the queues are low again
+
+	totalSeen atomic.Int64  // total as of the last tick, for keepMemory
+	relieved  chan struct{} // the loop tells keepMemory that the outbound pressure passed
+}
+
+func newOutbound(env *loopEnv, conns *connTable) outbound {
+	return outbound{loopEnv: env, conns: conns, epfd: -1, relieved: make(chan struct{}, 1)}
+}
+
+// anyQueued reports whether a connection's queue holds bytes.
+func (o *outbound) anyQueued() bool { return o.queued > 0 }
+
+// reserveRead and releaseRead count what a catch-up read in flight may bring (its
+// MaxBytes) against the budget, until it is written (reading).
+func (o *outbound) reserveRead(n int) { o.reading += n }
+func (o *outbound) releaseRead(n int) { o.reading -= n }
+
+// sendOne writes b, the caller's scratch (copied if the socket does not take it all now).
+func (o *outbound) sendOne(sc *sseConn, b []byte) {
+	items := append(o.items[:0], transientItem(b))
+	o.send(sc, items)
+	clear(items)
+	o.items = items[:0]
+}
+
+// sendEvents writes the shared encodings of evs.
+func (o *outbound) sendEvents(sc *sseConn, evs []*event) {
+	items := o.items[:0]
+	for _, ev := range evs {
+		items = append(items, sharedItem(ev))
+	}
+	o.send(sc, items)
+	clear(items)
+	o.items = items[:0]
 }
 
 // pending is the number of bytes sc's socket has not taken yet.
@@ -96,33 +176,33 @@ func (sc *sseConn) pending() int {
 
 // send writes items to sc in one writev (up to maxIOV pieces per syscall) and keeps what the
 // socket does not take. Behind bytes already queued, items are queued without a syscall.
-func (s *Server) send(sc *sseConn, items []outItem) {
+func (o *outbound) send(sc *sseConn, items []outItem) {
 	if sc.q != nil && sc.q.bytes > 0 {
-		s.keep(sc, items, 0)
+		o.keep(sc, items, 0)
 		return
 	}
 	if sc.c.OutboundBuffered() > 0 {
 		// Bytes reached gnet's buffer around these helpers: stay behind them, in gnet.
-		s.gnetWrite(sc, items)
+		o.gnetWrite(sc, items)
 		return
 	}
-	sent, total, err := s.writeSocket(sc, items)
+	sent, total, err := o.writeSocket(sc, items)
 	if err != nil {
 		_ = sc.c.Close() // the peer is gone: gnet closes it (OnClose) and we drop the rest
 		return
 	}
 	if sent < total {
-		s.keep(sc, items, sent)
+		o.keep(sc, items, sent)
 	}
 }
 
 // writeSocket writes items to sc's socket until the socket is full, at most maxIOV pieces per
 // writev; it returns the bytes taken and the bytes offered. EAGAIN is not an error.
-func (s *Server) writeSocket(sc *sseConn, items []outItem) (sent, total int, err error) {
+func (o *outbound) writeSocket(sc *sseConn, items []outItem) (sent, total int, err error) {
 	fd := sc.c.Fd()
 	for len(items) > 0 {
 		k := min(len(items), maxIOV)
-		iov := s.out.iovecs[:0]
+		iov := o.iovecs[:0]
 		n := 0
 		for _, it := range items[:k] {
 			if len(it.b) == 0 {
@@ -134,7 +214,7 @@ func (s *Server) writeSocket(sc *sseConn, items []outItem) (sent, total int, err
 		items = items[k:]
 		total += n
 		if n == 0 {
-			s.out.iovecs = iov[:0]
+			o.iovecs = iov[:0]
 			continue
 		}
 		w, _, errno := syscall.Syscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
@@ -142,7 +222,7 @@ func (s *Server) writeSocket(sc *sseConn, items []outItem) (sent, total int, err
 			w, _, errno = syscall.Syscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
 		}
 		clear(iov) // no stale pointers into event encodings
-		s.out.iovecs = iov[:0]
+		o.iovecs = iov[:0]
 		switch {
 		case errno == syscall.EAGAIN:
 			w = 0
@@ -162,172 +242,180 @@ func (s *Server) writeSocket(sc *sseConn, items []outItem) (sent, total int, err
 
 // keep queues items after their first skip bytes (which the socket took), by reference when
 // they may be kept (shared or private), as a copy when transient.
-func (s *Server) keep(sc *sseConn, items []outItem, skip int) {
+func (o *outbound) keep(sc *sseConn, items []outItem, skip int) {
 	for _, it := range items {
 		if skip >= len(it.b) {
 			skip -= len(it.b)
 			continue
 		}
-		s.enqueue(sc, it, it.b[skip:], skip > 0)
+		o.enqueue(sc, it, it.b[skip:], skip > 0)
 		skip = 0
 	}
 }
 
-// sendLive writes live events (shared encodings) like send, but lets sc's queue grow with
-// durable events only up to limit bytes: once the queue holds something, the first durable
-// event that would take it past limit is not sent, nor is any durable event after it
-// (ephemeral ones still are). So a connection always takes at least one event, and the
-// kernel takes whatever it can first. It returns the index in evs of the first durable event
-// not sent, len(evs) if all were.
-func (s *Server) sendLive(sc *sseConn, evs []*event, limit int) int {
-	items := s.out.items[:0]
-	for _, ev := range evs {
-		items = append(items, outItem{b: ev.enc, ev: ev})
-	}
-	defer func() {
-		clear(items)
-		s.out.items = items[:0]
-	}()
+// sendLive writes live events (the subscriptions' items: shared encodings, each perhaps led
+// by bytes of the connection's own) like send, but lets sc's queue grow with durable events
+// only up to limit bytes: once the queue holds something, the first durable event that would
+// take it past limit is not sent, nor is any durable event after it (ephemeral ones still
+// are); a lead goes or stays with its event. So a connection always takes at least one
+// event, and the kernel takes whatever it can first. It returns the index in items of the
+// first durable event not sent (its lead, if it has one), len(items) if all were.
+func (o *outbound) sendLive(sc *sseConn, items []outItem, limit int) int {
 	sent := 0
 	switch {
 	case sc.q != nil && sc.q.bytes > 0:
 	case sc.c.OutboundBuffered() > 0:
-		s.gnetWrite(sc, items)
-		return len(evs)
+		o.gnetWrite(sc, items)
+		return len(items)
 	default:
-		n, total, err := s.writeSocket(sc, items)
+		n, total, err := o.writeSocket(sc, items)
 		if err != nil {
 			_ = sc.c.Close()
-			return len(evs)
+			return len(items)
 		}
 		if n == total {
-			return len(evs)
+			return len(items)
 		}
 		sent = n
 	}
-	cut := len(evs)
-	for i, it := range items {
-		if sent >= len(it.b) {
-			sent -= len(it.b)
+	cut := len(items)
+	for i := 0; i < len(items); {
+		// One event: items[i:j], a lead and the item it leads, or an item alone.
+		j := i + 1
+		if items[i].lead && j < len(items) {
+			j++
+		}
+		size := 0
+		for _, it := range items[i:j] {
+			size += len(it.b)
+		}
+		if sent >= size { // the socket took it
+			sent -= size
+			i = j
 			continue
 		}
-		b := it.b[sent:]
-		partial := sent > 0
-		sent = 0
-		if evs[i].id > 0 && !partial {
-			if cut < len(evs) {
+		if ev := items[j-1].ev; sent == 0 && ev != nil && ev.id > 0 {
+			if cut < len(items) {
+				i = j
 				continue
 			}
-			if q := sc.pending(); q > 0 && q+len(b) > limit {
+			if q := sc.pending(); q > 0 && q+size > limit {
 				cut = i
+				i = j
 				continue
 			}
 		}
-		s.enqueue(sc, it, b, partial)
+		for _, it := range items[i:j] {
+			if sent >= len(it.b) {
+				sent -= len(it.b)
+				continue
+			}
+			o.enqueue(sc, it, it.b[sent:], sent > 0)
+			sent = 0
+		}
+		i = j
 	}
 	return cut
 }
 
 // enqueue appends b — all of it.b, or the unsent part when begun (the socket took the rest)
 // — to sc's queue and counts it.
-func (s *Server) enqueue(sc *sseConn, it outItem, b []byte, begun bool) {
+func (o *outbound) enqueue(sc *sseConn, it outItem, b []byte, begun bool) {
 	q := sc.q
 	if q == nil {
-		q = s.newQueue()
+		q = o.newQueue()
 		sc.q = q
 	}
 	if q.bytes == 0 {
-		s.out.queued++
-		q.triedMS = s.nowMS
+		o.queued++
+		q.triedMS = o.nowMS
 		q.begun = begun // b is the queue's head: finish must not drop it
-		s.watch(sc)
+		o.watch(sc)
 	}
 	if it.transient {
 		b = append([]byte(nil), b...)
 	}
 	if it.ev != nil {
 		if it.ev.queued == 0 {
-			s.out.total += len(it.ev.enc)
+			o.total += len(it.ev.enc)
 			if it.ev.stream != "" {
-				s.out.large = append(s.out.large, it.ev)
+				o.large = append(o.large, it.ev)
 			}
 		}
 		it.ev.queued++
 	} else {
-		s.out.total += len(b)
+		o.total += len(b)
 	}
-	s.out.total += outItemBytes
+	o.total += outItemBytes
 	q.bytes += len(b)
 	q.items = append(q.items, outItem{b: b, ev: it.ev})
 }
 
 // dropItem releases a queued item (sent or abandoned) and its share of the total.
-func (s *Server) dropItem(it *outItem) {
+func (o *outbound) dropItem(it *outItem) {
 	if it.ev != nil {
 		it.ev.queued--
 		if it.ev.queued == 0 {
-			s.out.total -= len(it.ev.enc)
+			o.total -= len(it.ev.enc)
 			if it.ev.stream != "" {
-				s.out.large = slices.DeleteFunc(s.out.large, func(e *event) bool { return e == it.ev })
+				o.large = slices.DeleteFunc(o.large, func(e *event) bool { return e == it.ev })
 			}
 		}
 	} else {
-		s.out.total -= len(it.b)
+		o.total -= len(it.b)
 	}
-	s.out.total -= outItemBytes
+	o.total -= outItemBytes
 	*it = outItem{}
 }
 
 // consume removes n sent bytes from the front of q.
-func (s *Server) consume(q *outQueue, n int) {
+func (o *outbound) consume(q *outQueue, n int) {
 	q.bytes -= n
 	for n > 0 && q.head < len(q.items) {
 		it := &q.items[q.head]
 		if n < len(it.b) {
 			it.b = it.b[n:]
 			if it.ev == nil {
-				s.out.total -= n
+				o.total -= n
 			}
 			q.begun = true
 			return
 		}
 		n -= len(it.b)
-		s.dropItem(it)
+		o.dropItem(it)
 		q.head++
 		q.begun = false
 	}
 }
 
 // flushQueue writes from sc's queue until the queue is empty or the socket is full.
-func (s *Server) flushQueue(sc *sseConn) {
+func (o *outbound) flushQueue(sc *sseConn) {
 	q := sc.q
 	if q == nil || q.bytes == 0 || sc.c == nil {
 		return
 	}
-	q.triedMS = s.nowMS
+	q.triedMS = o.nowMS
 	for q.bytes > 0 {
-		sent, total, err := s.writeSocket(sc, q.items[q.head:])
+		sent, total, err := o.writeSocket(sc, q.items[q.head:])
 		if err != nil {
 			_ = sc.c.Close()
 			return
 		}
-		s.consume(q, sent)
+		o.consume(q, sent)
 		if sent < total {
 			break // full: the socket is reported again once it has room
 		}
 	}
-	sc.lastWriteMS = s.nowMS
+	sc.wrote(o.nowMS)
 	if q.bytes == 0 {
-		s.emptied(sc)
-		if sc.state == stateClosing && !sc.closed {
-			_ = sc.c.Close() // its last bytes have left (finish)
-		}
+		o.emptied(sc)
+		sc.finished() // a closing connection's last bytes have left: it closes
 	}
 }
 
 // trimQueue drops what sc has queued except a piece the socket has begun (finish: the
 // connection's last bytes go right after it).
-func (s *Server) trimQueue(sc *sseConn) {
+func (o *outbound) trimQueue(sc *sseConn) {
 	q := sc.q
 	if q == nil || q.bytes == 0 {
 		return
@@ -338,52 +426,52 @@ func (s *Server) trimQueue(sc *sseConn) {
 	}
 	for i := keep; i < len(q.items); i++ {
 		q.bytes -= len(q.items[i].b)
-		s.dropItem(&q.items[i])
+		o.dropItem(&q.items[i])
 	}
 	q.items = q.items[:keep]
 	if q.bytes == 0 {
-		s.emptied(sc)
+		o.emptied(sc)
 	}
 }
 
 // emptied returns an empty queue for reuse.
-func (s *Server) emptied(sc *sseConn) {
+func (o *outbound) emptied(sc *sseConn) {
 	q := sc.q
 	sc.q = nil
-	s.out.queued--
+	o.queued--
 	clear(q.items[q.head:])
 	q.items, q.head, q.bytes, q.begun = q.items[:0], 0, 0, false
 	if cap(q.items) > queueKeepItems {
 		q.items = nil
 	}
-	if len(s.out.free) < queueFreeListLen {
-		s.out.free = append(s.out.free, q)
+	if len(o.free) < queueFreeListLen {
+		o.free = append(o.free, q)
 	}
 }
 
-func (s *Server) newQueue() *outQueue {
-	if n := len(s.out.free); n > 0 {
-		q := s.out.free[n-1]
-		s.out.free[n-1] = nil
-		s.out.free = s.out.free[:n-1]
+func (o *outbound) newQueue() *outQueue {
+	if n := len(o.free); n > 0 {
+		q := o.free[n-1]
+		o.free[n-1] = nil
+		o.free = o.free[:n-1]
 		return q
 	}
 	return &outQueue{}
 }
 
 // dropQueue abandons whatever sc still has queued (the connection is gone).
-func (s *Server) dropQueue(sc *sseConn) {
+func (o *outbound) dropQueue(sc *sseConn) {
 	q := sc.q
 	if q == nil {
 		return
 	}
 	for i := q.head; i < len(q.items); i++ {
-		s.dropItem(&q.items[i])
+		o.dropItem(&q.items[i])
 	}
 	q.head = len(q.items)
 	if q.bytes > 0 {
 		q.bytes = 0
-		s.out.queued--
+		o.queued--
 	}
 	q.begun = false
 	sc.q = nil
@@ -392,20 +480,20 @@ func (s *Server) dropQueue(sc *sseConn) {
 // retryQueues tries every queue that has not been tried for olderThanMS: from the sweep
 // (queueRetryMS), a safety net under the writability set; from every tick where there is no
 // such set (pollQueues, 0).
-func (s *Server) retryQueues(olderThanMS int64) {
-	if s.out.queued == 0 {
+func (o *outbound) retryQueues(olderThanMS int64) {
+	if o.queued == 0 {
 		return
 	}
-	for _, sc := range s.conns {
-		if sc.q != nil && sc.q.bytes > 0 && !sc.closed && s.nowMS-sc.q.triedMS >= olderThanMS {
-			s.flushQueue(sc)
+	for _, sc := range o.conns.all() {
+		if sc.q != nil && sc.q.bytes > 0 && !sc.closed && o.nowMS-sc.q.triedMS >= olderThanMS {
+			o.flushQueue(sc)
 		}
 	}
 }
 
 // gnetWrite hands items to gnet (which copies them) — only when gnet already holds bytes
 // for the connection, so that order is kept.
-func (s *Server) gnetWrite(sc *sseConn, items []outItem) {
+func (o *outbound) gnetWrite(sc *sseConn, items []outItem) {
 	for _, it := range items {
 		if len(it.b) > 0 {
 			_, _ = sc.c.Write(it.b)

@@ -25,7 +25,7 @@ func drainWritable(t *testing.T, s *Server) {
 	for _, ev := range events[:n] {
 		fds = append(fds, ev.Fd)
 	}
-	s.flushReady(fds)
+	s.out.flushReady(fds)
 }
 
 // What the queues hold is counted exactly: a shared encoding once however many queues hold
@@ -43,18 +43,18 @@ func TestOutboundQueueAccounting(t *testing.T) {
 
 	ev := &event{id: 1, enc: sse.AppendEvent(nil, 1, nil, bytes.Repeat([]byte("x"), 10_000))}
 	for _, sc := range scs {
-		sc.writeEvents(s, []*event{ev})
+		s.conns.writeEvents(sc, []*event{ev})
 	}
 	assert.Equal(t, base+len(ev.enc)+3*outItemBytes, s.out.total, "a shared encoding counts once")
 	assert.EqualValues(t, 3, ev.queued)
 
 	scratch := []byte("private bytes\n")
-	scs[0].write(s, scratch)
+	s.conns.write(scs[0], scratch)
 	copy(scratch, "XXXXXXXXXXXXXX") // the caller reuses its scratch at once
 	assert.Equal(t, base+len(ev.enc)+len("private bytes\n")+4*outItemBytes, s.out.total, "transient bytes are copied and count per queue")
 
 	// Connection 2 goes away: its queue is dropped, the shared encoding is still held by two.
-	s.connClosed(scs[2])
+	s.OnClose(scs[2].c, nil)
 	assert.EqualValues(t, 2, ev.queued)
 	assert.Equal(t, 2, s.out.queued)
 
@@ -85,10 +85,10 @@ func TestOutboundFinishCompletesTheBegunEvent(t *testing.T) {
 	c, sc := cs[0], scs[0]
 	first := &event{id: 1, enc: sse.AppendEvent(nil, 1, nil, bytes.Repeat([]byte("a"), 100_000))}
 	second := &event{id: 2, enc: sse.AppendEvent(nil, 2, nil, []byte("dropped"))}
-	sc.writeEvents(s, []*event{first})
+	s.conns.writeEvents(sc, []*event{first})
 	require.True(t, sc.q != nil && sc.q.begun, "the socket took part of the first event")
-	sc.writeEvents(s, []*event{second})
-	s.closeWithRetry(sc)
+	s.conns.writeEvents(sc, []*event{second})
+	s.conns.closeWithRetry(sc)
 	assert.Equal(t, stateClosing, sc.state)
 	assert.False(t, c.closed, "the close waits for the last bytes")
 	assert.Zero(t, second.queued, "what was queued after the begun event is dropped")
@@ -104,4 +104,83 @@ func TestOutboundFinishCompletesTheBegunEvent(t *testing.T) {
 	rest := got[len(first.enc):]
 	assert.True(t, strings.HasPrefix(rest, "retry: ") && strings.HasSuffix(rest, "\n\n") && !strings.Contains(rest, "dropped"), "then the retry field: %q", rest)
 	assert.Zero(t, s.out.total)
+}
+
+// A live write whose events are led by bytes of the connection's own (an id line of its own,
+// docs/http.md: a connection following several streams) sends each lead with its event and
+// holds both back together; the shared bytes are never copied, and the lead is copied only
+// when it has to be queued.
+func TestOutboundLiveLimitWithLeads(t *testing.T) {
+	s, c, scs := queueServer(t, 1)
+	sc := scs[0]
+	body := func(id int64) *event {
+		return &event{id: id, enc: []byte("id: " + strconv.FormatInt(id, 10) + "\ndata: " + strings.Repeat("x", 2000) + "\n\n")}
+	}
+	lead := func(evs ...*event) []outItem {
+		var items []outItem
+		for _, ev := range evs {
+			id := []byte("id: 0:" + strconv.FormatInt(ev.id, 10) + "\n")
+			items = append(items, leadItem(id), sharedBodyItem(ev, s.tr.eventBody(ev.enc)))
+		}
+		return items
+	}
+	fill(s, sc)
+	before := sc.pending()
+	a, b, d := body(1), body(2), body(3)
+	eph := &event{enc: []byte("data: e\n\n")}
+	items := append(lead(a, b), sharedItem(eph))
+	items = append(items, lead(d)...)
+	unit := len("id: 0:1\n") + len(s.tr.eventBody(a.enc))
+	n := s.conns.writeLive(sc, items, before+unit)
+	assert.Equal(t, 2, n, "the second event's lead is where the write stops")
+	assert.Equal(t, b, cutEvent(items, n), "the event held back")
+	assert.Equal(t, 2, writtenBefore(items, n), "one durable event and the ephemeral one were written")
+	assert.Equal(t, before+unit+len(eph.enc), sc.pending(), "the first event with its lead, and the ephemeral one, are queued")
+	assert.EqualValues(t, 1, a.queued)
+	assert.Zero(t, b.queued)
+	assert.Zero(t, d.queued, "nothing durable after the cut")
+	for sc.pending() > 0 {
+		c[0].text()
+		drainWritable(t, s)
+	}
+	got := c[0].text()
+	assert.True(t, strings.HasSuffix(got, "id: 0:1\n"+string(s.tr.eventBody(a.enc))+string(eph.enc)), "the lead, then the shared body, in order")
+}
+
+// A connection's own id line in front of shared encodings (what a connection following several
+// streams writes: docs/http.md) costs no allocation and no copy per delivery when the socket
+// takes it: the lead and the shared body go in one writev.
+func TestLeadWritesAllocateNothing(t *testing.T) {
+	s, cs, scs := queueServer(t, 1)
+	c, sc := cs[0], scs[0]
+	require.NoError(t, unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 1<<20))
+	evs := make([]*event, 8)
+	for i := range evs {
+		evs[i] = &event{id: int64(i + 1), enc: s.tr.event(nil, int64(i+1), nil, []byte("shared by every subscriber"))}
+	}
+	ids := make([]byte, 0, 512)
+	items := make([]outItem, 0, 2*len(evs))
+	buf := make([]byte, 64<<10)
+	c.text()
+	allocs := testing.AllocsPerRun(500, func() {
+		ids, items = ids[:0], items[:0]
+		for _, ev := range evs {
+			start := len(ids)
+			ids = append(ids, "id: 3:"...)
+			ids = strconv.AppendInt(ids, ev.id, 10)
+			ids = append(ids, '\n')
+			items = append(items, leadItem(ids[start:]), sharedBodyItem(ev, s.tr.eventBody(ev.enc)))
+		}
+		if n := s.conns.writeLive(sc, items, durableHighBytes); n != len(items) {
+			panic("the socket did not take it all")
+		}
+		for {
+			if n, _ := unix.Read(c.peer, buf); n <= 0 {
+				break
+			}
+		}
+	})
+	assert.Zero(t, allocs, "allocations per write of 8 led events")
+	assert.Zero(t, sc.pending())
+	assert.Zero(t, s.out.total, "nothing queued, nothing copied")
 }

@@ -34,10 +34,10 @@ func queueServer(t *testing.T, n int) (*Server, []*recordConn, []*sseConn) {
 	for range n {
 		c := newRecordConn(t)
 		require.NoError(t, unix.SetsockoptInt(c.fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4096))
-		sc := s.openConn(c)
-		s.listenUp = true
+		sc := s.conns.open(c)
+		s.lsn.up = true
 		admitNow(s, sc, 0)
-		s.respond(sc, stateLive)
+		s.conns.respond(sc)
 		cs = append(cs, c)
 		scs = append(scs, sc)
 	}
@@ -50,7 +50,7 @@ func fill(s *Server, sc *sseConn) []byte {
 	for i := 0; sc.pending() == 0; i++ {
 		b := bytes.Repeat([]byte{'a' + byte(i%26)}, 1024)
 		all = append(all, b...)
-		sc.write(s, b)
+		s.conns.write(sc, b)
 	}
 	return all
 }
@@ -62,7 +62,7 @@ func TestOutboundLiveLimit(t *testing.T) {
 	sc := scs[0]
 	big := &event{id: 1, enc: bytes.Repeat([]byte("b"), 64<<10)}
 	// An empty queue takes the first event whatever its size (the kernel takes some).
-	require.Equal(t, 1, sc.writeLive(s, []*event{big}, 1024))
+	require.Equal(t, 1, s.conns.writeLive(sc, liveItems(big), 1024))
 	require.Positive(t, sc.pending())
 	small := func(id int64) *event {
 		return &event{id: id, enc: []byte("id: " + strconv.FormatInt(id, 10) + "\ndata: x\n\n")}
@@ -70,7 +70,7 @@ func TestOutboundLiveLimit(t *testing.T) {
 	eph := &event{enc: []byte("data: e\n\n")}
 	evs := []*event{small(2), eph, small(3)}
 	before := sc.pending()
-	n := sc.writeLive(s, evs, before+len(evs[0].enc))
+	n := s.conns.writeLive(sc, liveItems(evs...), before+len(evs[0].enc))
 	assert.Equal(t, 2, n, "the first durable event over the limit (id 3) and what follows is not sent")
 	assert.Equal(t, before+len(evs[0].enc)+len(eph.enc), sc.pending(), "the ephemeral event is queued anyway")
 	assert.EqualValues(t, 1, evs[0].queued)
@@ -78,12 +78,21 @@ func TestOutboundLiveLimit(t *testing.T) {
 	assert.Zero(t, evs[2].queued)
 }
 
+// liveItems are the items a single-stream subscription writes for evs.
+func liveItems(evs ...*event) []outItem {
+	var items []outItem
+	for _, ev := range evs {
+		items = append(items, sharedItem(ev))
+	}
+	return items
+}
+
 // The limits shrink from the unpressured values at a quarter of the budget to floors from the
 // per-connection share at half of it.
 func TestOutboundLimits(t *testing.T) {
 	s, err := New(Config{MaxOutboundMemory: 64 << 20, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
-	s.active = 1000
+	s.conns.active = 1000
 	full := outLimits{high: durableHighBytes, slice: durableSliceBytes, low: durableHighBytes / 4, ephemeral: ephemeralLimitBytes}
 	// share = 64 MiB / 1000 = 67108 B: high floor 8388, ephemeral floor 33554
 	floor := outLimits{high: 8388, slice: 8388, low: 8388 / 4, ephemeral: 33554}
@@ -100,11 +109,11 @@ func TestOutboundLimits(t *testing.T) {
 		{16 << 20, 8 << 20, outLimits{high: mid, slice: durableSliceBytes, low: mid / 4, ephemeral: ephemeralLimitBytes - (ephemeralLimitBytes-33554)/2}}, // reads in flight count
 	} {
 		s.out.total, s.out.reading = tc.total, tc.reading
-		assert.Equal(t, tc.want, s.limits(), "total %d, reading %d", tc.total, tc.reading)
+		assert.Equal(t, tc.want, s.out.limits(), "total %d, reading %d", tc.total, tc.reading)
 	}
-	s.active = 1_000_000 // a share below the floors
+	s.conns.active = 1_000_000 // a share below the floors
 	s.out.total, s.out.reading = 64<<20, 0
-	assert.Equal(t, outLimits{high: minWatermarkBytes, slice: minWatermarkBytes, low: minWatermarkBytes / 4, ephemeral: minEphemeralBytes}, s.limits())
+	assert.Equal(t, outLimits{high: minWatermarkBytes, slice: minWatermarkBytes, low: minWatermarkBytes / 4, ephemeral: minEphemeralBytes}, s.out.limits())
 }
 
 // The budget holds: with --max-outbound-memory at 1 MiB, 30 durable subscribers that do not
@@ -142,7 +151,7 @@ func TestOutboundBudgetHolds(t *testing.T) {
 	minWatermark.Store(durableHighBytes)
 	stopSampling := ts.sample(t, 10*time.Millisecond, func() {
 		maxTotal.Store(max(maxTotal.Load(), int64(ts.out.total)))
-		minWatermark.Store(min(minWatermark.Load(), int64(ts.limits().high)))
+		minWatermark.Store(min(minWatermark.Load(), int64(ts.out.limits().high)))
 	})
 
 	payload := strings.Repeat("p", size-10)
@@ -221,7 +230,7 @@ func (ts *testServer) sample(t *testing.T, every time.Duration, f func()) (stop 
 func (ts *testServer) shrinkSendBuffers(t *testing.T) {
 	t.Helper()
 	ts.onLoop(t, func() {
-		for _, sc := range ts.conns {
+		for _, sc := range ts.conns.list {
 			if !sc.closed {
 				require.NoError(t, unix.SetsockoptInt(sc.c.Fd(), unix.SOL_SOCKET, unix.SO_SNDBUF, 4096))
 			}
@@ -280,7 +289,7 @@ func TestLargeEventQueuedOnce(t *testing.T) {
 	waitFor(t, 30*time.Second, "the event queued for every subscriber", func() bool {
 		ts.onLoop(t, func() {
 			held, queued = ts.out.total, 0
-			for _, sc := range ts.conns {
+			for _, sc := range ts.conns.list {
 				if sc.pending() > size/2 {
 					queued++
 				}
@@ -336,11 +345,11 @@ func TestSlowDurableCappedAtWatermarkPlusSlice(t *testing.T) {
 	require.Equal(t, 200, slow.Status)
 	ts.shrinkSendBuffers(t)
 	const size = 9000 // over NOTIFY's 8000 bytes: the events travel as wakes and are read from the table
-	queued := func() (n int, st connState) {
+	queued := func() (n int, st subState) {
 		ts.onLoop(t, func() {
-			for _, sc := range ts.conns {
-				if sc.stream != nil && sc.stream.name == "cap" {
-					n, st = sc.pending(), sc.state
+			for _, sc := range ts.conns.list {
+				if sub := sc.streamSub("cap"); sub != nil {
+					n, st = sc.pending(), sub.state
 				}
 			}
 		})
@@ -348,7 +357,7 @@ func TestSlowDurableCappedAtWatermarkPlusSlice(t *testing.T) {
 	}
 	streamLast := func() (l int64) {
 		ts.onLoop(t, func() {
-			if st := ts.streams["cap"]; st != nil {
+			if st := ts.fan.streams["cap"]; st != nil {
 				l = st.last
 			}
 		})
@@ -358,7 +367,7 @@ func TestSlowDurableCappedAtWatermarkPlusSlice(t *testing.T) {
 	next := 1
 	for {
 		n, st := queued()
-		require.Equal(t, stateLive, st)
+		require.Equal(t, subLive, st)
 		if n >= durableHighBytes-2*size {
 			break
 		}
@@ -369,8 +378,8 @@ func TestSlowDurableCappedAtWatermarkPlusSlice(t *testing.T) {
 	}
 	var most atomic.Int64
 	stop := ts.sample(t, time.Millisecond, func() {
-		for _, sc := range ts.conns {
-			if sc.stream != nil && sc.stream.name == "cap" {
+		for _, sc := range ts.conns.list {
+			if sc.streamSub("cap") != nil {
 				most.Store(max(most.Load(), int64(sc.pending())))
 			}
 		}
@@ -383,7 +392,7 @@ func TestSlowDurableCappedAtWatermarkPlusSlice(t *testing.T) {
 	stop()
 	t.Logf("queued at most %d KiB; state %d", most.Load()>>10, st)
 	assert.LessOrEqual(t, most.Load(), int64(durableHighBytes+durableSliceBytes+size+64), "at most the watermark plus a slice (plus the event that crosses it)")
-	assert.Equal(t, stateLagging, st, "paused: the rest comes from the table")
+	assert.Equal(t, subLagging, st, "paused: the rest comes from the table")
 	for id := 1; id <= last; id++ {
 		ev, err := slow.next(60 * time.Second)
 		for err == nil && !ev.HasID && ev.Data == "" {
@@ -403,27 +412,27 @@ func TestOutboundPressurePassing(t *testing.T) {
 	require.NoError(t, err)
 	relieved := func() bool {
 		select {
-		case <-s.relieved:
+		case <-s.out.relieved:
 			return true
 		default:
 			return false
 		}
 	}
-	s.active = 1000
+	s.conns.active = 1000
 	s.out.total = 2 << 20
-	s.observeOutbound()
+	s.out.observe()
 	assert.False(t, relieved(), "no pressure yet")
 	s.out.total = 5 << 20 // over a quarter
-	s.observeOutbound()
+	s.out.observe()
 	assert.Equal(t, float64(5<<20), metricValue(t, s.metrics.outboundBytes))
 	assert.Less(t, metricValue(t, s.metrics.outboundWatermark), float64(durableHighBytes))
 	s.out.total = 2 << 20 // still over a sixteenth
-	s.observeOutbound()
+	s.out.observe()
 	assert.False(t, relieved())
 	s.out.total = 512 << 10
-	s.observeOutbound()
+	s.out.observe()
 	assert.True(t, relieved(), "the pressure passed")
 	assert.Equal(t, float64(durableHighBytes), metricValue(t, s.metrics.outboundWatermark))
-	s.observeOutbound()
+	s.out.observe()
 	assert.False(t, relieved(), "once per episode")
 }

@@ -20,7 +20,7 @@ import (
 // (store.Publisher). A publisher connection carries one request at a time (sseconn.go:
 // publish-body → publish-commit → idle, HTTP/1.1 keep-alive): its body is read into the
 // connection's buffer (at most --max-publish-bytes, and all bodies together at most
-// publishMemoryBytes) while its token is checked off the loop (verify.go: checkToken); once both are
+// publishMemoryBytes) while its token is checked off the loop (verify.go: tokens.check); once both are
 // done the request goes to the Publisher, and the answer is written only after COMMIT,
 // from a loop task (the connection may have closed meanwhile). Pipelined requests wait in
 // the socket's input until then.
@@ -38,7 +38,7 @@ const (
 // publishConn is a publisher connection's request state; it lives as long as the
 // connection and is reused by its keep-alive requests.
 type publishConn struct {
-	counted bool   // counted in Server.publishers
+	counted bool   // counted in publishing.publishers
 	seq     uint32 // the current request's number: a verdict or COMMIT for an earlier one is ignored
 
 	// The request, copied from its head (the head's bytes are gone once the body is read).
@@ -68,7 +68,7 @@ type publishConn struct {
 // publish starts a POST /streams/{stream} or POST /publish request: the checks that need
 // neither the body nor the token's verdict, then the body (read by readBody) and the
 // token (verified off the loop) in parallel.
-func (s *Server) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
+func (p *publishing) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	if sc.pub == nil {
 		sc.pub = &publishConn{}
 	}
@@ -84,68 +84,68 @@ func (s *Server) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	pub.data, pub.bodyDone = nil, false
 
 	switch {
-	case s.draining:
-		s.closePublish(sc, 503, "the server is shutting down; retry elsewhere")
+	case p.draining:
+		p.closePublish(sc, 503, "the server is shutting down; retry elsewhere")
 		return
-	case !pub.counted && s.atCapacity():
-		s.metrics.shed[shedOverCapacity].Inc() // pgsse_dropped_total{reason="over_capacity"}
-		s.closePublish(sc, 503, "over capacity, retry later")
+	case !pub.counted && p.adm.atCapacity():
+		p.metrics.shed[shedOverCapacity].Inc() // pgsse_dropped_total{reason="over_capacity"}
+		p.closePublish(sc, 503, "over capacity, retry later")
 		return
 	}
-	if err := pub.body.Start(req, s.cfg.MaxPublishBytes, pub.buf); err != nil {
+	if err := pub.body.Start(req, p.cfg.MaxPublishBytes, pub.buf); err != nil {
 		var pe *sse.ParseError
 		if errors.As(err, &pe) && pe.Status == 413 {
-			s.closePublish(sc, 413, "request body is larger than --max-publish-bytes ("+strconv.FormatInt(s.cfg.MaxPublishBytes, 10)+" bytes)")
+			p.closePublish(sc, 413, "request body is larger than --max-publish-bytes ("+strconv.FormatInt(p.cfg.MaxPublishBytes, 10)+" bytes)")
 			return
 		}
-		s.closePublish(sc, statusOf(err), err.Error())
+		p.closePublish(sc, statusOf(err), err.Error())
 		return
 	}
-	if req.Framing == sse.BodyLength && !s.holdPublishBytes(pub, req.ContentLength) {
-		s.closePublish(sc, 503, "too many publish bodies in flight; retry later")
+	if req.Framing == sse.BodyLength && !p.holdPublishBytes(pub, req.ContentLength) {
+		p.closePublish(sc, 503, "too many publish bodies in flight; retry later")
 		return
 	}
-	s.beginPublish(sc)
+	p.conns.beginPublish(sc)
 	if pub.body.Done() { // Content-Length: 0
-		s.bodyRead(sc)
+		p.bodyRead(sc)
 	}
 
 	// What the head alone can refuse (the stream and the query parameters of a single event;
 	// a batch's lines are checked once it is read).
 	if !pub.batch {
-		if err := s.singleEventParams(pub, req); err != nil {
-			s.refusePublish(sc, 400, err.Error())
+		if err := p.singleEventParams(pub, req); err != nil {
+			p.refuse(sc, 400, err.Error())
 			return
 		}
 	}
 	tok := requestToken(req)
 	switch {
 	case tok == nil:
-		s.refusePublish(sc, 401, "a bearer token with a publish grant is required")
+		p.refuse(sc, 401, "a bearer token with a publish grant is required")
 		return
-	case s.pool == nil:
-		s.refusePublish(sc, 401, "token authentication is not configured")
+	case !p.tok.running():
+		p.refuse(sc, 401, "token authentication is not configured")
 		return
 	case crossSiteCookie(req, cors) && len(req.Origin) == 0:
-		s.refusePublish(sc, 403, "a publish authorised by the pgsse_token cookie must come from the same site: this one says Sec-Fetch-Site: "+string(req.SecFetchSite)+" (send the token in Authorization, or from a page of one of --cors-origins)")
+		p.refuse(sc, 403, "a publish authorised by the pgsse_token cookie must come from the same site: this one says Sec-Fetch-Site: "+string(req.SecFetchSite)+" (send the token in Authorization, or from a page of one of --cors-origins)")
 		return
 	case crossSiteCookie(req, cors):
-		s.refusePublish(sc, 403, "a publish authorised by the pgsse_token cookie must come from the same origin or one of --cors-origins")
+		p.refuse(sc, 403, "a publish authorised by the pgsse_token cookie must come from the same origin or one of --cors-origins")
 		return
 	}
 	seq := pub.seq
-	claims, err, verdict := s.checkToken(tok, func(claims *auth.Claims, err error) { s.onPublishVerdict(sc, seq, claims, err) })
+	claims, err, verdict := p.tok.check(tok, func(claims *auth.Claims, err error) { p.onPublishVerdict(sc, seq, claims, err) })
 	switch verdict {
 	case tokenChecked:
-		s.onPublishVerdict(sc, seq, claims, err)
+		p.onPublishVerdict(sc, seq, claims, err)
 	case tokenBusy:
-		s.refusePublish(sc, 503, "token verification is overloaded; retry shortly")
+		p.refuse(sc, 503, "token verification is overloaded; retry shortly")
 	}
 }
 
 // singleEventParams checks and copies what POST /streams/{stream} takes from its head:
 // the stream, and the query parameters event, audience and ephemeral.
-func (s *Server) singleEventParams(pub *publishConn, req *sse.Request) error {
+func (p *publishing) singleEventParams(pub *publishConn, req *sse.Request) error {
 	if err := names.CheckStream(req.Name); err != nil {
 		return &store.EventError{Field: "stream", Err: err}
 	}
@@ -173,32 +173,32 @@ func (s *Server) singleEventParams(pub *publishConn, req *sse.Request) error {
 }
 
 // onPublishVerdict takes the token's verdict for request seq (on the loop).
-func (s *Server) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Claims, err error) {
+func (p *publishing) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Claims, err error) {
 	pub := sc.pub
 	if sc.closed || pub == nil || pub.seq != seq || sc.state != statePublishBody || pub.status != 0 {
 		return // closed, answered or refused meanwhile
 	}
 	switch {
 	case err != nil:
-		s.refusePublish(sc, 401, err.Error())
+		p.refuse(sc, 401, err.Error())
 		return
 	case !pub.batch && !claims.AllowsPublish([]byte(pub.stream)):
-		s.refusePublish(sc, 403, claims.NotGranted("publishing to stream "+pub.stream))
+		p.refuse(sc, 403, claims.NotGranted("publishing to stream "+pub.stream))
 		return
 	}
 	pub.claims, pub.granted = claims, true
 	if pub.bodyDone {
-		s.submitPublish(sc)
+		p.submitPublish(sc)
 		return
 	}
 	if pub.expect100 {
-		sc.write(s, sse.AppendContinue(s.scratch[:0]))
+		p.conns.write(sc, p.ans.continue100())
 	}
 }
 
 // readBody feeds the connection's input to the body decoder; it reports whether the
-// connection moved on (body complete, or refused) so that readRequest goes on.
-func (s *Server) readBody(sc *sseConn) bool {
+// connection moved on (body complete, or refused) so that requests.read goes on.
+func (p *publishing) readBody(sc *sseConn) bool {
 	pub := sc.pub
 	if pub.bodyDone {
 		return false // waiting for the token's verdict; what follows is the next request
@@ -212,28 +212,28 @@ func (s *Server) readBody(sc *sseConn) bool {
 		discard(sc.c, n)
 		var pe *sse.ParseError
 		if errors.As(err, &pe) && pe.Status == 413 {
-			s.closePublish(sc, 413, "request body is larger than --max-publish-bytes ("+strconv.FormatInt(s.cfg.MaxPublishBytes, 10)+" bytes)")
+			p.closePublish(sc, 413, "request body is larger than --max-publish-bytes ("+strconv.FormatInt(p.cfg.MaxPublishBytes, 10)+" bytes)")
 		} else {
-			s.closePublish(sc, statusOf(err), err.Error())
+			p.closePublish(sc, statusOf(err), err.Error())
 		}
 		return true
 	}
-	if !s.holdPublishBytes(pub, int64(cap(pub.body.Buffer()))-pub.held) {
+	if !p.holdPublishBytes(pub, int64(cap(pub.body.Buffer()))-pub.held) {
 		discard(sc.c, n)
-		s.closePublish(sc, 503, "too many publish bodies in flight; retry later")
+		p.closePublish(sc, 503, "too many publish bodies in flight; retry later")
 		return true
 	}
 	if !done {
 		discard(sc.c, n)
 		return false
 	}
-	s.bodyRead(sc) // before discarding: the body may be a view into the input
+	p.bodyRead(sc) // before discarding: the body may be a view into the input
 	discard(sc.c, n)
 	switch {
 	case pub.status != 0:
-		s.answerPublishError(sc, pub.status, pub.reason)
+		p.answerPublishError(sc, pub.status, pub.reason)
 	case pub.granted:
-		s.submitPublish(sc)
+		p.submitPublish(sc)
 	}
 	return true
 }
@@ -248,13 +248,13 @@ func discard(c gnet.Conn, n int) {
 
 // bodyRead takes ownership of a complete body: a view into the connection's input is
 // copied into the connection's buffer.
-func (s *Server) bodyRead(sc *sseConn) {
+func (p *publishing) bodyRead(sc *sseConn) {
 	pub := sc.pub
 	body, buf := pub.body.Body(), pub.body.Buffer()
 	if len(body) > 0 && (cap(buf) == 0 || &buf[:1][0] != &body[0]) {
 		buf = append(buf[:0], body...)
 		body = buf
-		s.countPublishBytes(pub, int64(cap(buf))-pub.held) // already read: counted even over the budget
+		p.countPublishBytes(pub, int64(cap(buf))-pub.held) // already read: counted even over the budget
 	}
 	pub.buf = buf[:0]
 	pub.data, pub.bodyDone = body, true
@@ -262,17 +262,17 @@ func (s *Server) bodyRead(sc *sseConn) {
 
 // submitPublish hands a request whose body is read and whose token allows it to the
 // Publisher: publish-body → publish-commit, or an answer at once when it is refused.
-func (s *Server) submitPublish(sc *sseConn) {
+func (p *publishing) submitPublish(sc *sseConn) {
 	pub := sc.pub
 	if pub.batch {
 		events, err := store.ParseBatch(pub.data)
 		if err != nil {
-			s.answerPublishError(sc, 400, err.Error())
+			p.answerPublishError(sc, 400, err.Error())
 			return
 		}
 		for i := range events {
 			if !pub.claims.AllowsPublish([]byte(events[i].Stream)) {
-				s.answerPublishError(sc, 403, "line "+strconv.Itoa(i+1)+": "+pub.claims.NotGranted("publishing to stream "+events[i].Stream))
+				p.answerPublishError(sc, 403, "line "+strconv.Itoa(i+1)+": "+pub.claims.NotGranted("publishing to stream "+events[i].Stream))
 				return
 			}
 		}
@@ -281,49 +281,49 @@ func (s *Server) submitPublish(sc *sseConn) {
 		pub.one[0] = store.PublishEvent{Stream: pub.stream, Data: pub.data, Event: pub.event, Audience: pub.audience, Ephemeral: pub.ephemeral}
 		pub.req = store.PublishRequest{Events: pub.one[:]}
 	}
-	p := s.publisherFor()
-	if p == nil {
-		s.answerPublishError(sc, 503, "the server is shutting down; retry elsewhere")
+	publisher := p.publisherFor()
+	if publisher == nil {
+		p.answerPublishError(sc, 503, "the server is shutting down; retry elsewhere")
 		return
 	}
 	seq := pub.seq
-	if err := p.Submit(&pub.req, func(res store.PublishResult) {
-		s.tasks.push(func() { s.onCommitted(sc, seq, res) })
+	if err := publisher.Submit(&pub.req, func(res store.PublishResult) {
+		p.tasks.push(func() { p.onCommitted(sc, seq, res) })
 	}); err != nil {
-		status, reason := s.publishFailed(err)
-		s.answerPublishError(sc, status, reason)
+		status, reason := p.publishFailed(err)
+		p.answerPublishError(sc, status, reason)
 		return
 	}
-	s.releasePublishBytes(pub) // the Publisher's own budget holds the data now
-	s.submitted(sc)
+	p.releasePublishBytes(pub) // the Publisher's own budget holds the data now
+	p.conns.submitted(sc)
 }
 
 // onCommitted answers request seq once its transaction has committed (or failed), on the
 // loop; then the connection's next pipelined request, if any, is read.
-func (s *Server) onCommitted(sc *sseConn, seq uint32, res store.PublishResult) {
+func (p *publishing) onCommitted(sc *sseConn, seq uint32, res store.PublishResult) {
 	pub := sc.pub
 	if sc.closed || pub == nil || pub.seq != seq || sc.state != statePublishCommit {
-		s.metrics.publishRequestsFor(resultStatus(res)).Inc() // the outcome is counted; the client has gone
+		p.metrics.publishRequestsFor(resultStatus(res)).Inc() // the outcome is counted; the client has gone
 		return
 	}
 	if res.Err != nil {
-		status, reason := s.publishFailed(res.Err)
-		s.answerPublishError(sc, status, reason)
+		status, reason := p.publishFailed(res.Err)
+		p.answerPublishError(sc, status, reason)
 	} else {
-		var body []byte
+		p.metrics.publishRequestsFor(200).Inc()
+		keep := p.keepPublisher(pub)
+		reply := sse.Reply{CORS: pub.cors(), KeepAlive: keep}
+		var b []byte
 		if pub.batch {
-			body = sse.AppendPublishedBatch(s.jsonScratch[:0], res.IDs)
+			b = p.ans.publishedBatch(res.IDs, reply)
 		} else {
-			body = sse.AppendPublished(s.jsonScratch[:0], []byte(pub.stream), res.IDs[0])
+			b = p.ans.published([]byte(pub.stream), res.IDs[0], reply)
 		}
-		s.jsonScratch = body[:0]
-		s.metrics.publishRequestsFor(200).Inc()
-		keep := s.keepPublisher(pub)
-		s.answerPublish(sc, sse.AppendJSON(s.scratch[:0], 200, body, sse.Reply{CORS: pub.cors(), KeepAlive: keep}), keep, false)
-		s.endPublish(pub)
+		p.conns.answerPublish(sc, b, keep, false)
+		p.endPublish(pub)
 	}
 	if sc.state == stateIdle {
-		s.readRequest(sc)
+		p.req.read(sc)
 	}
 }
 
@@ -331,89 +331,89 @@ func (s *Server) onCommitted(sc *sseConn, seq uint32, res store.PublishResult) {
 // cannot be read first (Expect: 100-continue, or the body timed out, or the server is
 // draining); otherwise the rest of the body is skipped and the answer, on a kept-alive
 // connection, goes out when it is consumed.
-func (s *Server) refusePublish(sc *sseConn, status int, reason string) {
+func (p *publishing) refuse(sc *sseConn, status int, reason string) {
 	pub := sc.pub
 	switch {
 	case pub.bodyDone:
-		s.answerPublishError(sc, status, reason)
+		p.answerPublishError(sc, status, reason)
 	case pub.expect100 || status == 408 || status == 503 || !pub.keepAlive:
-		s.closePublish(sc, status, reason)
+		p.closePublish(sc, status, reason)
 	default:
 		pub.status, pub.reason = status, reason
 		pub.body.Skip()
-		s.releasePublishBytes(pub)
+		p.releasePublishBytes(pub)
 	}
 }
 
 // answerPublishError answers a request whose body has been read with an error status.
-func (s *Server) answerPublishError(sc *sseConn, status int, reason string) {
+func (p *publishing) answerPublishError(sc *sseConn, status int, reason string) {
 	pub := sc.pub
-	s.metrics.publishRequestsFor(status).Inc()
-	keep := s.keepPublisher(pub)
-	s.answerPublish(sc, s.appendPublishError(status, reason, pub, keep), keep, false)
-	s.endPublish(pub)
+	p.metrics.publishRequestsFor(status).Inc()
+	keep := p.keepPublisher(pub)
+	p.conns.answerPublish(sc, p.appendPublishError(status, reason, pub, keep), keep, false)
+	p.endPublish(pub)
 }
 
 // closePublish answers with an error status and closes the connection, whose input is
 // discarded until the client's EOF (linger).
-func (s *Server) closePublish(sc *sseConn, status int, reason string) {
+func (p *publishing) closePublish(sc *sseConn, status int, reason string) {
 	pub := sc.pub
-	s.metrics.publishRequestsFor(status).Inc()
-	s.answerPublish(sc, s.appendPublishError(status, reason, pub, false), false, true)
-	s.endPublish(pub)
+	p.metrics.publishRequestsFor(status).Inc()
+	p.conns.answerPublish(sc, p.appendPublishError(status, reason, pub, false), false, true)
+	p.endPublish(pub)
 }
 
-func (s *Server) appendPublishError(status int, reason string, pub *publishConn, keepAlive bool) []byte {
+func (p *publishing) appendPublishError(status int, reason string, pub *publishConn, keepAlive bool) []byte {
 	r := sse.Reply{CORS: pub.cors(), KeepAlive: keepAlive}
 	if status == 503 {
 		r.RetryAfterSeconds = publishRetryAfterSeconds
 	}
-	return sse.AppendReply(s.scratch[:0], status, reason, r)
+	return p.ans.reply(status, reason, r)
 }
 
 // keepPublisher decides whether the connection stays open after this answer.
-func (s *Server) keepPublisher(pub *publishConn) bool { return pub.keepAlive && !s.draining }
+func (p *publishing) keepPublisher(pub *publishConn) bool { return pub.keepAlive && !p.draining }
 
 // endPublish releases what a request held once it is answered.
-func (s *Server) endPublish(pub *publishConn) {
-	s.releasePublishBytes(pub)
+func (p *publishing) endPublish(pub *publishConn) {
+	p.releasePublishBytes(pub)
 	if cap(pub.buf) > publishKeepBufBytes {
 		pub.buf = nil
 	}
 	pub.data, pub.req, pub.one[0], pub.claims = nil, store.PublishRequest{}, store.PublishEvent{}, nil
 }
 
-// releasePublish drops a closed connection's request state (removeConn).
-func (s *Server) releasePublish(sc *sseConn) {
+// release drops a closed connection's request state (connTable.remove).
+func (p *publishing) release(sc *sseConn) {
 	if sc.pub != nil {
-		s.releasePublishBytes(sc.pub)
+		p.releasePublishBytes(sc.pub)
 		sc.pub = nil // a request still with the Publisher keeps its own data alive
 	}
 }
 
 // holdPublishBytes counts n more bytes of pub's body against the budget for bodies in
 // flight (publishBudget); false when that would exceed it (nothing is counted then).
-func (s *Server) holdPublishBytes(pub *publishConn, n int64) bool {
+func (p *publishing) holdPublishBytes(pub *publishConn, n int64) bool {
 	if n <= 0 {
 		return true
 	}
-	if s.publishHeld+n > s.publishBudget {
+	if p.publishHeld+n > p.publishBudget {
 		return false
 	}
-	s.countPublishBytes(pub, n)
+	p.countPublishBytes(pub, n)
 	return true
 }
 
 // countPublishBytes counts bytes already held, whatever the budget says.
-func (s *Server) countPublishBytes(pub *publishConn, n int64) {
+func (p *publishing) countPublishBytes(pub *publishConn, n int64) {
 	if n > 0 {
-		s.publishHeld += n
+		p.publishHeld += n
 		pub.held += n
 	}
 }
 
-func (s *Server) releasePublishBytes(pub *publishConn) {
-	s.publishHeld -= pub.held
+func (p *publishing) releasePublishBytes(pub *publishConn) {
+	p.publishHeld -= pub.held
 	pub.held = 0
 }
 
@@ -423,10 +423,6 @@ func (pub *publishConn) cors() sse.CORS {
 	}
 	return sse.CORS{Origin: pub.origin, Credentials: true}
 }
-
-// atCapacity reports whether the SSE port holds --max-connections subscribers and
-// publishers.
-func (s *Server) atCapacity() bool { return s.active+s.publishers >= s.cfg.MaxConnections }
 
 // statusOf is the status of a request-parsing error (400 when it names none).
 func statusOf(err error) int {
@@ -477,10 +473,10 @@ func publishErrorStatus(err error) (int, string) {
 // publishFailed is publishErrorStatus for an answer about to be sent: a 500, which the
 // Publisher has not explained in the log, is logged here (the repeat limiter keeps it to one
 // line per cause per 30 s).
-func (s *Server) publishFailed(err error) (int, string) {
+func (p *publishing) publishFailed(err error) (int, string) {
 	status, reason := publishErrorStatus(err)
 	if status == 500 {
-		s.log.Error("publish failed; the request was answered 500", "err", err)
+		p.log.Error("publish failed; the request was answered 500", "err", err)
 	}
 	return status, reason
 }
@@ -501,38 +497,46 @@ func isPOST(head []byte) bool { return bytes.HasPrefix(head, []byte("POST ")) }
 
 // publisherFor is the server's Publisher, started by the first publish request (a server
 // nobody publishes to holds no publishing connection); nil once the server is stopping.
-func (s *Server) publisherFor() *store.Publisher {
-	if s.publisher != nil {
-		return s.publisher
+func (p *publishing) publisherFor() *store.Publisher {
+	if p.publisher != nil {
+		return p.publisher
 	}
-	s.pubMu.Lock()
-	defer s.pubMu.Unlock()
-	if s.pubStopped {
+	p.pubMu.Lock()
+	defer p.pubMu.Unlock()
+	if p.pubStopped {
 		return nil
 	}
-	s.publisher = store.NewPublisher(store.PublisherConfig{
-		DatabaseURL: s.cfg.DatabaseURL,
-		Logger:      s.log,
-		Observe:     s.metrics.observePublish,
+	p.publisher = store.NewPublisher(store.PublisherConfig{
+		DatabaseURL: p.cfg.DatabaseURL,
+		Logger:      p.log,
+		Observe:     p.metrics.observePublish,
 	})
-	s.pubShared = s.publisher
-	return s.publisher
+	p.pubShared = p.publisher
+	return p.publisher
 }
 
 // stopPublisher publishes what is queued (until ctx is done) and closes the Publisher (Run,
 // after the drain).
-func (s *Server) stopPublisher(ctx context.Context) {
-	s.pubMu.Lock()
-	s.pubStopped = true
-	p := s.pubShared
-	s.pubMu.Unlock()
-	if p != nil {
-		p.Close(ctx)
+func (p *publishing) stopPublisher(ctx context.Context) {
+	p.pubMu.Lock()
+	p.pubStopped = true
+	publisher := p.pubShared
+	p.pubMu.Unlock()
+	if publisher != nil {
+		publisher.Close(ctx)
 	}
 }
 
-// publishState is Server's part for publishing.
-type publishState struct {
+// publishing is the loop's part for publishing over HTTP: the Publisher, the connections
+// counted as publishers and the memory their bodies hold.
+type publishing struct {
+	*loopEnv
+	conns *connTable
+	req   *requests
+	tok   *tokens
+	adm   *admission
+	ans   *httpAnswers
+
 	// Shared by the loop (publisherFor) and Run (stopPublisher).
 	pubMu      sync.Mutex
 	pubStopped bool
@@ -545,5 +549,34 @@ type publishState struct {
 	publishBudget int64            // the most they may hold: publishMemoryBytes, at least 2 × --max-publish-bytes
 	// publishBodyTimeoutMS is the constant of that name (a field so that tests can shorten it).
 	publishBodyTimeoutMS int64
-	jsonScratch          []byte
+}
+
+func newPublishing(env *loopEnv, conns *connTable, req *requests, tok *tokens, adm *admission, ans *httpAnswers) publishing {
+	return publishing{loopEnv: env, conns: conns, req: req, tok: tok, adm: adm, ans: ans,
+		publishBudget: max(publishMemoryBytes, 2*env.cfg.MaxPublishBytes), publishBodyTimeoutMS: publishBodyTimeoutMS}
+}
+
+// count is the number of connections counted as publishers.
+func (p *publishing) count() int { return p.publishers }
+
+// bodyTimeoutMS is how long a publish body may take to arrive.
+func (p *publishing) bodyTimeoutMS() int64 { return p.publishBodyTimeoutMS }
+
+// countConn counts a connection as a publisher from its first publish request on
+// (connTable.beginPublish).
+func (p *publishing) countConn(sc *sseConn) {
+	if !sc.pub.counted {
+		sc.pub.counted = true
+		p.publishers++
+		p.metrics.publishConns.Set(float64(p.publishers))
+	}
+}
+
+// uncountConn stops counting a publisher connection that closed or turned into a subscriber.
+func (p *publishing) uncountConn(sc *sseConn) {
+	if sc.pub != nil && sc.pub.counted {
+		sc.pub.counted = false
+		p.publishers--
+		p.metrics.publishConns.Set(float64(p.publishers))
+	}
 }

@@ -127,7 +127,7 @@ func TestPublishCORS(t *testing.T) {
 func TestPublishSlowBody(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "", nil)
-	ts.onLoop(t, func() { ts.publishBodyTimeoutMS = 1000 })
+	ts.onLoop(t, func() { ts.pub.publishBodyTimeoutMS = 1000 })
 	addr := ts.Addr().String()
 	authz := bearerH(publishToken(t, "*"))
 	c := dialPub(t, addr)

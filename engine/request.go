@@ -15,27 +15,40 @@ import (
 // HTTP request handling on the SSE port (docs/http.md): a connection in state head is read
 // until its request head is complete, the head is parsed (sse.Parser) and routed; route has
 // one case per endpoint and method, so a new endpoint is one case there and its handler
-// (subscribe here, publish in publish.go).
+// (subscribe here, publish in publish.go). A subscription request is checked here — its
+// names, cursor and token — and then waits for admission (admission.go).
+
+// requests is the loop's part for request heads on the SSE port: the parser, routing, and a
+// subscription's checks up to the admission FIFO.
+type requests struct {
+	*loopEnv
+	conns  *connTable
+	adm    *admission
+	tok    *tokens
+	pub    *publishing
+	ans    *httpAnswers
+	parser sse.Parser
+}
 
 var (
 	crlfcrlf = []byte("\r\n\r\n")
 	lflf     = []byte("\n\n")
 )
 
-// readRequest handles the input of an SSE-port connection, as far as its state allows: the
+// read handles the input of an SSE-port connection, as far as its state allows: the
 // request head (head), a publish request's body (publish-body), a keep-alive connection's
 // next request (idle). A publisher waiting for its COMMIT leaves what it sent ahead (a
 // pipelined request) in the input, up to publishPipelineBytes; anything a subscriber sends
 // after its head is discarded.
-func (s *Server) readRequest(sc *sseConn) {
+func (r *requests) read(sc *sseConn) {
 	for !sc.closed {
 		switch sc.state {
 		case stateHead:
-			if !s.readRequestHead(sc) {
+			if !r.readHead(sc) {
 				return
 			}
 		case statePublishBody:
-			if !s.readBody(sc) {
+			if !r.pub.readBody(sc) {
 				return
 			}
 		case stateIdle:
@@ -43,7 +56,7 @@ func (s *Server) readRequest(sc *sseConn) {
 				return
 			}
 			if sc.pending() > publishUnreadAnswerBytes {
-				s.finish(sc, nil) // the client does not read its answers
+				r.conns.finish(sc, nil) // the client does not read its answers
 				return
 			}
 			if in, _ := sc.c.Peek(-1); sse.EmptyLines(in) == len(in) {
@@ -52,10 +65,10 @@ func (s *Server) readRequest(sc *sseConn) {
 				_, _ = sc.c.Discard(len(in))
 				return
 			}
-			s.nextRequest(sc)
+			r.conns.nextRequest(sc)
 		case statePublishCommit:
 			if sc.c.InboundBuffered() > publishPipelineBytes {
-				s.finish(sc, nil)
+				r.conns.finish(sc, nil)
 			}
 			return
 		default:
@@ -67,18 +80,18 @@ func (s *Server) readRequest(sc *sseConn) {
 
 // readRequestHead parses and routes a request head once it is complete. It reports whether the
 // connection carries on reading (a publish request's body, or its next request).
-func (s *Server) readRequestHead(sc *sseConn) bool {
+func (r *requests) readHead(sc *sseConn) bool {
 	c := sc.c
 	buf, _ := c.Peek(-1)
 	// Parse only once the head can be complete (or is too big): a client trickling one byte
 	// per packet must not make us re-parse a growing head each time. The empty lines the
 	// parser skips before a request line (RFC 9112 §2.2) are no end of a head.
-	head := buf[:min(len(buf), s.cfg.MaxHeaderBytes+len(crlfcrlf))]
-	if head = head[sse.EmptyLines(head):]; len(buf) <= s.cfg.MaxHeaderBytes &&
+	head := buf[:min(len(buf), r.cfg.MaxHeaderBytes+len(crlfcrlf))]
+	if head = head[sse.EmptyLines(head):]; len(buf) <= r.cfg.MaxHeaderBytes &&
 		!bytes.Contains(head, crlfcrlf) && !bytes.Contains(head, lflf) {
 		return false
 	}
-	req, err := s.parser.Parse(buf, s.cfg.MaxHeaderBytes)
+	req, err := r.parser.Parse(buf, r.cfg.MaxHeaderBytes)
 	if errors.Is(err, sse.ErrIncomplete) {
 		return false
 	}
@@ -87,20 +100,20 @@ func (s *Server) readRequestHead(sc *sseConn) bool {
 		status, reason := 400, err.Error()
 		switch {
 		case errors.Is(err, sse.ErrHeadTooLarge):
-			status, reason = 431, "request head larger than "+strconv.Itoa(s.cfg.MaxHeaderBytes)+" bytes"
+			status, reason = 431, "request head larger than "+strconv.Itoa(r.cfg.MaxHeaderBytes)+" bytes"
 		case errors.As(err, &pe):
 			status, reason = pe.Status, pe.Reason
 		}
 		if isPOST(buf) {
-			s.metrics.publishRequestsFor(status).Inc()
+			r.metrics.publishRequestsFor(status).Inc()
 		} else {
-			s.metrics.rejectedFor(status).Inc()
+			r.metrics.rejectedFor(status).Inc()
 		}
 		// A body may follow, whatever the method: linger so that the client reads the answer.
-		s.linger(sc, sse.AppendError(s.scratch[:0], status, reason, sse.CORS{}))
+		r.conns.linger(sc, r.ans.error(status, reason, sse.CORS{}))
 		return false
 	}
-	s.route(sc, req)
+	r.route(sc, req)
 	switch sc.state {
 	case statePublishBody, statePublishCommit, stateIdle:
 		_, _ = c.Discard(req.HeadLen) // the body, or the next request, follows
@@ -111,61 +124,61 @@ func (s *Server) readRequestHead(sc *sseConn) bool {
 }
 
 // route answers one request head: one case per endpoint, then per method.
-func (s *Server) route(sc *sseConn, req *sse.Request) {
-	cors := s.corsFor(req.Origin)
+func (r *requests) route(sc *sseConn, req *sse.Request) {
+	cors := r.corsFor(req.Origin)
 	switch req.Route {
 	case sse.RouteStream, sse.RouteChannel:
 		switch {
 		case req.Method == sse.MethodGET:
-			s.uncountPublisher(sc) // a keep-alive publisher may turn into a subscriber
-			s.subscribe(sc, req, cors)
+			r.pub.uncountConn(sc) // a keep-alive publisher may turn into a subscriber
+			r.subscribe(sc, req, cors)
 		case req.Method == sse.MethodPOST && req.Route == sse.RouteStream:
-			s.publish(sc, req, cors)
+			r.pub.publish(sc, req, cors)
 		case req.Method == sse.MethodOPTIONS:
-			s.preflight(sc, req, cors)
+			r.preflight(sc, req, cors)
 		default:
-			s.methodNotAllowed(sc, req, cors)
+			r.methodNotAllowed(sc, req, cors)
 		}
 	case sse.RoutePublish:
 		switch req.Method {
 		case sse.MethodPOST:
-			s.publish(sc, req, cors)
+			r.pub.publish(sc, req, cors)
 		case sse.MethodOPTIONS:
-			s.preflight(sc, req, cors)
+			r.preflight(sc, req, cors)
 		default:
-			s.methodNotAllowed(sc, req, cors)
+			r.methodNotAllowed(sc, req, cors)
 		}
 	case sse.RouteRoot:
-		if s.cfg.Demo && req.Method == sse.MethodGET {
-			s.finish(sc, demoResponse)
+		if r.cfg.Demo && req.Method == sse.MethodGET {
+			r.conns.finish(sc, demoResponse)
 			return
 		}
-		s.notFound(sc, req, cors)
+		r.notFound(sc, req, cors)
 	default:
-		s.notFound(sc, req, cors)
+		r.notFound(sc, req, cors)
 	}
 }
 
 // notFound answers 404 (a HEAD request gets the head only: RFC 9110 §9.3.2).
-func (s *Server) notFound(sc *sseConn, req *sse.Request, cors sse.CORS) {
-	s.metrics.rejectedFor(404).Inc()
+func (r *requests) notFound(sc *sseConn, req *sse.Request, cors sse.CORS) {
+	r.metrics.rejectedFor(404).Inc()
 	if req.Method == sse.MethodHEAD {
-		s.finish(sc, sse.AppendErrorHead(s.scratch[:0], 404, "not found", cors))
+		r.conns.finish(sc, r.ans.errorHead(404, "not found", cors))
 		return
 	}
-	s.endRequest(sc, req, sse.AppendError(s.scratch[:0], 404, "not found", cors))
+	r.endRequest(sc, req, r.ans.error(404, "not found", cors))
 }
 
 // endRequest writes the final answer to req and closes the connection, lingering when req
 // carries a body (which nothing reads on this path: a POST to a path that takes none, another
 // method's: sse.Request.Framing), so that the client reads the answer rather than a reset
 // and nothing in the body is taken for a request.
-func (s *Server) endRequest(sc *sseConn, req *sse.Request, answer []byte) {
+func (r *requests) endRequest(sc *sseConn, req *sse.Request, answer []byte) {
 	if req.Framing != sse.BodyNone {
-		s.linger(sc, answer)
+		r.conns.linger(sc, answer)
 		return
 	}
-	s.finish(sc, answer)
+	r.conns.finish(sc, answer)
 }
 
 // allowedMethods is the Allow header (405) and the preflight's
@@ -182,29 +195,29 @@ func allowedMethods(r sse.Route) (allow, use string) {
 
 // methodNotAllowed answers 405 with the route's Allow header (a HEAD request gets the
 // head only: RFC 9110 §9.3.2).
-func (s *Server) methodNotAllowed(sc *sseConn, req *sse.Request, cors sse.CORS) {
+func (r *requests) methodNotAllowed(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	allow, use := allowedMethods(req.Route)
-	s.metrics.rejectedFor(405).Inc()
-	r := sse.Reply{CORS: cors, Allow: allow}
+	r.metrics.rejectedFor(405).Inc()
+	reply := sse.Reply{CORS: cors, Allow: allow}
 	if req.Method == sse.MethodHEAD {
-		s.finish(sc, sse.AppendReplyHead(s.scratch[:0], 405, "method not allowed: use "+use, r))
+		r.conns.finish(sc, r.ans.replyHead(405, "method not allowed: use "+use, reply))
 		return
 	}
-	s.endRequest(sc, req, sse.AppendReply(s.scratch[:0], 405, "method not allowed: use "+use, r))
+	r.endRequest(sc, req, r.ans.reply(405, "method not allowed: use "+use, reply))
 }
 
 // reject answers with an error status and a one-line text/plain body, and closes.
-func (s *Server) reject(sc *sseConn, status int, reason string, cors sse.CORS) {
-	s.metrics.rejectedFor(status).Inc()
-	s.finish(sc, sse.AppendError(s.scratch[:0], status, reason, cors))
+func (r *requests) reject(sc *sseConn, status int, reason string, cors sse.CORS) {
+	r.metrics.rejectedFor(status).Inc()
+	r.conns.finish(sc, r.ans.error(status, reason, cors))
 }
 
 // preflight answers a CORS preflight from an allowed origin (204) with the route's methods,
 // else 403. A preflight for a POST asks for Content-Type, so the default allowed headers
 // for it include Content-Type.
-func (s *Server) preflight(sc *sseConn, req *sse.Request, cors sse.CORS) {
+func (r *requests) preflight(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	if cors.Origin == nil {
-		s.reject(sc, 403, "origin not allowed", cors)
+		r.reject(sc, 403, "origin not allowed", cors)
 		return
 	}
 	allow := req.ACRHeaders
@@ -215,11 +228,12 @@ func (s *Server) preflight(sc *sseConn, req *sse.Request, cors sse.CORS) {
 		}
 	}
 	methods, _ := allowedMethods(req.Route)
-	s.finish(sc, sse.AppendPreflightMethods(s.scratch[:0], cors, allow, methods))
+	r.conns.finish(sc, r.ans.preflight(cors, allow, methods))
 }
 
 // subRequest is what a subscription request asked for, kept from its head (a view into
-// gnet's buffer) while its token is verified and while it waits in the admission FIFO.
+// gnet's buffer) while its token is verified, while it waits in the admission FIFO and until
+// its response head is sent (sseConn.setup).
 type subRequest struct {
 	name      string
 	isChan    bool
@@ -227,26 +241,35 @@ type subRequest struct {
 	hasCursor bool
 	cursor    int64
 	tokenKey  [sha256.Size]byte // the token's hash: its subject when it has no sub claim
+	origin    []byte            // the allowed Origin to echo in the response head; nil = none
+}
+
+// cors is the CORS part of the answer to the request: its Origin when it is allowed.
+func (req *subRequest) cors() sse.CORS {
+	if req.origin == nil {
+		return sse.CORS{}
+	}
+	return sse.CORS{Origin: req.origin, Credentials: true}
 }
 
 // subscribe handles GET /streams/{stream} and GET /channels/{channel}: it checks the name and
 // cursor, sheds when the server is draining or full, and checks the token — at once when the
 // verifier pool's cache knows it, else on the pool (verify), whose answer resumes it in
 // authorized. An authorised connection waits in the admission FIFO (admission.go).
-func (s *Server) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
+func (r *requests) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	sub := &subRequest{isChan: req.Route == sse.RouteChannel}
 	if sub.isChan {
 		if err := names.CheckChannelUTF8(req.Name); err != nil {
-			s.reject(sc, 400, err.Error(), cors)
+			r.reject(sc, 400, err.Error(), cors)
 			return
 		}
 		if reservedChannel(req.Name) {
-			s.reject(sc, 403, errReservedChannel.Error(), cors)
+			r.reject(sc, 403, errReservedChannel.Error(), cors)
 			return
 		}
 	} else {
 		if err := names.CheckStream(req.Name); err != nil {
-			s.reject(sc, 400, err.Error(), cors)
+			r.reject(sc, 400, err.Error(), cors)
 			return
 		}
 		// Last-Event-ID wins over since; blank counts as absent; an invalid header does
@@ -254,47 +277,50 @@ func (s *Server) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
 		if v, field, ok := req.Cursor(); ok {
 			c, err := names.ParseCursor(v)
 			if err != nil {
-				s.reject(sc, 400, field+": "+err.Error(), cors)
+				r.reject(sc, 400, field+": "+err.Error(), cors)
 				return
 			}
 			sub.cursor, sub.hasCursor = c, true
 		}
-		sub.public = auth.MatchAny(s.cfg.PublicStreams, req.Name)
+		sub.public = auth.MatchAny(r.cfg.PublicStreams, req.Name)
 	}
-	sc.keepOrigin(cors)
+	if cors.Origin != nil {
+		sub.origin = append([]byte(nil), cors.Origin...)
+	}
+	r.conns.asked(sc, sub)
 	tok := requestToken(req)
-	if (tok == nil || s.verifier == nil) && !sub.public {
+	if (tok == nil || !r.tok.configured()) && !sub.public {
 		reason := "a bearer token is required"
 		if tok != nil {
 			reason = "token authentication is not configured"
 		}
-		s.unauthorized(sc, reason)
+		r.unauthorized(sc, reason)
 		return
 	}
 	// Sent away before any token work: a full or draining server spends nothing on it.
-	if why, full := s.overCapacity(); full {
-		s.shed(sc, why)
+	if why, full := r.adm.overCapacity(); full {
+		r.conns.shed(sc, why)
 		return
 	}
 	sub.name = string(req.Name)
-	if tok == nil || s.verifier == nil {
-		s.authorized(sc, sub, nil, nil) // public stream, anonymous
+	if tok == nil || !r.tok.configured() {
+		r.authorized(sc, sub, nil, nil) // public stream, anonymous
 		return
 	}
 	sub.tokenKey = sha256.Sum256(tok)
-	claims, err, verdict := s.checkToken(tok, func(claims *auth.Claims, err error) {
+	claims, err, verdict := r.tok.check(tok, func(claims *auth.Claims, err error) {
 		if sc.closed || sc.state != stateVerifying {
 			return // gone, or sent away (drain, timeout) while the pool worked
 		}
-		s.authorized(sc, sc.req, claims, err)
+		r.authorized(sc, sc.setup, claims, err)
 	})
 	switch verdict {
 	case tokenChecked:
-		s.authorized(sc, sub, claims, err)
+		r.authorized(sc, sub, claims, err)
 	case tokenPending:
-		s.verify(sc, sub)
+		r.conns.verify(sc)
 	case tokenBusy:
-		s.shed(sc, shedOverCapacity)
+		r.conns.shed(sc, shedOverCapacity)
 	}
 }
 
@@ -302,7 +328,7 @@ func (s *Server) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
 // nil for an anonymous request on a public stream): 401 or 403 as docs/http.md's status table
 // says, the public stream rule (auth.OnPublicStream), the per-subject cap, and then the admission
 // FIFO.
-func (s *Server) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims, err error) {
+func (r *requests) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims, err error) {
 	var tags []string
 	var expiresMS int64
 	counted := claims != nil && err == nil
@@ -316,13 +342,13 @@ func (s *Server) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims, e
 		}
 		counted = len(tags) > 0
 	case err != nil:
-		s.unauthorized(sc, err.Error())
+		r.unauthorized(sc, err.Error())
 		return
 	case sub.isChan && !claims.AllowsChannel([]byte(sub.name)):
-		s.reject(sc, 403, claims.NotGranted("channel "+sub.name), s.connCORS(sc))
+		r.reject(sc, 403, claims.NotGranted("channel "+sub.name), sub.cors())
 		return
 	case !sub.isChan && !claims.AllowsStream([]byte(sub.name)):
-		s.reject(sc, 403, claims.NotGranted("stream "+sub.name), s.connCORS(sc))
+		r.reject(sc, 403, claims.NotGranted("stream "+sub.name), sub.cors())
 		return
 	default:
 		tags = claims.Tags
@@ -330,18 +356,18 @@ func (s *Server) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims, e
 			expiresMS = claims.Expires.UnixMilli()
 		}
 	}
-	if counted && !s.countSubject(sc, subjectKey(claims, &sub.tokenKey)) {
-		s.shed(sc, shedSubjectLimit)
+	if counted && !r.adm.countSubject(sc, subjectKey(claims, &sub.tokenKey)) {
+		r.conns.shed(sc, shedSubjectLimit)
 		return
 	}
-	s.queueAdmission(sc, sub, tags, expiresMS)
+	r.conns.queueAdmission(sc, tags, expiresMS)
 }
 
 // unauthorized answers 401 with the challenge docs/http.md names exactly ("Bearer"); the body
 // says what was wrong.
-func (s *Server) unauthorized(sc *sseConn, reason string) {
-	s.metrics.rejectedFor(401).Inc()
-	s.finish(sc, sse.AppendUnauthorized(s.scratch[:0], reason, false, s.connCORS(sc)))
+func (r *requests) unauthorized(sc *sseConn, reason string) {
+	r.metrics.rejectedFor(401).Inc()
+	r.conns.finish(sc, r.ans.unauthorized(reason, sc.cors()))
 }
 
 // requestToken is the request's token (docs/http.md, Authorization): Authorization: Bearer, else
@@ -389,11 +415,11 @@ func bearer(h []byte) []byte {
 
 // corsFor allows a request's Origin when it is one of --cors-origins (exact origins, with
 // credentials; the CLI refuses "*").
-func (s *Server) corsFor(origin []byte) sse.CORS {
+func (r *requests) corsFor(origin []byte) sse.CORS {
 	if len(origin) == 0 {
 		return sse.CORS{}
 	}
-	for _, o := range s.cfg.CORSOrigins {
+	for _, o := range r.cfg.CORSOrigins {
 		if string(origin) == o {
 			return sse.CORS{Origin: origin, Credentials: true}
 		}

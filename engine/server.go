@@ -13,8 +13,6 @@ import (
 	"github.com/panjf2000/gnet/v2"
 
 	"github.com/pgsse/pgsse/auth"
-	"github.com/pgsse/pgsse/pglisten"
-	"github.com/pgsse/pgsse/sse"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -25,26 +23,35 @@ const (
 	drainPollInterval = 20 * time.Millisecond // between those questions
 	stopTimeout       = 5 * time.Second       // gnet's own stop
 	healthyWithin     = 5 * time.Second       // /healthz: the loop ran a tick this recently
-	scratchBytes      = 64 << 10              // initial encoding scratch
 )
 
 // Server is one pgsse serve process: the gnet loop with its SSE listener and hub socket,
 // the LISTEN session, the replay pool and the retention job.
 //
-// Every field below the "loop-owned" line is touched only on the loop goroutine
+// The loop's state lives in its parts (docs/architecture.md, The engine in parts), each a
+// type that owns its fields and reaches the others only through their methods; Server wires
+// them together, runs the loop (gnet's callbacks, the task queue, the tick) and starts and
+// stops the goroutines beside it. Every part is touched only on the loop goroutine
 // (docs/architecture.md, invariant 1); other goroutines hand work over through tasks.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
-	metrics  *metrics
-	verifier *auth.Verifier
-	pool     *auth.Pool // the verifier pool (verify.go), from Run; nil without a token key
-	tasks    *taskQueue
+	*loopEnv
 
-	listen   listenSource // the LISTEN session (listen.go)
-	replayer *store.Replayer
+	// The parts.
+	conns connTable     // the SSE port's connections and their state machine (sseconn.go)
+	req   requests      // request heads: routing, authorisation (request.go)
+	tok   tokens        // token checks off the loop (verify.go)
+	adm   admission     // who becomes a subscriber, and when (admission.go)
+	pub   publishing    // POST /streams/… and /publish (publish.go)
+	subs  subscriptions // each subscription's cursor, catch-up, lagging and gaps (subscription.go, catchup.go)
+	fan   fanout        // streams and channels: live events, encoded once, to their subscriptions (fanout.go)
+	chans channelTable  // raw channels and their LISTEN (channels.go)
+	lsn   listenState   // the LISTEN source and its events (listen.go)
+	out   outbound      // the write path and the memory budget (outbound.go, budget.go)
+	hub   hubServer     // the hub server (hubserver.go)
+	tr    sseTransport  // how events become bytes (transport_sse.go)
+	ans   httpAnswers   // the port's HTTP answers (transport_sse.go)
 
-	publishState // the Publisher and publisher connections (publish.go)
+	hubSocket hubSocket // the hub's Unix socket file (hubsocket.go)
 
 	loopsReady chan struct{}
 	loopsOnce  sync.Once
@@ -54,50 +61,18 @@ type Server struct {
 	anchor     gnet.Conn
 	anchorPeer net.Conn
 
-	sseOpen   atomic.Int64  // SSE connections open on the loop (the acceptor's hard cap)
 	sseLn     atomic.Value  // net.Listener: --listen, once bound (StopAccepting)
 	healthyAt atomic.Int64  // unix nanoseconds of the last tick the loop ran
 	needPoll  atomic.Bool   // someone waits for a socket to drain: tick fast (ticker)
 	pollNow   chan struct{} // wakes the ticker when needPoll turns on
-	listenOK  atomic.Bool
 	schemaOK  atomic.Bool
 	schemaMsg atomic.Value // string: why the schema is not ready
 	// schemaLogged: when "not ready" was last logged (schema.go)
 	schemaLogged atomic.Pointer[time.Time]
 
-	outboundTotal atomic.Int64  // outbound.total as of the last tick, for keepMemory
-	relieved      chan struct{} // the loop tells keepMemory that the outbound pressure passed
-	batchSlots    chan struct{} // notification batches queued for the loop (listen.go)
-	stopping      chan struct{} // closed when Run stops the goroutines beside the loop
-
 	// loop-owned
-	parser        sse.Parser
-	nowMS         int64 // the loop clock: unix milliseconds, refreshed every tick
-	lastSweepMS   int64 // when sweepConns last ran
-	conns         []*sseConn
-	active        int // admitted SSE connections
-	streams       map[string]*stream
-	channels      map[string]*channel
-	dirtyStreams  []*stream
-	dirtyChannels []*channel
-	lagging       []*sseConn
-	laggingSpare  []*sseConn
-	retryFetch    []*stream
-	retryConns    []*sseConn
-	reap          []*sseConn
-	depth         int      // nesting of enter/leave
-	evs           []*event // scratch: the events one connection gets in one write
-	out           outbound // the write path's queues and budget (outbound.go, budget.go)
-	scratch       []byte
-	payload       store.Payload
-	listenUp      bool
-	everUp        bool
-	draining      bool
-	// listenDownSinceMS: when the LISTEN session went down (or Run started it)
-	listenDownSinceMS int64
-	admitQ            connFIFO         // authorised connections waiting to be admitted (admission.go)
-	subjects          map[string]int32 // connections per subject (--max-connections-per-subject)
-	hub               hub
+	lastSweepMS int64 // when the sweep last ran (tick)
+	depth       int   // nesting of enter/leave
 }
 
 // New checks cfg and prepares a Server; nothing is started until Run.
@@ -106,40 +81,41 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	env := &loopEnv{
+		cfg:   cfg,
+		log:   slog.New(newRepeatLimiter(cfg.Logger.Handler(), logRepeatEvery)),
+		tasks: newTaskQueue(),
+	}
 	s := &Server{
-		cfg:        cfg,
-		log:        slog.New(newRepeatLimiter(cfg.Logger.Handler(), logRepeatEvery)),
-		tasks:      newTaskQueue(),
+		loopEnv:    env,
 		loopsReady: make(chan struct{}),
 		pollNow:    make(chan struct{}, 1),
-		relieved:   make(chan struct{}, 1),
-		batchSlots: make(chan struct{}, listenBatchesQueued),
-		stopping:   make(chan struct{}),
 		started:    make(chan struct{}),
-		streams:    make(map[string]*stream),
-		scratch:    make([]byte, 0, scratchBytes),
-		channels:   make(map[string]*channel),
-		subjects:   make(map[string]int32),
 	}
-	s.publishBudget = max(publishMemoryBytes, 2*cfg.MaxPublishBytes)
-	s.publishBodyTimeoutMS = publishBodyTimeoutMS
-	s.hub.srv = s
-	s.hub.maxChannels, s.hub.maxWorkerChannels = hubMaxChannels, hubMaxChannelsPerWorker
-	s.out.epfd = -1
-	s.tasks.enter, s.tasks.leave = s.enter, s.leave
-	s.tasks.between = s.admitRound
-	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
-		v, err := auth.NewVerifier(cfg.Auth)
-		if err != nil {
-			return nil, err
-		}
-		s.verifier = v
-	}
-	m, err := newMetrics(cfg.Registry, s)
-	if err != nil {
+	if env.metrics, err = newMetrics(cfg.Registry, s); err != nil {
 		return nil, err
 	}
-	s.metrics = m
+	var verifier *auth.Verifier
+	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
+		if verifier, err = auth.NewVerifier(cfg.Auth); err != nil {
+			return nil, err
+		}
+	}
+	s.tr = newSSETransport()
+	s.ans = newHTTPAnswers()
+	s.conns = connTable{loopEnv: env, out: &s.out, tr: &s.tr, adm: &s.adm, pub: &s.pub, subs: &s.subs, lsn: &s.lsn}
+	s.req = requests{loopEnv: env, conns: &s.conns, adm: &s.adm, tok: &s.tok, pub: &s.pub, ans: &s.ans}
+	s.tok = tokens{loopEnv: env, verifier: verifier}
+	s.adm = admission{loopEnv: env, conns: &s.conns, subs: &s.subs, pub: &s.pub, lsn: &s.lsn, subjects: make(map[string]int32)}
+	s.pub = newPublishing(env, &s.conns, &s.req, &s.tok, &s.adm, &s.ans)
+	s.subs = subscriptions{loopEnv: env, conns: &s.conns, out: &s.out, fan: &s.fan, chans: &s.chans, lsn: &s.lsn, tr: &s.tr}
+	s.fan = fanout{loopEnv: env, subs: &s.subs, chans: &s.chans, out: &s.out, tr: &s.tr, streams: make(map[string]*stream)}
+	s.chans = channelTable{loopEnv: env, lsn: &s.lsn, fan: &s.fan, hub: &s.hub, byName: make(map[string]*channel)}
+	s.lsn = newListenState(env, &s.fan, &s.chans, &s.hub)
+	s.out = newOutbound(env, &s.conns)
+	s.hub = newHubServer(env, &s.chans, &s.lsn)
+	s.tasks.enter, s.tasks.leave = s.enter, s.leave
+	s.tasks.between = s.admitRound
 	s.schemaMsg.Store("schema not checked yet")
 	return s, nil
 }
@@ -156,13 +132,13 @@ func (s *Server) Run(ctx context.Context) error {
 	s.sseLn.Store(sseLn)
 	var hubLn net.Listener
 	if s.cfg.HubSocket != "" {
-		cleanup, err := s.hub.socket.prepare(s.cfg.HubSocket, s.cfg.HubSocketMode, s.log)
+		cleanup, err := s.hubSocket.prepare(s.cfg.HubSocket, s.cfg.HubSocketMode, s.log)
 		if err != nil {
 			return err
 		}
 		defer cleanup()
 		hubLn, err = net.Listen("unix", s.cfg.HubSocket)
-		s.hub.socket.bound(s.log)
+		s.hubSocket.bound(s.log)
 		if err != nil {
 			return fmt.Errorf("--hub-socket %s: %w", s.cfg.HubSocket, bindError(err))
 		}
@@ -182,23 +158,17 @@ func (s *Server) Run(ctx context.Context) error {
 	// or /channels/ client that subscribes at once must reach Listen, not a nil source.
 	// Everything the loop reads must be in place before the first connection is handed over.
 	s.nowMS = time.Now().UnixMilli()
-	s.listenDownSinceMS = s.nowMS
+	s.lsn.downSince(s.nowMS)
 	if err := s.out.init(); err != nil {
 		return fmt.Errorf("engine: epoll set for SSE writes: %w", err)
 	}
 	defer s.out.close()
-	s.startVerifier()
-	defer s.stopVerifier()
+	s.tok.start()
+	defer s.tok.stop()
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
-	s.listen = s.newListenSource()
-	s.listen.Listen(storeChannel, func(err error) {
-		if err != nil && !errors.Is(err, pglisten.ErrClosed) { // closed: the server is stopping
-			s.log.Error("LISTEN on the stream channel failed", "channel", storeChannel, "err", err)
-		}
-	})
+	s.lsn.open()
 	abort := func(err error) error {
-		close(s.stopping)
-		_ = s.listen.Close()
+		s.lsn.close()
 		s.replayer.Close()
 		return err
 	}
@@ -232,25 +202,25 @@ func (s *Server) Run(ctx context.Context) error {
 	s.healthyAt.Store(time.Now().UnixNano())
 	s.tasks.start(anchor.EventLoop())
 
-	acceptors := []*acceptor{s.newAcceptor("--listen "+s.addr.String(), sseLn, originSSE, &s.sseOpen,
+	acceptors := []*acceptor{s.newAcceptor("--listen "+s.addr.String(), sseLn, originSSE, s.conns.openCounter(),
 		func() int64 { return int64(s.cfg.MaxConnections + shedSlack) })}
 	if hubLn != nil {
-		acceptors = append(acceptors, s.newAcceptor("--hub-socket "+s.cfg.HubSocket, hubLn, originHub, &s.hub.openCount,
+		acceptors = append(acceptors, s.newAcceptor("--hub-socket "+s.cfg.HubSocket, hubLn, originHub, s.hub.openCounter(),
 			func() int64 { return int64(s.cfg.hubWorkers + hubShedSlack) }))
 	}
 	for _, a := range acceptors {
 		a.start()
 	}
 
-	s.listen.Start()
+	s.lsn.start()
 
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(4)
 	go func() { defer wg.Done(); s.ticker(bg) }()
 	go func() { defer wg.Done(); s.checkSchema(bg) }()
-	go func() { defer wg.Done(); s.keepMemory(bg) }()
-	go func() { defer wg.Done(); s.watchWritable(bg) }()
+	go func() { defer wg.Done(); s.out.keepMemory(bg) }()
+	go func() { defer wg.Done(); s.out.watchWritable(bg) }()
 	if s.cfg.Retention > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); store.RunRetention(bg, s.cfg.DatabaseURL, s.cfg.Retention, s.log) }()
@@ -272,12 +242,11 @@ func (s *Server) Run(ctx context.Context) error {
 		a.close()
 	}
 	pubCtx, pubCancel := context.WithTimeout(context.Background(), drainTimeout)
-	s.stopPublisher(pubCtx) // what is still queued is committed (and answered, if its client waited)
+	s.pub.stopPublisher(pubCtx) // what is still queued is committed (and answered, if its client waited)
 	pubCancel()
 	stopBG()
-	close(s.stopping)
 	s.out.stopWatching()
-	_ = s.listen.Close()
+	s.lsn.close()
 	s.replayer.Close()
 	wg.Wait()
 	s.tasks.close()
@@ -309,12 +278,12 @@ func bindError(err error) error {
 // admitRound is one round of admissions after a round of tasks that took taskTime
 // (taskQueue.between); it reports whether more connections wait.
 func (s *Server) admitRound(taskTime time.Duration) bool {
-	if s.admitQ.len() == 0 {
+	if s.adm.waiting() == 0 {
 		return false
 	}
 	s.enter()
 	defer s.leave()
-	return s.admitQueued(admitBudget(taskTime))
+	return s.adm.round(admitBudget(taskTime))
 }
 
 // drain tells every client to come back later (jittered) and every worker to fail over,
@@ -323,13 +292,9 @@ func (s *Server) admitRound(taskTime time.Duration) bool {
 func (s *Server) drain() {
 	done := make(chan struct{})
 	s.tasks.push(func() {
-		s.enter()
-		defer s.leave()
-		s.log.Info("shutting down: telling clients to retry", "connections", s.active, "hub_workers", s.hub.count())
+		s.log.Info("shutting down: telling clients to retry", "connections", s.conns.subscribers(), "hub_workers", s.hub.count())
 		s.draining = true
-		for _, sc := range s.conns {
-			s.retryLater(sc, shedDraining)
-		}
+		s.conns.retryAll(shedDraining)
 		s.hub.shutdown()
 		close(done)
 	})
@@ -340,7 +305,7 @@ func (s *Server) drain() {
 	deadline := time.Now().Add(drainTimeout)
 	for time.Now().Before(deadline) {
 		left := make(chan int, 1)
-		if !s.tasks.push(func() { left <- len(s.conns) + s.hub.count() }) {
+		if !s.tasks.push(func() { left <- s.conns.count() + s.hub.count() }) {
 			return
 		}
 		select {
@@ -352,6 +317,29 @@ func (s *Server) drain() {
 		}
 		time.Sleep(drainPollInterval)
 	}
+}
+
+// AddSibling enrols c — this process's end of a socketpair whose other end a sibling
+// process of --procs inherited (Config.SiblingHub there) — as a hub worker allowed to
+// subscribe to the stream channel. Nothing but that socket carries the privilege: an outside
+// worker can only reach the hub through --hub-socket. Call it after Started; c is closed
+// (gnet keeps a duplicate).
+func (s *Server) AddSibling(c net.Conn) error {
+	select {
+	case <-s.started:
+	default:
+		_ = c.Close()
+		return errors.New("engine: AddSibling before the server started")
+	}
+	res, err := s.eng.Register(gnet.NewNetConnContext(gnet.NewContext(context.Background(), originSibling), c))
+	if err != nil {
+		_ = c.Close()
+		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", err)
+	}
+	if r := <-res; r.Err != nil {
+		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", r.Err)
+	}
+	return nil
 }
 
 // StopAccepting closes --listen: the connections open are served on, new ones go to whoever
@@ -376,12 +364,12 @@ func (s *Server) Healthy() bool {
 
 // Ready reports whether the LISTEN session is up and the schema is at the expected
 // version (/readyz).
-func (s *Server) Ready() bool { return s.listenOK.Load() && s.schemaOK.Load() }
+func (s *Server) Ready() bool { return s.lsn.ok() && s.schemaOK.Load() }
 
 // NotReadyReason says why Ready is false, in one line.
 func (s *Server) NotReadyReason() string {
 	switch {
-	case !s.listenOK.Load():
+	case !s.lsn.ok():
 		return "LISTEN session is down"
 	case !s.schemaOK.Load():
 		return s.schemaMsg.Load().(string)

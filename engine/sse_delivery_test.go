@@ -379,7 +379,7 @@ func TestSSEChannelBridge(t *testing.T) {
 		waitFor(t, 5*time.Second, "the server to drop the closed holder", func() bool {
 			holders := -1
 			ts.onLoop(t, func() {
-				if ch := ts.channels["x"]; ch != nil {
+				if ch := ts.chans.byName["x"]; ch != nil {
 					holders = ch.holders
 				}
 			})

@@ -227,7 +227,7 @@ func holdListenDown(t testing.TB, ts *testServer) (release func()) {
 	n := exec(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE application_name = 'pgsse-listen' AND datname = '` + strings.ReplaceAll(db, "'", "''") + `'`)
 	require.Equal(t, "1", n, "one LISTEN backend in our database")
-	waitFor(t, 5*time.Second, "LISTEN session down", func() bool { return !ts.listenOK.Load() })
+	waitFor(t, 5*time.Second, "LISTEN session down", func() bool { return !ts.lsn.ok() })
 	return release
 }
 
@@ -254,14 +254,14 @@ func TestSSEFaultListenTerminated(t *testing.T) {
 			release := holdListenDown(t, ts)
 			before := p.last.Load()
 			waitFor(t, 20*time.Second, "events committed during the outage", func() bool { return p.last.Load() > before+5 })
-			require.False(t, ts.listenOK.Load(), "the LISTEN session is still down")
+			require.False(t, ts.lsn.ok(), "the LISTEN session is still down")
 			release()
 		} else {
 			require.Equal(t, 1, terminateListen(t, ts.DSN), "one LISTEN backend in our database")
-			waitFor(t, 5*time.Second, "LISTEN session noticed down", func() bool { return !ts.listenOK.Load() })
+			waitFor(t, 5*time.Second, "LISTEN session noticed down", func() bool { return !ts.lsn.ok() })
 		}
 		before := clients[0].count()
-		waitFor(t, 20*time.Second, "LISTEN session back", func() bool { return ts.listenOK.Load() })
+		waitFor(t, 20*time.Second, "LISTEN session back", func() bool { return ts.lsn.ok() })
 		waitFor(t, 10*time.Second, "events flowing again", func() bool { return clients[0].count() > before+5 })
 	}
 	p.Stop()
@@ -288,7 +288,7 @@ func TestSSEFaultOutageCatchUpWithoutLaterTraffic(t *testing.T) {
 	release := holdListenDown(t, ts)
 	publishN(t, pub, "o", "during", 5) // committed when it returns
 	require.NoError(t, store.Broadcast(context.Background(), pub, "o", "lost ephemeral", "", nil))
-	require.False(t, ts.listenOK.Load(), "the LISTEN session is still down")
+	require.False(t, ts.lsn.ok(), "the LISTEN session is still down")
 	release()
 	c.readIDs(2, 6, 20*time.Second)
 	// Live again afterwards.
@@ -332,7 +332,7 @@ func TestSSEFaultPostgresRestart(t *testing.T) {
 			cluster.Restart()
 		}
 		waitFor(t, 30*time.Second, "publisher publishing again", func() bool { return p.last.Load() > before+3 })
-		waitFor(t, 30*time.Second, "LISTEN session back", func() bool { return ts.listenOK.Load() })
+		waitFor(t, 30*time.Second, "LISTEN session back", func() bool { return ts.lsn.ok() })
 		n := clients[0].count()
 		waitFor(t, 15*time.Second, "events flowing again", func() bool { return clients[0].count() > n+5 })
 	}
@@ -401,8 +401,8 @@ func TestSSEFaultChannelRelisten(t *testing.T) {
 	}
 	for round := 0; round < 2; round++ {
 		require.Equal(t, 1, terminateListen(t, ts.DSN))
-		waitFor(t, 5*time.Second, "LISTEN down", func() bool { return !ts.listenOK.Load() })
-		waitFor(t, 20*time.Second, "LISTEN back", func() bool { return ts.listenOK.Load() })
+		waitFor(t, 5*time.Second, "LISTEN down", func() bool { return !ts.lsn.ok() })
+		waitFor(t, 20*time.Second, "LISTEN back", func() bool { return ts.lsn.ok() })
 		for i, n := range names {
 			p := fmt.Sprintf("round %d %s", round, n)
 			notify(n, p)
@@ -427,7 +427,7 @@ func TestShedDatabaseUnavailable(t *testing.T) {
 	cluster.Stop()
 	waitFor(t, 20*time.Second, "the server to know PostgreSQL is down", func() bool {
 		down := false
-		ts.onLoop(t, func() { down = ts.databaseUnavailable() })
+		ts.onLoop(t, func() { down = ts.lsn.databaseUnavailable() })
 		return down
 	})
 	for _, path := range []string{"/streams/db", "/streams/db?since=0", "/channels/db"} {
@@ -438,7 +438,7 @@ func TestShedDatabaseUnavailable(t *testing.T) {
 	assert.Equal(t, float64(3), metricValue(t, ts.metrics.shed[shedDatabaseUnavailable]))
 
 	cluster.Start()
-	waitFor(t, 30*time.Second, "the LISTEN session back", func() bool { return ts.listenOK.Load() })
+	waitFor(t, 30*time.Second, "the LISTEN session back", func() bool { return ts.lsn.ok() })
 	c := dial(t, addr, "/streams/db", tok)
 	require.Equal(t, 200, c.Status)
 	pub := connectPlain(dsn)

@@ -36,8 +36,8 @@ func TestSSEGapWhileLagging(t *testing.T) {
 	var lagging bool
 	waitFor(t, 10*time.Second, "slow client lagging", func() bool {
 		ts.onLoop(t, func() {
-			for _, sc := range ts.conns {
-				if sc.state == stateLagging {
+			for _, sc := range ts.conns.list {
+				if sub := sc.streamSub("lag"); sub != nil && sub.state == subLagging {
 					lagging = true
 				}
 			}
@@ -75,17 +75,17 @@ func TestSSEGapWhileLaggingFromCursorZero(t *testing.T) {
 	ts := startServer(t, "", nil)
 	c := dial(t, ts.Addr().String(), "/streams/lag0", bearerH(allStreams(t)))
 	require.Equal(t, 200, c.Status)
-	sub := func() (found *sseConn) {
-		for _, sc := range ts.conns {
-			if sc.stream != nil && sc.stream.name == "lag0" {
-				found = sc
+	sub := func() (found *subscription) {
+		for _, sc := range ts.conns.list {
+			if s := sc.streamSub("lag0"); s != nil {
+				found = s
 			}
 		}
 		return found
 	}
 	waitFor(t, 10*time.Second, "subscriber live at head 0", func() bool {
 		live := false
-		ts.onLoop(t, func() { sc := sub(); live = sc != nil && sc.state == stateLive && sc.cursor == 0 })
+		ts.onLoop(t, func() { s := sub(); live = s != nil && s.state == subLive && s.cursor == 0 })
 		return live
 	})
 	// More events than the stream's ring keeps, so that catching up reads the table, which
@@ -93,7 +93,7 @@ func TestSSEGapWhileLaggingFromCursorZero(t *testing.T) {
 	// could resume the connection.
 	const total, kept = 2 * ringMaxEvents, 3
 	ts.onLoop(t, func() {
-		ts.pause(sub()) // as deliver does over the high watermark
+		ts.subs.pause(sub()) // as deliver does over the high watermark
 		pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.publish('lag0', g::text) FROM generate_series(1, %d) g", total))
 		pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.prune('0 seconds', %d)", kept))
 	})

@@ -367,3 +367,13 @@ func (ts *testServer) onLoop(t testing.TB, f func()) {
 func isEOF(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
+
+// streamSub is the connection's subscription to stream name, or nil (on the loop).
+func (sc *sseConn) streamSub(name string) *subscription {
+	for i := range sc.subCount() {
+		if sub := sc.sub(i); sub.st != nil && sub.st.name == name {
+			return sub
+		}
+	}
+	return nil
+}

@@ -108,7 +108,7 @@ func TestSSESlowClient(t *testing.T) {
 				out := make(chan int, 1)
 				if ts.tasks.push(func() {
 					m := 0
-					for _, sc := range ts.conns {
+					for _, sc := range ts.conns.list {
 						if !sc.closed && sc.c != nil {
 							m = max(m, sc.pending())
 						}
@@ -367,7 +367,7 @@ func TestSSE5000Connections(t *testing.T) {
 	t.Logf("burst of %d delivered to %d connections in %v (total %v)", burst, conns, time.Since(pubStart), time.Since(start))
 	require.Zero(t, bad.Load(), "connections with a wrong or missing event: first %v", firstBad.Load())
 	var active int
-	ts.onLoop(t, func() { active = ts.active })
+	ts.onLoop(t, func() { active = ts.conns.active })
 	assert.Equal(t, conns, active)
 }
 
@@ -459,7 +459,7 @@ func TestSSEGracefulStop(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "the clients, the half-open connection and a newcomer registered", func() bool {
 		var n int
-		ts.onLoop(t, func() { n = len(ts.conns) })
+		ts.onLoop(t, func() { n = len(ts.conns.list) })
 		return n >= len(clients)+2
 	})
 	start := time.Now()

@@ -524,7 +524,7 @@ func TestSSERequestRobustness(t *testing.T) {
 		assert.Equal(t, "still streaming", c.mustNextData(5*time.Second).Data)
 		var maxIn int
 		ts.onLoop(t, func() {
-			for _, sc := range ts.conns {
+			for _, sc := range ts.conns.list {
 				if sc.c != nil && !sc.closed {
 					maxIn = max(maxIn, sc.c.InboundBuffered())
 				}
@@ -562,7 +562,7 @@ func TestSSERequestRobustness(t *testing.T) {
 		}
 		stay.readIDs(1, 50, 10*time.Second)
 		var n int
-		ts.onLoop(t, func() { n = ts.active })
+		ts.onLoop(t, func() { n = ts.conns.active })
 		assert.Less(t, n, 20, "closed clients are forgotten")
 	})
 }

@@ -3,19 +3,20 @@ package engine
 import (
 	"math/rand/v2"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/sse"
 )
 
-// The connection state machine of the SSE port (docs/http.md). A subscriber moves through
+// The connection state machine of the SSE port (docs/http.md), and the table of its
+// connections (connTable). A subscriber moves through
 //
-//	head ─► verifying ─► queued ─► pending ─► catch-up ◄─► live
-//	  └────────────────►┘                        ▲    ╲     │
-//	                                             │     ▼    ▼
-//	                                             └──── lagging    and from any state ─► closing
+//	head ─► verifying ─► queued ─► pending ─► streaming
+//	  └────────────────►┘                                 and from any state ─► closing
 //
 //   - head: reading the request head (headTimeoutMS from the accept, or from the first byte
 //     of a keep-alive connection's next request);
@@ -23,13 +24,11 @@ import (
 //     (verify.go); the answer comes back as a loop task (verifyTimeoutMS);
 //   - queued: authorised, waiting in the admission FIFO (admission.go), serviced a round at
 //     a time between rounds of deliveries;
-//   - pending: admitted and registered on its stream or channel, waiting for the LISTEN or
-//     the head read before the response head goes out (pendingTimeoutMS);
-//   - catch-up: the response head is sent; history is read from the table, live durable
-//     events are not written (ephemeral ones are);
-//   - live: taking live writes;
-//   - lagging: over its high watermark queued (budget.go); waits to drain below the low one,
-//     then catches up;
+//   - pending: admitted, its subscriptions registered on their streams or channels, waiting
+//     until every one of them knows where it starts (its stream's head read, its channel's
+//     LISTEN) before the response head goes out (pendingTimeoutMS);
+//   - streaming: the response head is sent; its subscriptions take events, each in its own
+//     state — catch-up, live or lagging (subscription.go);
 //   - closing: the last bytes are queued and the socket closes once they have left
 //     (closeLingerMS at most);
 //   - publish-body: a publish request's head was accepted; its body is read (bounded by
@@ -42,15 +41,17 @@ import (
 //     that closing with unread input does not reset the connection before the client has
 //     read the answer.
 //
-// The helpers in this file are the only code that assigns sseConn.state. Each says which
-// transition it makes and does what that transition owes: verify parks a connection for
-// the pool, queueAdmission puts it in the admission FIFO, admit counts it, respond writes the
-// response head, pause enrols a lagging connection for the tick, shed says why it was sent
-// away, finish writes the last bytes and closes. sweepConns (from the tick) applies the
-// time rules of each state. Every byte to an SSE client goes out through write, writeEvents
-// or writev (outbound.go has what happens underneath).
+// The helpers in this file are the only code that assigns sseConn.state, through sseConn.to
+// (a subscription's state has its own helpers, subscription.go; parts_test.go checks both).
+// Each says which transition it makes and does what that transition owes: verify parks a
+// connection for the pool, queueAdmission puts it in the admission FIFO, admit counts it,
+// respond writes the response head, shed says why it was sent away, finish writes the last
+// bytes and closes. sweep (from the tick) applies the time
+// rules of each state. Every byte to an SSE client goes out through write, writeEvents,
+// writeLive or writev (outbound.go has what happens underneath); what the bytes are is the
+// transport's (transport.go).
 //
-// Times are the loop clock, Server.nowMS (unix milliseconds, refreshed every tick).
+// Times are the loop clock, loopEnv.nowMS (unix milliseconds, refreshed every tick).
 
 // connState is where an SSE connection is in its life.
 type connState uint8
@@ -59,10 +60,8 @@ const (
 	stateHead          connState = iota // reading the request head
 	stateVerifying                      // a subscriber whose token is on the verifier pool
 	stateQueued                         // a subscriber authorised, waiting in the admission FIFO
-	statePending                        // admitted and registered; no response head yet
-	stateCatchUp                        // response sent; reading history from the table
-	stateLive                           // taking live writes
-	stateLagging                        // over the high watermark; waiting to drain
+	statePending                        // admitted and subscribed; no response head yet
+	stateStreaming                      // response sent; its subscriptions take events
 	stateClosing                        // a final write is queued; the socket closes once it is flushed
 	statePublishBody                    // a publish request: reading its body, verifying its token
 	statePublishCommit                  // a publish request with the Publisher: answered after COMMIT
@@ -78,7 +77,7 @@ const (
 	keepAliveIdleMS  = 30_000 // a keep-alive connection without a new request for this long is closed
 	lingerTimeoutMS  = 2_000  // a lingering close waits at most this long for the client's EOF
 	closeLingerMS    = 5_000  // a closing connection's last bytes get this long to leave
-	sweepIntervalMS  = 240    // sweepConns runs at most this often: just under tickSlow, so every slow tick sweeps
+	sweepIntervalMS  = 240    // sweep runs at most this often: just under tickSlow, so every slow tick sweeps
 	// dbUnavailableAfterMS: once the LISTEN session has been down this long, a connection
 	// that has no response head yet is shed with ":database unavailable" rather than left
 	// waiting (a PostgreSQL restart that is over within it costs nobody their connection).
@@ -98,11 +97,11 @@ const (
 	shedReasons
 )
 
-var shedComments = [shedReasons][]byte{
-	shedOverCapacity:        []byte("over capacity"),
-	shedDraining:            []byte("draining"),
-	shedDatabaseUnavailable: []byte("database unavailable"),
-	shedSubjectLimit:        []byte("too many connections for this subject"),
+var shedComments = [shedReasons]string{
+	shedOverCapacity:        "over capacity",
+	shedDraining:            "draining",
+	shedDatabaseUnavailable: "database unavailable",
+	shedSubjectLimit:        "too many connections for this subject",
 }
 
 // The retry: value a client gets when it is sent away (docs/http.md, Responses and errors:
@@ -112,36 +111,36 @@ const (
 	retryJitterMaxMS = 10_000
 )
 
-// sseConn is one SSE client. It lives on the loop goroutine only. Kept small: an idle
-// connection should cost well under 1 KiB including gnet's own state.
+// sseConn is one connection on the SSE port. It lives on the loop goroutine only. What stays
+// per connection is here: the socket, its outbound queue, the token's tags, expiry and
+// subject, the timers and the connection's state; what it follows is its subscriptions
+// (subscription.go), each with its own stream, cursor and catch-up state.
+//
+// Kept small (an idle connection should cost well under 1 KiB including gnet's own state):
+// what only setting up needs (the request, the Origin) hangs off setup and goes once the
+// response head is sent, a publisher's state hangs off pub, and the first subscription is
+// held inline (TestIdleConnSize pins the size).
 type sseConn struct {
-	c      gnet.Conn
-	state  connState
-	closed bool // OnClose ran: late replay results are ignored
-	// replaying is set while a replay read for this connection is in flight.
-	replaying bool
-	// gapChecked is set once the client's cursor has been checked against the table.
-	gapChecked bool
-	counted    bool  // counted in Server.active (admitted)
-	retries    uint8 // consecutive failed history reads
-	watched    bool  // registered in the writability set (outbound.go)
+	c       gnet.Conn
+	q       *outQueue    // what the socket has not taken yet; nil when nothing (outbound.go)
+	pub     *publishConn // a publisher's request state (publish.go); kept across keep-alive requests
+	setup   *subRequest  // what it asked for, from its head until its response head is sent (request.go)
+	tags    []string     // the token's tags (audience)
+	subject string       // its key in admission.subjects while counted there ("" = not counted; admission.go)
 
-	all    int32 // index in Server.conns
-	subIdx int32 // index in stream.subs or channel.sse (a connection is on one of them at most)
-
-	cursor      int64 // last durable id written (or skipped) for this connection
 	enteredMS   int64 // when the connection entered its state (head and pending time rules)
 	lastWriteMS int64 // when it was last written to (heartbeats)
 	expiresMS   int64 // the token's exp, unix ms; 0 = none
 
-	q       *outQueue // what the socket has not taken yet; nil when nothing (outbound.go)
-	stream  *stream
-	ch      *channel
-	pub     *publishConn // a publisher's request state (publish.go); kept across keep-alive requests
-	tags    []string     // token tags (audience)
-	cors    []byte       // allowed Origin to echo in the response head, until it is sent
-	req     *subRequest  // what it asked for, from the head until it is admitted (verifying, queued)
-	subject string       // its key in Server.subjects while counted there ("" = not counted)
+	all     int32 // index in connTable.list
+	state   connState
+	closed  bool // OnClose ran: late results (replay reads, verdicts, COMMITs) are ignored
+	counted bool // counted in connTable.active (admitted)
+
+	// Its subscriptions (subscription.go): nsub of them, the first inline, the others in more.
+	nsub  uint8
+	more  *[]subscription
+	first subscription
 }
 
 // to is the one assignment of a state; only the transition helpers below call it.
@@ -151,90 +150,125 @@ func (sc *sseConn) to(state connState, nowMS int64) {
 }
 
 // streaming reports whether the response head has been sent and the connection is open
-// for events (catch-up, live, lagging).
-func (sc *sseConn) streaming() bool {
-	return !sc.closed && sc.state >= stateCatchUp && sc.state <= stateLagging
+// for events.
+func (sc *sseConn) streaming() bool { return !sc.closed && sc.state == stateStreaming }
+
+// ending reports whether the connection is closed or closing: nothing more is written to it.
+func (sc *sseConn) ending() bool { return sc.closed || sc.state == stateClosing }
+
+// sees reports whether the token lets this connection see an event for audience (nil =
+// everyone; docs/http.md, Audience).
+func (sc *sseConn) sees(audience []string) bool { return auth.InAudience(sc.tags, audience) }
+
+// wrote records a write to the socket (heartbeats count from it).
+func (sc *sseConn) wrote(nowMS int64) { sc.lastWriteMS = nowMS }
+
+// cors is the CORS part of a response head: the request's Origin when it is allowed.
+func (sc *sseConn) cors() sse.CORS {
+	if sc.setup == nil {
+		return sse.CORS{}
+	}
+	return sc.setup.cors()
 }
+
+// connTable is the SSE port's connections: every one of them (list), the admitted ones
+// counted (active), and those closed during the current loop entry (reap, removed on the way
+// out). It owns the state machine above and reaches the other parts only through their types.
+type connTable struct {
+	*loopEnv
+	out  *outbound
+	tr   transport
+	adm  *admission
+	pub  *publishing
+	subs *subscriptions
+	lsn  *listenState
+
+	list   []*sseConn
+	reap   []*sseConn
+	active int          // admitted SSE connections (subscribers)
+	opened atomic.Int64 // len(list), for the acceptor's hard cap
+}
+
+// all is every connection on the SSE port (read it, do not keep it).
+func (t *connTable) all() []*sseConn { return t.list }
+
+// count is the number of connections open on the SSE port.
+func (t *connTable) count() int { return len(t.list) }
+
+// subscribers is the number of admitted subscribers (counted against --max-connections).
+func (t *connTable) subscribers() int { return t.active }
+
+// openCounter is the count of open connections the SSE acceptor caps.
+func (t *connTable) openCounter() *atomic.Int64 { return &t.opened }
 
 // --- transitions --------------------------------------------------------------------------
 
-// openConn registers a new connection on the SSE port: → head.
-func (s *Server) openConn(c gnet.Conn) *sseConn {
-	sc := &sseConn{c: c, all: int32(len(s.conns))}
-	sc.to(stateHead, s.nowMS)
-	s.conns = append(s.conns, sc)
-	s.sseOpen.Store(int64(len(s.conns)))
+// open registers a new connection on the SSE port: → head.
+func (t *connTable) open(c gnet.Conn) *sseConn {
+	sc := &sseConn{c: c, all: int32(len(t.list))}
+	sc.to(stateHead, t.nowMS)
+	t.list = append(t.list, sc)
+	t.opened.Store(int64(len(t.list)))
 	c.SetContext(sc)
 	return sc
 }
 
-// verify parks a connection whose token is being checked on the verifier pool: head →
-// verifying. req is what it asked for; the pool's answer resumes it (request.go: authorized).
-func (s *Server) verify(sc *sseConn, req *subRequest) {
-	sc.req = req
-	sc.to(stateVerifying, s.nowMS)
-}
+// asked records what a subscription request asked for (its streams, cursor and Origin):
+// kept until the response head is sent.
+func (t *connTable) asked(sc *sseConn, req *subRequest) { sc.setup = req }
 
-// queueAdmission puts an authorised connection in the admission FIFO: head or verifying → queued.
-// grant is what its token allows it to see (tags, exp); the FIFO admits it in its turn.
-func (s *Server) queueAdmission(sc *sseConn, req *subRequest, tags []string, expiresMS int64) {
-	sc.req = req
+// verify parks a connection whose token is being checked on the verifier pool: head →
+// verifying. The pool's answer resumes it (request.go: authorized).
+func (t *connTable) verify(sc *sseConn) { sc.to(stateVerifying, t.nowMS) }
+
+// queueAdmission puts an authorised connection in the admission FIFO: head or verifying →
+// queued. tags and expiresMS are what its token allows it (its audience, its exp); the FIFO
+// admits it in its turn.
+func (t *connTable) queueAdmission(sc *sseConn, tags []string, expiresMS int64) {
 	sc.tags = tags
 	sc.expiresMS = expiresMS
-	sc.to(stateQueued, s.nowMS)
-	s.admitQ.push(sc)
-	s.tasks.kick()
+	sc.to(stateQueued, t.nowMS)
+	t.adm.push(sc)
+	t.tasks.kick()
 }
 
 // admit makes a queued connection a subscriber: queued → pending. It counts the connection
-// against MaxConnections; the caller then registers it on its stream or channel, which moves
-// it on with respond when the subscription is live.
-func (s *Server) admit(sc *sseConn) {
-	sc.req = nil
+// against MaxConnections; the caller then subscribes it, which moves it on with respond once
+// every subscription knows where it starts.
+func (t *connTable) admit(sc *sseConn) {
 	sc.counted = true
-	s.active++
-	s.metrics.sseConns.Set(float64(s.active))
-	sc.to(statePending, s.nowMS)
+	t.active++
+	t.metrics.sseConns.Set(float64(t.active))
+	sc.to(statePending, t.nowMS)
 }
 
-// respond writes the response head — 200, the retry field and a comment, at once — once the
-// subscription is live (docs/http.md, Cursors and gaps): pending → catch-up or live.
-func (s *Server) respond(sc *sseConn, next connState) {
-	b := sse.AppendStreamHead(s.scratch[:0], s.connCORS(sc))
-	b = sse.AppendRetry(b, s.cfg.Retry.Milliseconds())
-	b = sse.AppendComment(b, []byte("pgsse"))
-	b = append(b, '\n')
-	sc.write(s, b)
-	sc.cors = nil
-	sc.to(next, s.nowMS)
+// respond writes the response head — 200, the retry field and a comment, at once — once
+// every subscription is live (docs/http.md, Cursors and gaps): pending → streaming.
+func (t *connTable) respond(sc *sseConn) {
+	t.write(sc, t.tr.streamHead(sc.cors(), t.cfg.Retry.Milliseconds()))
+	sc.setup = nil
+	sc.to(stateStreaming, t.nowMS)
 }
-
-// goLive moves a connection that has caught up into the live set: catch-up → live.
-func (s *Server) goLive(sc *sseConn) { sc.to(stateLive, s.nowMS) }
-
-// pause stops live writes to a connection over the high watermark: live or catch-up →
-// lagging. The tick resumes it (resume) once its buffer has drained.
-func (s *Server) pause(sc *sseConn) {
-	sc.to(stateLagging, s.nowMS)
-	s.lagging = append(s.lagging, sc)
-	s.metrics.lagging.Inc()
-}
-
-// resume sends a drained connection back to reading the table: lagging → catch-up.
-func (s *Server) resume(sc *sseConn) { sc.to(stateCatchUp, s.nowMS) }
 
 // finish writes a connection's last bytes (if any) and closes it: → closing. Of what the
 // connection still has queued, only an event the socket has begun is kept (the client must
 // not see half an event followed by the last bytes); if the socket does not take it all at
-// once, the close waits until the queue has drained (flushQueue) or closeLingerMS has passed
-// (sweepConns).
-func (s *Server) finish(sc *sseConn, last []byte) {
-	sc.to(stateClosing, s.nowMS)
-	s.trimQueue(sc)
+// once, the close waits until the queue has drained (outbound.flushQueue) or closeLingerMS
+// has passed (sweep).
+func (t *connTable) finish(sc *sseConn, last []byte) {
+	sc.to(stateClosing, t.nowMS)
+	t.out.trimQueue(sc)
 	if len(last) > 0 {
-		sc.write(s, last)
+		t.write(sc, last)
 	}
 	if sc.pending() == 0 {
+		_ = sc.c.Close()
+	}
+}
+
+// finished closes a closing connection whose last bytes have left (outbound.flushQueue).
+func (sc *sseConn) finished() {
+	if sc.state == stateClosing && !sc.closed {
 		_ = sc.c.Close()
 	}
 }
@@ -244,307 +278,261 @@ func (s *Server) finish(sc *sseConn, last []byte) {
 // has taken the answer, the write side is shut (the client sees the answer and EOF); input
 // is discarded until the client's EOF closes the connection or lingerTimeoutMS passes. If
 // the answer could not be written at once, it closes as finish does (→ closing).
-func (s *Server) linger(sc *sseConn, last []byte) {
+func (t *connTable) linger(sc *sseConn, last []byte) {
 	if sc.closed || sc.pending() > 0 || sc.c.OutboundBuffered() > 0 {
-		s.finish(sc, last)
+		t.finish(sc, last)
 		return
 	}
-	sc.write(s, last)
+	t.write(sc, last)
 	if sc.closed {
 		return
 	}
 	if sc.pending() > 0 || unix.Shutdown(sc.c.Fd(), unix.SHUT_WR) != nil {
 		// Part of the answer waits in the queue: close once it has left, as finish does.
-		sc.to(stateClosing, s.nowMS)
+		sc.to(stateClosing, t.nowMS)
 		return
 	}
-	sc.to(stateLinger, s.nowMS)
+	sc.to(stateLinger, t.nowMS)
 	_, _ = sc.c.Discard(-1)
 }
 
 // beginPublish makes a connection whose head is a publish request a publisher: head →
 // publish-body. A connection counts against MaxConnections as a publisher from its first
-// publish request until it closes or turns into a subscriber.
-func (s *Server) beginPublish(sc *sseConn) {
-	if !sc.pub.counted {
-		sc.pub.counted = true
-		s.publishers++
-		s.metrics.publishConns.Set(float64(s.publishers))
-	}
-	sc.to(statePublishBody, s.nowMS)
+// publish request until it closes or turns into a subscriber (publishing.countConn).
+func (t *connTable) beginPublish(sc *sseConn) {
+	t.pub.countConn(sc)
+	sc.to(statePublishBody, t.nowMS)
 }
 
 // submitted records that a publish request is with the Publisher: publish-body →
 // publish-commit. Nothing more is read from the connection until it is answered.
-func (s *Server) submitted(sc *sseConn) { sc.to(statePublishCommit, s.nowMS) }
+func (t *connTable) submitted(sc *sseConn) { sc.to(statePublishCommit, t.nowMS) }
 
 // answerPublish writes the answer to a publish request: publish-body or publish-commit →
 // idle when the connection is kept alive; otherwise it closes (lingering when the client
 // may still be sending).
-func (s *Server) answerPublish(sc *sseConn, b []byte, keepAlive, bodyUnread bool) {
+func (t *connTable) answerPublish(sc *sseConn, b []byte, keepAlive, bodyUnread bool) {
 	switch {
 	case keepAlive:
-		sc.write(s, b)
-		sc.to(stateIdle, s.nowMS)
+		t.write(sc, b)
+		sc.to(stateIdle, t.nowMS)
 	case bodyUnread:
-		s.linger(sc, b)
+		t.linger(sc, b)
 	default:
-		s.finish(sc, b)
+		t.finish(sc, b)
 	}
 }
 
 // nextRequest starts reading a keep-alive connection's next request: idle → head.
-func (s *Server) nextRequest(sc *sseConn) { sc.to(stateHead, s.nowMS) }
-
-// uncountPublisher stops counting a publisher connection that closed or turned into a
-// subscriber.
-func (s *Server) uncountPublisher(sc *sseConn) {
-	if sc.pub != nil && sc.pub.counted {
-		sc.pub.counted = false
-		s.publishers--
-		s.metrics.publishConns.Set(float64(s.publishers))
-	}
-}
+func (t *connTable) nextRequest(sc *sseConn) { sc.to(stateHead, t.nowMS) }
 
 // shed answers 200 with a jittered retry and a comment saying why, and closes: EventSource
 // treats any non-200 as final, so load shedding must not use 503. For a connection whose
 // response head has not been sent (head, verifying, queued, pending).
-func (s *Server) shed(sc *sseConn, why shedReason) { s.shedSaying(sc, why, nil) }
+func (t *connTable) shed(sc *sseConn, why shedReason) { t.shedSaying(sc, why, "") }
 
 // schemaMissingComment follows ":database unavailable" when the database has no pgsse schema
 // (docs/http.md, Responses and errors): a second comment line, so that the first stays the
 // reason a client matches, exactly as before, and this one says what to do.
-var schemaMissingComment = []byte("schema not installed: the server's operator must run pgsse migrate")
+const schemaMissingComment = "schema not installed: the server's operator must run pgsse migrate"
 
-// shedSaying is shed with a second comment line, detail, after the reason (nil: none).
-func (s *Server) shedSaying(sc *sseConn, why shedReason, detail []byte) {
-	s.metrics.shed[why].Inc()
-	b := sse.AppendStreamHead(s.scratch[:0], s.connCORS(sc))
-	b = sse.AppendRetry(b, jitteredRetryMS())
-	b = sse.AppendComment(b, shedComments[why])
-	if detail != nil {
-		b = sse.AppendComment(b, detail)
+// shedSaying is shed with a second comment line, detail, after the reason ("": none).
+func (t *connTable) shedSaying(sc *sseConn, why shedReason, detail string) {
+	t.metrics.shed[why].Inc()
+	if detail == "" {
+		t.finish(sc, t.tr.shed(sc.cors(), jitteredRetryMS(), shedComments[why]))
+		return
 	}
-	b = append(b, '\n')
-	s.finish(sc, b)
+	t.finish(sc, t.tr.shed(sc.cors(), jitteredRetryMS(), shedComments[why], detail))
 }
 
-// closeWithRetry ends a streaming connection with a jittered retry field (shutdown, token
-// expiry, too slow for ephemeral traffic).
-func (s *Server) closeWithRetry(sc *sseConn) { s.closeWithRetrySaying(sc) }
+// closeWithRetry ends a streaming connection with a jittered retry field (shutdown, too slow
+// for ephemeral traffic).
+func (t *connTable) closeWithRetry(sc *sseConn) { t.closeWithRetrySaying(sc) }
 
 // tokenExpiredComment says why a stream closes at its token's exp (docs/http.md,
 // Authorization): a client that reconnects with the same token will get 401.
-var tokenExpiredComment = []byte("token expired")
+const tokenExpiredComment = "token expired"
 
 // closeWithRetrySaying is closeWithRetry with comment lines after the retry field.
-func (s *Server) closeWithRetrySaying(sc *sseConn, comments ...[]byte) {
-	if sc.closed || sc.state == stateClosing {
+func (t *connTable) closeWithRetrySaying(sc *sseConn, comments ...string) {
+	if sc.ending() {
 		return
 	}
-	b := sse.AppendRetry(s.scratch[:0], jitteredRetryMS())
-	for _, c := range comments {
-		b = sse.AppendComment(b, c)
-	}
-	s.finish(sc, append(b, '\n'))
+	t.finish(sc, t.tr.retry(jitteredRetryMS(), comments...))
 }
 
 // retryLater sends a connection away, whatever its state: one still sending its head (or
 // idle between requests) is closed, one without a response head is shed for why, a
 // streaming one gets a retry field; a publisher reading its body is answered 503, one
 // waiting for its COMMIT is answered (and closed) when it comes.
-func (s *Server) retryLater(sc *sseConn, why shedReason) {
+func (t *connTable) retryLater(sc *sseConn, why shedReason) {
 	switch {
-	case sc.closed || sc.state == stateClosing:
+	case sc.ending():
 	case sc.state == stateHead, sc.state == stateIdle, sc.state == stateLinger:
-		s.finish(sc, nil)
+		t.finish(sc, nil)
 	case sc.state == statePublishBody:
-		s.refusePublish(sc, 503, "the server is shutting down; retry elsewhere")
+		t.pub.refuse(sc, 503, "the server is shutting down; retry elsewhere")
 	case sc.state == statePublishCommit:
 		// Answered after COMMIT (with a close: the server is draining).
-	case sc.state < stateCatchUp: // verifying, queued, pending
-		s.shed(sc, why)
+	case sc.state < stateStreaming: // verifying, queued, pending
+		t.shed(sc, why)
 	default:
-		s.closeWithRetry(sc)
+		t.closeWithRetry(sc)
 	}
 }
 
-// connClosed runs from OnClose: the connection is removed from the tables on the way out of
-// the current loop entry (leave), so no slice changes under an iteration.
-func (s *Server) connClosed(sc *sseConn) {
+// retryAll sends every connection away (drain).
+func (t *connTable) retryAll(why shedReason) {
+	for _, sc := range t.list {
+		t.retryLater(sc, why)
+	}
+}
+
+// closed runs from OnClose: the connection is removed from the tables on the way out of
+// the current loop entry (reapClosed), so no slice changes under an iteration.
+func (t *connTable) closed(sc *sseConn) {
 	if sc.closed {
 		return
 	}
 	if sc.state == stateClosing {
-		s.flushQueue(sc) // the last bytes, as far as the socket takes them now
+		t.out.flushQueue(sc) // the last bytes, as far as the socket takes them now
 	}
 	sc.closed = true
-	s.reap = append(s.reap, sc)
-	if s.depth == 0 {
-		s.enter()
-		s.leave()
+	t.reap = append(t.reap, sc)
+}
+
+// reapClosed removes the connections closed during this loop entry (Server.leave).
+func (t *connTable) reapClosed() {
+	for len(t.reap) > 0 {
+		sc := t.reap[len(t.reap)-1]
+		t.reap[len(t.reap)-1] = nil
+		t.reap = t.reap[:len(t.reap)-1]
+		t.remove(sc)
 	}
 }
 
-// removeConn drops a closed connection from every table (from leave).
-func (s *Server) removeConn(sc *sseConn) {
+// remove drops a closed connection from every table.
+func (t *connTable) remove(sc *sseConn) {
 	if sc.counted {
 		sc.counted = false
-		s.active--
-		s.metrics.sseConns.Set(float64(s.active))
+		t.active--
+		t.metrics.sseConns.Set(float64(t.active))
 	}
-	s.uncountSubject(sc)
-	s.uncountPublisher(sc)
-	s.releasePublish(sc)
-	switch {
-	case sc.stream != nil:
-		st := sc.stream
-		st.subs = swapRemove(st.subs, sc, subIndex)
-		sc.stream = nil
-		s.maybeDropStream(st)
-	case sc.ch != nil:
-		ch := sc.ch
-		ch.sse = swapRemove(ch.sse, sc, subIndex)
-		sc.ch = nil
-		s.releaseChannel(ch)
-	}
-	s.conns = swapRemove(s.conns, sc, connIndex)
-	s.sseOpen.Store(int64(len(s.conns)))
-	s.unwatch(sc)
-	s.dropQueue(sc)
+	t.adm.uncountSubject(sc)
+	t.pub.uncountConn(sc)
+	t.pub.release(sc)
+	t.subs.unsubscribeAll(sc)
+	t.list = swapRemove(t.list, sc, connIndex)
+	t.opened.Store(int64(len(t.list)))
+	t.out.unwatch(sc)
+	t.out.dropQueue(sc)
 	sc.c = nil
 	sc.tags = nil
-	sc.req = nil
+	sc.setup = nil
 }
 
-// connIndex is sc's position in Server.conns.
+// connIndex is sc's position in connTable.list.
 func connIndex(sc *sseConn) *int32 { return &sc.all }
-
-// subIndex is sc's position in its stream's or channel's subscriber list.
-func subIndex(sc *sseConn) *int32 { return &sc.subIdx }
 
 // --- time rules ---------------------------------------------------------------------------
 
-// sweepConns applies each state's time rule, at most every sweepIntervalMS: a head not
-// complete within headTimeoutMS is closed, a token check not answered within verifyTimeoutMS
-// and a subscription pending longer than pendingTimeoutMS are shed (over capacity), a
-// pending one is shed once the LISTEN session has been down for dbUnavailableAfterMS
-// (database unavailable), a streaming connection whose token expired is closed with a
-// retry, one without a write for --heartbeat gets a comment line, and a closing one whose
-// last bytes have not left within closeLingerMS is closed without them; a publish body not
-// complete within publishBodyTimeoutMS is answered 408, a keep-alive connection idle for
-// keepAliveIdleMS and a lingering one after lingerTimeoutMS are closed.
-func (s *Server) sweepConns() {
-	heartbeatMS := s.cfg.Heartbeat.Milliseconds()
-	dbDown := s.databaseUnavailable()
-	for _, sc := range s.conns {
+// sweep applies each state's time rule, at most every sweepIntervalMS: a head not complete
+// within headTimeoutMS is closed, a token check not answered within verifyTimeoutMS and a
+// subscription pending longer than pendingTimeoutMS are shed (over capacity), a pending one
+// is shed once the LISTEN session has been down for dbUnavailableAfterMS (database
+// unavailable), a streaming connection whose token expired is closed with a retry, one
+// without a write for --heartbeat gets a heartbeat, and a closing one whose last bytes have
+// not left within closeLingerMS is closed without them; a publish body not complete within
+// publishBodyTimeoutMS is answered 408, a keep-alive connection idle for keepAliveIdleMS and
+// a lingering one after lingerTimeoutMS are closed.
+func (t *connTable) sweep() {
+	heartbeatMS := t.cfg.Heartbeat.Milliseconds()
+	dbDown := t.lsn.databaseUnavailable()
+	for _, sc := range t.list {
 		if sc.closed {
 			continue
 		}
 		switch sc.state {
 		case stateHead:
-			if s.nowMS-sc.enteredMS >= headTimeoutMS {
-				s.finish(sc, nil)
+			if t.nowMS-sc.enteredMS >= headTimeoutMS {
+				t.finish(sc, nil)
 			}
 		case stateVerifying:
-			if s.nowMS-sc.enteredMS > verifyTimeoutMS {
-				s.shed(sc, shedOverCapacity)
+			if t.nowMS-sc.enteredMS > verifyTimeoutMS {
+				t.shed(sc, shedOverCapacity)
 			}
 		case statePending:
 			switch {
 			case dbDown:
-				s.shed(sc, shedDatabaseUnavailable)
-			case s.nowMS-sc.enteredMS > pendingTimeoutMS:
-				s.shed(sc, shedOverCapacity)
+				t.shed(sc, shedDatabaseUnavailable)
+			case t.nowMS-sc.enteredMS > pendingTimeoutMS:
+				t.shed(sc, shedOverCapacity)
 			}
 		case stateIdle:
-			if s.nowMS-sc.enteredMS >= keepAliveIdleMS {
-				s.finish(sc, nil)
+			if t.nowMS-sc.enteredMS >= keepAliveIdleMS {
+				t.finish(sc, nil)
 			}
 		case stateLinger:
-			if s.nowMS-sc.enteredMS >= lingerTimeoutMS {
-				s.finish(sc, nil)
+			if t.nowMS-sc.enteredMS >= lingerTimeoutMS {
+				t.finish(sc, nil)
 			}
 		case statePublishBody:
-			if s.nowMS-sc.enteredMS >= s.publishBodyTimeoutMS {
-				s.refusePublish(sc, 408, "the request body did not arrive within "+
-					strconv.FormatInt(s.publishBodyTimeoutMS/1000, 10)+" s")
+			if timeout := t.pub.bodyTimeoutMS(); t.nowMS-sc.enteredMS >= timeout {
+				t.pub.refuse(sc, 408, "the request body did not arrive within "+
+					strconv.FormatInt(timeout/1000, 10)+" s")
 			}
 		case stateClosing:
-			if sc.pending() > 0 && s.nowMS-sc.enteredMS >= closeLingerMS {
-				s.dropQueue(sc) // the client does not read: give up on the last bytes
+			if sc.pending() > 0 && t.nowMS-sc.enteredMS >= closeLingerMS {
+				t.out.dropQueue(sc) // the client does not read: give up on the last bytes
 				_ = sc.c.Close()
 			}
-		case stateCatchUp, stateLive, stateLagging:
-			if sc.expiresMS > 0 && s.nowMS >= sc.expiresMS {
-				s.closeWithRetrySaying(sc, tokenExpiredComment)
+		case stateStreaming:
+			if sc.expiresMS > 0 && t.nowMS >= sc.expiresMS {
+				t.closeWithRetrySaying(sc, tokenExpiredComment)
 				continue
 			}
-			if s.nowMS-sc.lastWriteMS >= heartbeatMS {
-				sc.write(s, heartbeat)
+			if t.nowMS-sc.lastWriteMS >= heartbeatMS {
+				t.write(sc, t.tr.heartbeat())
 			}
 		}
 	}
 }
 
-var heartbeat = []byte(":\n")
-
 // --- writes -------------------------------------------------------------------------------
 
-// write, writeEvents and writev are the only paths from the engine to an SSE client's
-// socket; each is one writev (outbound.go: Server.send).
+// write, writeEvents, writeLive and writev are the only paths from the engine to an SSE
+// client's socket; each is one writev (outbound.go: outbound.send).
 
 // write sends b, which the caller may reuse at once (it is copied if the socket does not take
 // it all now).
-func (sc *sseConn) write(s *Server, b []byte) {
-	items := append(s.out.items[:0], outItem{b: b, transient: true})
-	s.send(sc, items)
-	clear(items)
-	s.out.items = items[:0]
-	sc.lastWriteMS = s.nowMS
+func (t *connTable) write(sc *sseConn, b []byte) {
+	t.out.sendOne(sc, b)
+	sc.lastWriteMS = t.nowMS
 }
 
 // writeEvents sends the encodings of evs, which are shared by every subscriber: what the
 // socket does not take is kept by reference, never copied.
-func (sc *sseConn) writeEvents(s *Server, evs []*event) {
-	items := s.out.items[:0]
-	for _, ev := range evs {
-		items = append(items, outItem{b: ev.enc, ev: ev})
-	}
-	s.send(sc, items)
-	clear(items)
-	s.out.items = items[:0]
-	sc.lastWriteMS = s.nowMS
+func (t *connTable) writeEvents(sc *sseConn, evs []*event) {
+	t.out.sendEvents(sc, evs)
+	sc.lastWriteMS = t.nowMS
 }
 
-// writeLive sends live events like writeEvents, but queues durable ones only up to limit
-// bytes (Server.sendLive); it returns the index in evs of the first durable event not sent.
-func (sc *sseConn) writeLive(s *Server, evs []*event, limit int) int {
-	n := s.sendLive(sc, evs, limit)
-	sc.lastWriteMS = s.nowMS
+// writeLive sends live events (items built by the subscriptions: the events' shared
+// encodings, each perhaps led by bytes of the connection's own) like writev, but queues
+// durable ones only up to limit bytes (outbound.sendLive); it returns the index in items
+// of the first durable event not sent (its lead, if it has one), len(items) if all were.
+func (t *connTable) writeLive(sc *sseConn, items []outItem, limit int) int {
+	n := t.out.sendLive(sc, items, limit)
+	sc.lastWriteMS = t.nowMS
 	return n
 }
 
 // writev sends items as they are: shared (ev set), the connection's own and immutable, or
 // transient (copied if kept).
-func (sc *sseConn) writev(s *Server, items []outItem) {
-	s.send(sc, items)
-	sc.lastWriteMS = s.nowMS
-}
-
-// keepOrigin remembers the allowed Origin until the response head is written.
-func (sc *sseConn) keepOrigin(cors sse.CORS) {
-	if cors.Origin != nil {
-		sc.cors = append([]byte(nil), cors.Origin...)
-	}
-}
-
-// connCORS is the CORS part of the response head: the request's Origin when it is allowed.
-func (s *Server) connCORS(sc *sseConn) sse.CORS {
-	if sc.cors == nil {
-		return sse.CORS{}
-	}
-	return sse.CORS{Origin: sc.cors, Credentials: true}
+func (t *connTable) writev(sc *sseConn, items []outItem) {
+	t.out.send(sc, items)
+	sc.lastWriteMS = t.nowMS
 }
 
 // jitteredRetryMS is a retry: value between retryJitterMinMS and retryJitterMaxMS.

@@ -1,13 +1,8 @@
 package engine
 
 import (
-	"go/ast"
-	"go/parser"
-	gotoken "go/token"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -63,17 +58,24 @@ func openAt(t *testing.T, nowMS int64) (*Server, *recordConn, *sseConn) {
 	require.NoError(t, err)
 	s.nowMS = nowMS
 	c := newRecordConn(t)
-	return s, c, s.openConn(c)
+	return s, c, s.conns.open(c)
+}
+
+// queueFor puts an opened connection in the admission FIFO as if its request req had been
+// authorised with a token that expires at expiresMS (0 = never).
+func queueFor(s *Server, sc *sseConn, req *subRequest, expiresMS int64) {
+	s.conns.asked(sc, req)
+	s.conns.queueAdmission(sc, nil, expiresMS)
 }
 
 // admitNow takes an opened connection through the admission FIFO at once, with a token
 // that expires at expiresMS (0 = never).
 func admitNow(s *Server, sc *sseConn, expiresMS int64) {
-	s.queueAdmission(sc, &subRequest{name: "s"}, nil, expiresMS)
-	if s.admitQ.pop() != sc {
+	queueFor(s, sc, &subRequest{name: "s"}, expiresMS)
+	if s.adm.q.pop() != sc {
 		panic("admission FIFO lost the connection")
 	}
-	s.admit(sc)
+	s.conns.admit(sc)
 }
 
 // Each state's time rule, on the loop clock (nowMS): the head deadline, the pending
@@ -84,10 +86,10 @@ func TestSweepConnsTimeRules(t *testing.T) {
 	t.Run("head", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
 		s.nowMS = t0 + headTimeoutMS - 1
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, stateHead, sc.state)
 		s.nowMS = t0 + headTimeoutMS
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, stateClosing, sc.state)
 		assert.True(t, c.closed)
 		assert.Empty(t, c.text(), "a connection that sent no head gets no answer")
@@ -96,13 +98,13 @@ func TestSweepConnsTimeRules(t *testing.T) {
 	t.Run("pending", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
 		s.nowMS = t0 + 5_000 // the head took a while: the pending time counts from admission
-		s.listenUp = true
+		s.lsn.up = true
 		admitNow(s, sc, 0)
 		s.nowMS += pendingTimeoutMS
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, statePending, sc.state)
 		s.nowMS++
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, stateClosing, sc.state)
 		assert.True(t, c.closed)
 		assert.True(t, strings.HasPrefix(c.text(), "HTTP/1.1 200 "), "shed with 200: %q", c.text())
@@ -112,26 +114,27 @@ func TestSweepConnsTimeRules(t *testing.T) {
 
 	t.Run("verifying", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
-		s.verify(sc, &subRequest{name: "s"})
+		s.conns.asked(sc, &subRequest{name: "s"})
+		s.conns.verify(sc)
 		s.nowMS = t0 + verifyTimeoutMS
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, stateVerifying, sc.state)
 		s.nowMS++
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, stateClosing, sc.state)
 		assert.Contains(t, c.text(), "\n:over capacity\n")
 	})
 
 	t.Run("pending while the database is unavailable", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
-		s.listenUp = true
+		s.lsn.up = true
 		admitNow(s, sc, 0)
-		s.listenUp, s.listenDownSinceMS = false, t0 // the LISTEN session went down
+		s.lsn.up, s.lsn.downSinceMS = false, t0 // the LISTEN session went down
 		s.nowMS = t0 + dbUnavailableAfterMS - 1
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, statePending, sc.state, "a short outage costs nobody their connection")
 		s.nowMS++
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, stateClosing, sc.state)
 		assert.Contains(t, c.text(), "\n:database unavailable\n")
 	})
@@ -139,20 +142,20 @@ func TestSweepConnsTimeRules(t *testing.T) {
 	t.Run("heartbeat and token expiry", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
 		admitNow(s, sc, t0+5_000)
-		s.respond(sc, stateLive)
+		s.conns.respond(sc)
 		assert.Equal(t, int64(t0+5_000), sc.expiresMS)
 		head := len(c.text())
 		s.nowMS = t0 + s.cfg.Heartbeat.Milliseconds() - 1
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, head, len(c.text()), "no heartbeat before --heartbeat")
 		s.nowMS++
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, ":\n", c.text()[head:], "a comment line after --heartbeat without writes")
 		s.nowMS = t0 + 5_000 - 1
-		s.sweepConns()
-		assert.Equal(t, stateLive, sc.state)
+		s.conns.sweep()
+		assert.Equal(t, stateStreaming, sc.state)
 		s.nowMS++
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, stateClosing, sc.state, "closed once the token's exp passes")
 		assert.True(t, c.closed)
 		tail := strings.TrimLeft(c.text()[head:], ":\n") // heartbeats meanwhile
@@ -167,70 +170,32 @@ func TestSweepConnsPublisherTimeRules(t *testing.T) {
 	t.Run("body", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
 		sc.pub = &publishConn{keepAlive: true}
-		s.beginPublish(sc)
-		s.nowMS = t0 + s.publishBodyTimeoutMS - 1
-		s.sweepConns()
+		s.conns.beginPublish(sc)
+		s.nowMS = t0 + s.pub.publishBodyTimeoutMS - 1
+		s.conns.sweep()
 		assert.Equal(t, statePublishBody, sc.state)
 		s.nowMS++
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, stateLinger, sc.state, "answered, write side shut, waiting for the client's EOF")
 		assert.True(t, strings.HasPrefix(c.text(), "HTTP/1.1 408 "), "got %q", c.text())
 		assert.Contains(t, c.text(), "Connection: close")
 		s.nowMS += lingerTimeoutMS
-		s.sweepConns()
+		s.conns.sweep()
 		assert.True(t, c.closed, "closed after lingerTimeoutMS without the client's EOF")
 	})
 	t.Run("idle", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
 		sc.pub = &publishConn{keepAlive: true}
-		s.beginPublish(sc)
-		s.answerPublish(sc, []byte("HTTP/1.1 200 OK\r\n\r\n"), true, false)
+		s.conns.beginPublish(sc)
+		s.conns.answerPublish(sc, []byte("HTTP/1.1 200 OK\r\n\r\n"), true, false)
 		require.Equal(t, stateIdle, sc.state)
 		s.nowMS = t0 + keepAliveIdleMS - 1
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, stateIdle, sc.state)
 		assert.False(t, c.closed)
 		s.nowMS++
-		s.sweepConns()
+		s.conns.sweep()
 		assert.Equal(t, stateClosing, sc.state)
 		assert.True(t, c.closed)
 	})
-}
-
-// The state machine's rule: only sseconn.go assigns sseConn.state (through its transition
-// helpers), so a new state or lifetime rule is a change to that one file.
-func TestStateAssignedOnlyInSSEConn(t *testing.T) {
-	files, err := filepath.Glob("*.go")
-	require.NoError(t, err)
-	fset := gotoken.NewFileSet()
-	for _, name := range files {
-		if strings.HasSuffix(name, "_test.go") || name == "sseconn.go" {
-			continue
-		}
-		src, err := os.ReadFile(name)
-		require.NoError(t, err)
-		f, err := parser.ParseFile(fset, name, src, 0)
-		require.NoError(t, err)
-		ast.Inspect(f, func(n ast.Node) bool {
-			switch n := n.(type) {
-			case *ast.AssignStmt:
-				for _, lhs := range n.Lhs {
-					if sel, ok := lhs.(*ast.SelectorExpr); ok && sel.Sel.Name == "state" {
-						t.Errorf("%s: assigns .state outside sseconn.go; use a transition helper", fset.Position(n.Pos()))
-					}
-				}
-			case *ast.CompositeLit:
-				if id, ok := n.Type.(*ast.Ident); ok && id.Name == "sseConn" {
-					for _, el := range n.Elts {
-						if kv, ok := el.(*ast.KeyValueExpr); ok {
-							if k, ok := kv.Key.(*ast.Ident); ok && k.Name == "state" {
-								t.Errorf("%s: sets state in an sseConn literal outside sseconn.go", fset.Position(n.Pos()))
-							}
-						}
-					}
-				}
-			}
-			return true
-		})
-	}
 }

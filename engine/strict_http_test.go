@@ -149,7 +149,7 @@ func TestStrictLeadingEmptyLines(t *testing.T) {
 	waitFor(t, 10*time.Second, "the empty line to be read", func() bool {
 		idle := false
 		ts.onLoop(t, func() {
-			for _, sc := range ts.conns {
+			for _, sc := range ts.conns.list {
 				idle = idle || sc.state == stateIdle && sc.c.InboundBuffered() == 0
 			}
 		})
@@ -157,7 +157,7 @@ func TestStrictLeadingEmptyLines(t *testing.T) {
 	})
 	var heads int
 	ts.onLoop(t, func() {
-		for _, sc := range ts.conns {
+		for _, sc := range ts.conns.list {
 			if sc.state == stateHead {
 				heads++
 			}

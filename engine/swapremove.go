@@ -13,3 +13,9 @@ func swapRemove[T any](list []*T, x *T, pos func(*T) *int32) []*T {
 	list[last] = nil
 	return list[:last]
 }
+
+// appendIndexed appends x to list, recording its index in pos(x) for swapRemove.
+func appendIndexed[T any](list []*T, x *T, pos func(*T) *int32) []*T {
+	*pos(x) = int32(len(list))
+	return append(list, x)
+}

@@ -11,9 +11,9 @@ import (
 // loop). A request head is parsed on the loop; its token is answered from the verifier pool's
 // cache when it can be (one SHA-256, no goroutine hop), and otherwise verified on the pool's
 // goroutines, the answer coming back as a loop task. Every endpoint that takes a token goes
-// through checkToken, so no signature check ever runs on the loop.
+// through tokens.check, so no signature check ever runs on the loop.
 
-// tokenVerdict is what checkToken could say at once.
+// tokenVerdict is what tokens.check could say at once.
 type tokenVerdict uint8
 
 const (
@@ -33,35 +33,49 @@ const verifyQueuePerCPU = 8192
 // epoll_wait, and every delivery with it.
 func verifyWorkers() int { return max(1, runtime.GOMAXPROCS(0)-1) }
 
-// startVerifier starts the verifier pool (from Run; nil without a token key).
-func (s *Server) startVerifier() {
-	if s.verifier == nil {
+// tokens is the loop's part for token checks: the verifier (nil without a token key) and
+// its pool, from Run.
+type tokens struct {
+	*loopEnv
+	verifier *auth.Verifier
+	pool     *auth.Pool
+}
+
+// start starts the verifier pool (from Run; none without a token key).
+func (t *tokens) start() {
+	if t.verifier == nil {
 		return
 	}
-	s.pool = auth.NewPool(s.verifier, auth.PoolConfig{Workers: verifyWorkers(), Queue: verifyQueuePerCPU * runtime.GOMAXPROCS(0)})
-	s.metrics.verifyStats.Store(s.pool.Stats())
+	t.pool = auth.NewPool(t.verifier, auth.PoolConfig{Workers: verifyWorkers(), Queue: verifyQueuePerCPU * runtime.GOMAXPROCS(0)})
+	t.metrics.verifyStats.Store(t.pool.Stats())
 }
 
-// stopVerifier stops the pool once the loop no longer needs it; jobs still queued finish
-// and their answers are dropped with the task queue.
-func (s *Server) stopVerifier() {
-	if s.pool != nil {
-		s.pool.Close()
+// stop stops the pool once the loop no longer needs it; jobs still queued finish and their
+// answers are dropped with the task queue.
+func (t *tokens) stop() {
+	if t.pool != nil {
+		t.pool.Close()
 	}
 }
 
-// checkToken checks tok for a request on the loop. With tokenChecked, claims and err are the
+// configured reports whether tokens can be verified at all (a key is configured).
+func (t *tokens) configured() bool { return t.verifier != nil }
+
+// running reports whether the verifier pool runs (configured, and the server started).
+func (t *tokens) running() bool { return t.pool != nil }
+
+// check checks tok for a request on the loop. With tokenChecked, claims and err are the
 // result. With tokenPending, resume(claims, err) runs later on the loop, inside a task (so
 // what it writes is flushed like any task's writes) — by then the connection may have closed
 // or been sent away, so resume must first check that it still waits for this answer. With
 // tokenBusy nothing runs later. tok may be a view into gnet's buffer: the pool copies it.
-func (s *Server) checkToken(tok []byte, resume func(*auth.Claims, error)) (*auth.Claims, error, tokenVerdict) {
+func (t *tokens) check(tok []byte, resume func(*auth.Claims, error)) (*auth.Claims, error, tokenVerdict) {
 	now := time.Now()
-	if claims, err, hit := s.pool.Lookup(tok, now); hit {
+	if claims, err, hit := t.pool.Lookup(tok, now); hit {
 		return claims, err, tokenChecked
 	}
-	queued := s.pool.Submit(tok, now, func(claims *auth.Claims, err error) {
-		s.tasks.push(func() { resume(claims, err) })
+	queued := t.pool.Submit(tok, now, func(claims *auth.Claims, err error) {
+		t.tasks.push(func() { resume(claims, err) })
 	})
 	if !queued {
 		return nil, nil, tokenBusy

@@ -58,38 +58,36 @@ func (o *outbound) stopWatching() {
 // watchWritable runs beside the loop (Run) until ctx ends (stopWatching wakes it): it waits in
 // epoll_wait for sockets of the writability set that have room again and hands them to the
 // loop as one task, waiting for that task before it looks again.
-func (s *Server) watchWritable(ctx context.Context) {
+func (o *outbound) watchWritable(ctx context.Context) {
 	events := make([]unix.EpollEvent, writableEventsMax)
-	s.out.flushTask = func() {
-		s.enter()
-		defer s.leave()
-		s.flushReady(s.out.ready)
-		s.out.readyDone <- struct{}{}
+	o.flushTask = func() { // a task: the drain's enter/leave bracket it
+		o.flushReady(o.ready)
+		o.readyDone <- struct{}{}
 	}
 	for ctx.Err() == nil {
-		n, err := unix.EpollWait(s.out.epfd, events, -1)
+		n, err := unix.EpollWait(o.epfd, events, -1)
 		if err == unix.EINTR {
 			continue
 		}
 		if err != nil {
-			s.log.Error("waiting for SSE sockets to have room failed; queues now drain on the sweep only", "err", err)
+			o.log.Error("waiting for SSE sockets to have room failed; queues now drain on the sweep only", "err", err)
 			return
 		}
-		ready := s.out.ready[:0]
+		ready := o.ready[:0]
 		for _, ev := range events[:n] {
-			if ev.Fd != int32(s.out.stopFD) {
+			if ev.Fd != int32(o.stopFD) {
 				ready = append(ready, ev.Fd)
 			}
 		}
 		if len(ready) == 0 {
 			continue
 		}
-		s.out.ready = ready
-		if !s.tasks.push(s.out.flushTask) {
+		o.ready = ready
+		if !o.tasks.push(o.flushTask) {
 			return
 		}
 		select {
-		case <-s.out.readyDone:
+		case <-o.readyDone:
 		case <-ctx.Done():
 			return
 		}
@@ -97,42 +95,43 @@ func (s *Server) watchWritable(ctx context.Context) {
 }
 
 // watch registers sc's socket in the writability set (once per connection).
-func (s *Server) watch(sc *sseConn) {
-	if sc.watched || s.out.epfd < 0 {
+func (o *outbound) watch(sc *sseConn) {
+	if o.epfd < 0 {
 		return
 	}
 	fd := sc.c.Fd()
+	if o.byFD[int32(fd)] == sc {
+		return
+	}
 	ev := unix.EpollEvent{Events: unix.EPOLLOUT | unix.EPOLLET, Fd: int32(fd)}
-	err := unix.EpollCtl(s.out.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	err := unix.EpollCtl(o.epfd, unix.EPOLL_CTL_ADD, fd, &ev)
 	if err == unix.EEXIST {
-		err = unix.EpollCtl(s.out.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
+		err = unix.EpollCtl(o.epfd, unix.EPOLL_CTL_MOD, fd, &ev)
 	}
 	if err != nil {
 		// The sweep still retries the queue (queueRetryMS); nothing is lost but latency.
-		s.log.Warn("cannot watch an SSE socket for writability; its queue drains on the sweep", "err", err)
+		o.log.Warn("cannot watch an SSE socket for writability; its queue drains on the sweep", "err", err)
 		return
 	}
-	sc.watched = true
-	s.out.byFD[int32(fd)] = sc
+	o.byFD[int32(fd)] = sc
 }
 
 // unwatch forgets sc's socket (it is about to be closed, which also removes it from the set).
-func (s *Server) unwatch(sc *sseConn) {
-	if !sc.watched {
+func (o *outbound) unwatch(sc *sseConn) {
+	if len(o.byFD) == 0 {
 		return
 	}
-	sc.watched = false
 	fd := int32(sc.c.Fd())
-	if s.out.byFD[fd] == sc {
-		delete(s.out.byFD, fd)
+	if o.byFD[fd] == sc {
+		delete(o.byFD, fd)
 	}
 }
 
 // flushReady writes the queues of sockets that have room again (watchWritable's task).
-func (s *Server) flushReady(fds []int32) {
+func (o *outbound) flushReady(fds []int32) {
 	for _, fd := range fds {
-		if sc := s.out.byFD[fd]; sc != nil && !sc.closed {
-			s.flushQueue(sc)
+		if sc := o.byFD[fd]; sc != nil && !sc.closed {
+			o.flushQueue(sc)
 		}
 	}
 }

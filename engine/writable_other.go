@@ -14,6 +14,6 @@ func (o *outbound) init() error   { o.epfd, o.stopFD = -1, -1; return nil }
 func (o *outbound) close()        {}
 func (o *outbound) stopWatching() {}
 
-func (s *Server) watchWritable(ctx context.Context) { <-ctx.Done() }
-func (s *Server) watch(*sseConn)                    {}
-func (s *Server) unwatch(*sseConn)                  {}
+func (o *outbound) watchWritable(ctx context.Context) { <-ctx.Done() }
+func (o *outbound) watch(*sseConn)                    {}
+func (o *outbound) unwatch(*sseConn)                  {}

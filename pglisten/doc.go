@@ -1,6 +1,7 @@
 // Package pglisten owns the one PostgreSQL LISTEN session of a host (Session) and the
 // worker-facing Listener interface with three implementations: NewDirect (its own
-// session), NewHub (over pgsse's hub socket) and NewFailover (hub first, then direct).
+// session), NewHub (the worker-side hub client, hubclient.go, over pgsse's hub socket) and
+// NewFailover (hub first, then direct).
 //
 // A Session connects with pgconn (DSN or libpq environment, application_name forced to
 // pgsse-listen, TCP keepalive 5 s), then hijacks the socket and speaks the protocol itself:

@@ -29,7 +29,7 @@ import (
 // serve — it owns the LISTEN session, the hub and the admin endpoint — that also starts N−1
 // copies of itself, its siblings, on the same --listen address (SO_REUSEPORT in every process:
 // the kernel spreads new connections over them). Each sibling runs its own loop and replay pool
-// and takes its notifications from the first process's hub (engine/listenhub.go).
+// and takes its notifications from the first process's hub (engine/siblingsource.go).
 //
 // How a sibling is told what it is, and why no outside worker can pose as one: the first
 // process makes a socketpair per sibling, enrols one end in its hub as a sibling

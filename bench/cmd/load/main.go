@@ -250,7 +250,7 @@ func main() {
 		pgsseTarget := bench.Target{Name: "pgsse", Bin: *pgsseBin}
 		switch id {
 		case 5:
-			paired = func() ([]*bench.Result, error) { return bench.Hub(ctx, env, pgsseTarget, p, p.Hub) }
+			paired = func() ([]*bench.Result, error) { return bench.HubLoad(ctx, env, pgsseTarget, p, p.Hub) }
 		case 9:
 			paired = func() ([]*bench.Result, error) { return bench.Publish(ctx, env, pgsseTarget, p.Publish, p) }
 		}

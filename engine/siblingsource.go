@@ -41,17 +41,17 @@ const (
 	// completed on its session, which takes as long as PostgreSQL is unreachable; a dead or
 	// wedged first process is found by the keepalive PING (and EOF) instead.
 	siblingAckTimeout = time.Hour
-	// hubSourceBatchMax bounds the notifications handed to the loop in one task.
-	hubSourceBatchMax = 1024
+	// siblingBatchMax bounds the notifications handed to the loop in one task.
+	siblingBatchMax = 1024
 )
 
-// hubSource is a listenSource over a pglisten.Failover on Config.SiblingHub.
-type hubSource struct {
-	s   *Server
+// siblingSource is a listenSource over a pglisten.Failover on Config.SiblingHub.
+type siblingSource struct {
+	l   *listenState
 	cfg pglisten.FailoverConfig
 
 	mu      sync.Mutex
-	ops     []hubSourceOp
+	ops     []siblingOp
 	started bool
 	closed  bool
 	// initial: the Listens queued before Start have not all completed yet; until then the
@@ -68,28 +68,28 @@ type hubSource struct {
 	wg     sync.WaitGroup
 }
 
-type hubSourceOp struct {
+type siblingOp struct {
 	listen  bool
 	channel string
 	done    func(error)
 }
 
-var _ listenSource = (*hubSource)(nil)
+var _ listenSource = (*siblingSource)(nil)
 
-func (s *Server) newHubSource() *hubSource {
+func newSiblingSource(l *listenState) *siblingSource {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &hubSource{
-		s: s,
+	return &siblingSource{
+		l: l,
 		cfg: pglisten.FailoverConfig{
 			Hub: pglisten.HubConfig{
-				Conn:       s.cfg.SiblingHub,
+				Conn:       l.cfg.SiblingHub,
 				Socket:     "the first process's hub",
 				Name:       "pgsse sibling",
 				AckTimeout: siblingAckTimeout,
-				Logger:     s.log,
+				Logger:     l.log,
 			},
-			Direct: pglisten.Config{DSN: s.cfg.DatabaseURL, Logger: s.log},
-			Logger: s.log,
+			Direct: pglisten.Config{DSN: l.cfg.DatabaseURL, Logger: l.log},
+			Logger: l.log,
 		},
 		initial: true,
 		wake:    make(chan struct{}, 1),
@@ -99,14 +99,14 @@ func (s *Server) newHubSource() *hubSource {
 }
 
 // Listen queues a LISTEN; done runs on the source's goroutine once it completed or failed.
-func (h *hubSource) Listen(channel string, done func(error)) {
-	h.enqueue(hubSourceOp{listen: true, channel: channel, done: done})
+func (h *siblingSource) Listen(channel string, done func(error)) {
+	h.enqueue(siblingOp{listen: true, channel: channel, done: done})
 }
 
 // Unlisten queues an UNLISTEN of a channel whose Listen reported nil.
-func (h *hubSource) Unlisten(channel string) { h.enqueue(hubSourceOp{channel: channel}) }
+func (h *siblingSource) Unlisten(channel string) { h.enqueue(siblingOp{channel: channel}) }
 
-func (h *hubSource) enqueue(op hubSourceOp) {
+func (h *siblingSource) enqueue(op siblingOp) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -124,7 +124,7 @@ func (h *hubSource) enqueue(op hubSourceOp) {
 }
 
 // Start connects over the inherited socket and begins working through the queued Listens.
-func (h *hubSource) Start() {
+func (h *siblingSource) Start() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.started || h.closed {
@@ -137,7 +137,7 @@ func (h *hubSource) Start() {
 
 // Close stops the Failover (hub client or direct session) and waits for the goroutines;
 // queued Listens get ErrClosed.
-func (h *hubSource) Close() error {
+func (h *siblingSource) Close() error {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -164,12 +164,12 @@ func (h *hubSource) Close() error {
 
 // run owns the Failover: it serves the queued operations in order (Listen and Unlisten of one
 // channel must not overtake each other) while events forwards what the Failover reports.
-func (h *hubSource) run() {
+func (h *siblingSource) run() {
 	defer h.wg.Done()
 	l, err := pglisten.NewFailover(h.cfg)
 	if err != nil {
 		// Only a configuration that cannot work (a bad DSN): New has checked it already.
-		h.s.log.Error("sibling: cannot read the first process's hub", "err", err)
+		h.l.log.Error("sibling: cannot read the first process's hub", "err", err)
 		return
 	}
 	defer l.Close()
@@ -202,10 +202,10 @@ func (h *hubSource) run() {
 }
 
 // serve runs one queued operation against the Failover, blocking this goroutine only.
-func (h *hubSource) serve(l pglisten.Listener, op hubSourceOp) {
+func (h *siblingSource) serve(l pglisten.Listener, op siblingOp) {
 	if !op.listen {
 		if err := l.Unlisten(h.ctx, op.channel); err != nil && !errors.Is(err, pglisten.ErrNotListening) && h.ctx.Err() == nil {
-			h.s.log.Warn("sibling: UNLISTEN through the hub failed", "channel", op.channel, "err", err)
+			h.l.log.Warn("sibling: UNLISTEN through the hub failed", "channel", op.channel, "err", err)
 		}
 		return
 	}
@@ -221,18 +221,18 @@ func (h *hubSource) serve(l pglisten.Listener, op hubSourceOp) {
 // firstResync reports the first Resynced once the Listens queued before Start completed —
 // unless the hub was lost meanwhile, in which case the Failover's resync after the switch
 // is the one that counts.
-func (h *hubSource) firstResync() {
+func (h *siblingSource) firstResync() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.initial = false
 	if !h.down {
-		h.s.tasks.push(h.s.onResynced)
+		h.l.tasks.push(h.l.onResynced)
 	}
 }
 
 // events forwards the Failover's events to the loop: notifications in batches, Down and
 // Resynced in order with them.
-func (h *hubSource) events(l pglisten.Listener) {
+func (h *siblingSource) events(l pglisten.Listener) {
 	defer h.wg.Done()
 	in := l.Events()
 	batch := make([]pglisten.Event, 0, 64)
@@ -243,7 +243,7 @@ func (h *hubSource) events(l pglisten.Listener) {
 		}
 		batch = append(batch[:0], ev)
 	more:
-		for len(batch) < hubSourceBatchMax {
+		for len(batch) < siblingBatchMax {
 			select {
 			case ev, ok := <-in:
 				if !ok {
@@ -262,25 +262,18 @@ func (h *hubSource) events(l pglisten.Listener) {
 // deliver hands one batch to the loop, keeping its order: runs of notifications go as one
 // task each, state events between them. Down and Resynced are pushed with mu held, so the
 // loop sees them in the order this source decided them (firstResync does the same).
-func (h *hubSource) deliver(batch []pglisten.Event) {
+func (h *siblingSource) deliver(batch []pglisten.Event) {
 	start := 0
 	flush := func(end int) {
 		if end <= start {
 			return
 		}
-		// The same bound as the own session's batches (listenBatchesQueued): beyond it this
-		// goroutine waits, the hub client stops reading, and the first process's hub applies
-		// its policy to this sibling's ring (docs/hub-protocol.md, Modes and backpressure) —
-		// nothing piles up here.
-		select {
-		case h.s.batchSlots <- struct{}{}:
-		case <-h.s.stopping:
-			return
-		}
+		// The same bound as the own session's batches (listenState.handBatch): beyond it
+		// this goroutine waits, the hub client stops reading, and the first process's hub
+		// applies its policy to this sibling's ring (docs/hub-protocol.md, Modes and
+		// backpressure) — nothing piles up here.
 		notes := append([]pglisten.Event(nil), batch[start:end]...)
-		if !h.s.tasks.push(func() { h.s.onEvents(notes); <-h.s.batchSlots }) {
-			<-h.s.batchSlots
-		}
+		h.l.handBatch(func() { h.l.onEvents(notes) })
 	}
 	for i, ev := range batch {
 		if ev.Kind == pglisten.KindNotification {
@@ -292,13 +285,13 @@ func (h *hubSource) deliver(batch []pglisten.Event) {
 		switch {
 		case ev.Kind == pglisten.KindDown:
 			h.down = true
-			h.s.tasks.push(func() { h.s.onDown(errHubLost) })
+			h.l.tasks.push(func() { h.l.onDown(errHubLost) })
 		case h.initial:
 			// The first Resynced follows the queued Listens (firstResync).
 			h.down = false
 		default: // KindResync: of everything, or of one channel (lossless mode sends none)
 			h.down = false
-			h.s.tasks.push(h.s.onResynced)
+			h.l.tasks.push(h.l.onResynced)
 		}
 		h.mu.Unlock()
 	}

@@ -39,7 +39,7 @@ func (c *sinkConn) Context() any          { return c.ctx }
 func hubFanout(tb testing.TB, n int) (*Server, *channel, []*sinkConn) {
 	s, err := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(tb, err)
-	s.listenUp = true
+	s.lsn.up = true
 	conns := make([]*sinkConn, n)
 	for i := range conns {
 		conns[i] = &sinkConn{}
@@ -53,9 +53,9 @@ func hubFanout(tb testing.TB, n int) (*Server, *channel, []*sinkConn) {
 		}
 		s.hub.sub(w, 1, mode, []byte("fanout"))
 	}
-	ch := s.channels["fanout"]
+	ch := s.chans.byName["fanout"]
 	require.NotNil(tb, ch)
-	s.channelLive(ch) // the LISTEN "completed": every SUB is ACKed
+	s.chans.live(ch) // the LISTEN "completed": every SUB is ACKed
 	s.hub.flush()
 	return s, ch, conns
 }

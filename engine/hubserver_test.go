@@ -149,7 +149,7 @@ func (ts *testServer) channelNames() []string {
 	out := make(chan []string, 1)
 	if !ts.tasks.push(func() {
 		var names []string
-		for n := range ts.channels {
+		for n := range ts.chans.byName {
 			names = append(names, n)
 		}
 		out <- names
@@ -218,7 +218,7 @@ func TestHubSubscriptions(t *testing.T) {
 	})
 	sc.conn.Close()
 	waitFor(t, 5*time.Second, "all channels released", func() bool { return len(ts.channelNames()) == 0 })
-	waitFor(t, 5*time.Second, "session holds only the stream channel", func() bool { return ts.listen.(*pglisten.Session).Channels() == 1 })
+	waitFor(t, 5*time.Second, "session holds only the stream channel", func() bool { return ts.lsn.src.(*pglisten.Session).Channels() == 1 })
 }
 
 // TestHubBadInput: each kind of bad input gets PROTOCOL_ERROR (best effort) and closes that
@@ -433,7 +433,7 @@ func TestHubEvictionUnlistens(t *testing.T) {
 		pgNotify(t, pub, ch, big)
 	}
 	waitFor(t, hubFinalGraceMS*time.Millisecond/2, "the evicted worker's channel released", func() bool {
-		return len(ts.channelNames()) == 0 && ts.listen.(*pglisten.Session).Channels() == 1
+		return len(ts.channelNames()) == 0 && ts.lsn.src.(*pglisten.Session).Channels() == 1
 	})
 
 	frames, err := raw.untilClosed(20 * time.Second)
@@ -474,11 +474,11 @@ func TestHubRepeatedSubWhileListenPending(t *testing.T) {
 	for req := uint32(1); req <= repeats; req++ {
 		s.hub.sub(w, req, framing.ModeLossless, []byte("pending"))
 	}
-	ch := s.channels["pending"]
+	ch := s.chans.byName["pending"]
 	require.NotNil(t, ch)
 	assert.Equal(t, hubWaitingSubsMax, len(w.subs["pending"].reqs), "SUBs kept while the LISTEN is in flight")
-	s.listenUp = true
-	s.channelLive(ch) // the LISTEN completed
+	s.lsn.up = true
+	s.chans.live(ch) // the LISTEN completed
 	s.hub.flush()
 
 	codes := map[framing.AckCode]int{}

@@ -20,7 +20,7 @@ import (
 	"github.com/pgsse/pgsse/pglisten"
 )
 
-// HubParams sizes scenario 5.
+// HubParams sizes scenario 5, the hub load (HubLoad).
 type HubParams struct {
 	Workers  int           // worker connections, one channel each (64)
 	Rate     float64       // notifications per second over all channels (5,000)
@@ -122,7 +122,7 @@ func (n *notifier) run(ctx context.Context, rate float64, d time.Duration) error
 	return nil
 }
 
-// Hub is scenario 5: p.Workers hub workers (pglisten.NewHub) on as many channels against `pgsse
+// HubLoad is scenario 5: p.Workers hub workers (pglisten.NewHub) on as many channels against `pgsse
 // serve --hub-socket`, notifications at p.Rate/s for p.Duration.
 //
 // Phase 1 (hub): besides the workers, one direct LISTEN session on every channel is the
@@ -131,7 +131,7 @@ func (n *notifier) run(ctx context.Context, rate float64, d time.Duration) error
 // (pglisten.NewDirect), which is what they do without pgsse. The census counts PostgreSQL
 // sessions and their CPU in both phases. Results: target "pgsse" (via the hub) and
 // "baseline" (direct sessions).
-func Hub(ctx context.Context, e *Env, t Target, p Params, hp HubParams) ([]*Result, error) {
+func HubLoad(ctx context.Context, e *Env, t Target, p Params, hp HubParams) ([]*Result, error) {
 	sock := filepath.Join(e.Dir, "hub-"+randHex(3)+".sock")
 	t.ExtraArgs = append(append([]string(nil), t.ExtraArgs...), "--hub-socket", sock)
 	r, err := e.start(ctx, t, p)

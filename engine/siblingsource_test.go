@@ -46,7 +46,7 @@ func (ts *testServer) siblingFailover(t *testing.T) *pglisten.Failover {
 	var f *pglisten.Failover
 	waitFor(t, 10*time.Second, "the sibling's Failover", func() bool {
 		ts.onLoop(t, func() {})
-		h := ts.listen.(*hubSource)
+		h := ts.lsn.src.(*siblingSource)
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		f = h.failover

@@ -19,7 +19,7 @@ import (
 )
 
 // fakeHub is a scripted hub socket: the test plays the hub's side frame by frame. (The real hub
-// and these Listeners are tested together, with worker processes, in engine/hub_test.go.)
+// and these Listeners are tested together, with worker processes, in engine/hubserver_test.go.)
 type fakeHub struct {
 	t     *testing.T
 	path  string

@@ -68,7 +68,7 @@ func TestHubHelperServer(t *testing.T) {
 	require.NoError(t, err)
 	go func() { _ = srv.Run(context.Background()) }()
 	<-srv.Started()
-	for !srv.listenOK.Load() {
+	for !srv.lsn.ok() {
 		time.Sleep(5 * time.Millisecond)
 	}
 	fmt.Println("HELPER READY")

@@ -1,10 +1,7 @@
 package engine
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"net"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -26,7 +23,7 @@ import (
 // The ring's head is always a frame boundary (whole frames are handed to gnet), so a final
 // STATUS written straight to the socket always arrives as a frame.
 //
-// A new frame type: framing (the type, its encoder and decoder) and hub.frame below.
+// A new frame type: framing (the type, its encoder and decoder) and hubServer.frame below.
 
 const (
 	// The hub's share of the LISTEN session's channels (listenMaxChannels): the workers
@@ -48,13 +45,14 @@ const (
 	hubSiblingBufferBytes = 4 << 20
 )
 
-// hub is the hub's loop-owned state: the workers, their subscriptions (on the shared channel
-// table, channel.hub) and the scratch buffers frames are encoded into. It is a field of Server
-// and reaches the rest of the loop's state (channels, the LISTEN session's state, the clock,
-// metrics) through srv.
-type hub struct {
-	srv       *Server
-	socket    hubSocket // the Unix socket's file (hubsocket.go)
+// hubServer is the hub server's loop-owned state: the workers, their subscriptions (on the
+// shared channel table, channel.hub) and the scratch buffers frames are encoded into. It is a
+// part of Server: it reaches the raw channels through their table (chans) and the LISTEN
+// session's state through lsn.
+type hubServer struct {
+	*loopEnv
+	chans     *channelTable
+	lsn       *listenState
 	workers   []*worker
 	open      int          // workers whose socket is not closed yet (drain waits for 0)
 	siblings  int          // of them, sibling processes (--procs): not hub workers in the caps and metrics
@@ -121,18 +119,25 @@ type hubChannel struct {
 func workerIndex(w *worker) *int32   { return &w.idx }
 func hubSubIndex(sub *hubSub) *int32 { return &sub.idx }
 
+func newHubServer(env *loopEnv, chans *channelTable, lsn *listenState) hubServer {
+	return hubServer{loopEnv: env, chans: chans, lsn: lsn, maxChannels: hubMaxChannels, maxWorkerChannels: hubMaxChannelsPerWorker}
+}
+
 // count is the number of workers still connected.
-func (h *hub) count() int { return h.open }
+func (h *hubServer) count() int { return h.open }
+
+// openCounter is the count of open worker connections the hub socket's acceptor caps.
+func (h *hubServer) openCounter() *atomic.Int64 { return &h.openCount }
 
 // needsPoll reports whether a worker waits for its socket to drain (see Server.ticker).
-func (h *hub) needsPoll() bool { return len(h.pending) > 0 }
+func (h *hubServer) needsPoll() bool { return len(h.pending) > 0 }
 
 // enter and leave bracket every iteration over workers or subscriptions: a worker closed
 // meanwhile (gnet closes a socket synchronously when a write fails) is removed only on the
 // way out of the outermost one.
-func (h *hub) enter() { h.iter++ }
+func (h *hubServer) enter() { h.iter++ }
 
-func (h *hub) leave() {
+func (h *hubServer) leave() {
 	h.iter--
 	if h.iter > 0 {
 		return
@@ -153,34 +158,11 @@ func (h *hub) leave() {
 
 // --- connection life --------------------------------------------------------------------
 
-// AddSibling enrols c — this process's end of a socketpair whose other end a sibling
-// process of --procs inherited (Config.SiblingHub there) — as a hub worker allowed to
-// subscribe to the stream channel. Nothing but that socket carries the privilege: an outside
-// worker can only reach the hub through --hub-socket. Call it after Started; c is closed
-// (gnet keeps a duplicate).
-func (s *Server) AddSibling(c net.Conn) error {
-	select {
-	case <-s.started:
-	default:
-		_ = c.Close()
-		return errors.New("engine: AddSibling before the server started")
-	}
-	res, err := s.eng.Register(gnet.NewNetConnContext(gnet.NewContext(context.Background(), originSibling), c))
-	if err != nil {
-		_ = c.Close()
-		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", err)
-	}
-	if r := <-res; r.Err != nil {
-		return fmt.Errorf("engine: enrol a sibling's hub connection: %w", r.Err)
-	}
-	return nil
-}
-
 // accept admits a worker's connection (OnOpen); it must say HELLO first. sibling marks a
 // sibling process of --procs, on a socket this process made and handed it (AddSibling):
 // the only kind of worker that may subscribe to the stream channel.
-func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
-	s := h.srv
+func (h *hubServer) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
+	s := h.loopEnv
 	if s.draining {
 		return framing.AppendStatus(nil, framing.StatusShutdown, nil, []byte("pgsse is shutting down")), gnet.Close
 	}
@@ -218,7 +200,7 @@ func (h *hub) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 }
 
 // closed runs from OnClose (possibly in the middle of a hub iteration, when a write failed).
-func (h *hub) closed(w *worker) {
+func (h *hubServer) closed(w *worker) {
 	if w.gone {
 		return
 	}
@@ -228,7 +210,7 @@ func (h *hub) closed(w *worker) {
 		h.siblings--
 	}
 	h.openCount.Store(int64(h.open - h.siblings))
-	h.srv.metrics.hubWorkers.Set(float64(h.open - h.siblings))
+	h.metrics.hubWorkers.Set(float64(h.open - h.siblings))
 	if h.iter > 0 {
 		h.dead = append(h.dead, w)
 		return
@@ -237,15 +219,15 @@ func (h *hub) closed(w *worker) {
 }
 
 // remove releases everything the worker held; only outside hub iterations.
-func (h *hub) remove(w *worker) {
+func (h *hubServer) remove(w *worker) {
 	h.unsubscribeAll(w)
 	h.workers = swapRemove(h.workers, w, workerIndex)
-	h.srv.log.Debug("hub: worker gone", "pid", w.pid, "name", w.name)
+	h.log.Debug("hub: worker gone", "pid", w.pid, "name", w.name)
 }
 
 // unsubscribeAll drops every subscription of w (a channel nobody else holds is UNLISTENed);
 // only outside hub iterations.
-func (h *hub) unsubscribeAll(w *worker) {
+func (h *hubServer) unsubscribeAll(w *worker) {
 	for _, sub := range w.subs {
 		h.detach(sub)
 	}
@@ -255,7 +237,7 @@ func (h *hub) unsubscribeAll(w *worker) {
 
 // detach removes sub from its channel and drops the channel hold; only outside hub
 // iterations over that channel.
-func (h *hub) detach(sub *hubSub) {
+func (h *hubServer) detach(sub *hubSub) {
 	if sub.dropped {
 		return
 	}
@@ -271,7 +253,7 @@ func (h *hub) detach(sub *hubSub) {
 			h.channels--
 		}
 	}
-	h.srv.releaseChannel(ch)
+	h.chans.release(ch)
 }
 
 // --- input from workers -----------------------------------------------------------------
@@ -279,7 +261,7 @@ func (h *hub) detach(sub *hubSub) {
 // traffic decodes every complete frame gnet holds for the worker (OnTraffic). A partial frame
 // stays in gnet's inbound buffer until the rest arrives (at most one frame: framing rejects a
 // length over the maximum as soon as the header is visible).
-func (h *hub) traffic(w *worker) {
+func (h *hubServer) traffic(w *worker) {
 	if w.closing {
 		_, _ = w.c.Discard(-1)
 		return
@@ -314,7 +296,7 @@ func (h *hub) traffic(w *worker) {
 
 // badChannel answers a complete, otherwise well-formed SUB/UNSUB whose channel breaks the
 // name rules with ACK BAD_CHANNEL and returns the frame's length; 0 if err is anything else.
-func (h *hub) badChannel(w *worker, b []byte, err error) int {
+func (h *hubServer) badChannel(w *worker, b []byte, err error) int {
 	if !w.hello || !(errors.Is(err, names.ErrChannelEmpty) || errors.Is(err, names.ErrChannelLength) || errors.Is(err, names.ErrChannelNUL)) {
 		return 0
 	}
@@ -327,7 +309,7 @@ func (h *hub) badChannel(w *worker, b []byte, err error) int {
 }
 
 // frame handles one decoded frame from a worker: one case per worker-to-hub frame type.
-func (h *hub) frame(w *worker, f *framing.Frame) {
+func (h *hubServer) frame(w *worker, f *framing.Frame) {
 	if !w.hello {
 		if f.Type != framing.TypeHello {
 			h.protocolError(w, "the first frame must be HELLO, got "+f.Type.String())
@@ -336,7 +318,7 @@ func (h *hub) frame(w *worker, f *framing.Frame) {
 		w.hello = true
 		w.pid = f.PID
 		w.name = string(f.Name)
-		h.srv.log.Debug("hub: worker connected", "pid", w.pid, "name", w.name, "sibling", w.sibling)
+		h.log.Debug("hub: worker connected", "pid", w.pid, "name", w.name, "sibling", w.sibling)
 		h.push(w, h.status(framing.StatusReady, nil, ""))
 		return
 	}
@@ -355,8 +337,7 @@ func (h *hub) frame(w *worker, f *framing.Frame) {
 	}
 }
 
-func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
-	s := h.srv
+func (h *hubServer) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	if sub := w.subs[string(channel)]; sub != nil {
 		sub.mode = mode // idempotent: the mode is updated, the subscription kept
 		switch {
@@ -380,14 +361,14 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 		h.ack(w, req, framing.AckLimit, "at most "+strconv.Itoa(h.maxWorkerChannels)+" channels per worker")
 		return
 	}
-	if existing := s.channels[string(channel)]; (existing == nil || existing.hub.workers == 0) && h.channels >= h.maxChannels && !w.sibling {
+	if existing := h.chans.lookup(channel); (existing == nil || existing.hub.workers == 0) && h.channels >= h.maxChannels && !w.sibling {
 		h.ack(w, req, framing.AckLimit, "the hub's workers hold "+strconv.Itoa(h.maxChannels)+
 			" channels together, their share of the LISTEN session (the rest is kept for SSE clients)")
 		return
 	}
 	// Register before LISTEN (docs/architecture.md, invariant 4); ACK once it completed on this
 	// session.
-	ch := s.holdChannel(string(channel))
+	ch := h.chans.hold(string(channel))
 	if !w.sibling {
 		if ch.hub.workers == 0 {
 			h.channels++
@@ -400,7 +381,7 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	sub := &hubSub{w: w, ch: ch, mode: mode, idx: int32(len(ch.hub.subs))}
 	ch.hub.subs = append(ch.hub.subs, sub)
 	w.subs[ch.name] = sub
-	if ch.listening && s.listenUp {
+	if h.chans.isLive(ch) {
 		sub.acked = true
 		h.ack(w, req, framing.AckOK, "")
 		return
@@ -409,7 +390,7 @@ func (h *hub) sub(w *worker, req uint32, mode framing.Mode, channel []byte) {
 	ch.hub.waiting++
 }
 
-func (h *hub) unsub(w *worker, req uint32, channel []byte) {
+func (h *hubServer) unsub(w *worker, req uint32, channel []byte) {
 	sub := w.subs[string(channel)]
 	if sub == nil {
 		h.ack(w, req, framing.AckNotSubscribed, "not subscribed to "+string(channel))
@@ -431,7 +412,7 @@ func controlText(text string) string {
 	return text
 }
 
-func (h *hub) ack(w *worker, req uint32, code framing.AckCode, msg string) {
+func (h *hubServer) ack(w *worker, req uint32, code framing.AckCode, msg string) {
 	h.msg = append(h.msg[:0], controlText(msg)...)
 	h.buf = framing.AppendAck(h.buf[:0], req, code, h.msg)
 	h.push(w, h.buf)
@@ -439,28 +420,28 @@ func (h *hub) ack(w *worker, req uint32, code framing.AckCode, msg string) {
 
 // status encodes a STATUS frame into the control scratch buffer (valid until the next
 // control frame is encoded).
-func (h *hub) status(code framing.StatusCode, channel []byte, text string) []byte {
+func (h *hubServer) status(code framing.StatusCode, channel []byte, text string) []byte {
 	h.msg = append(h.msg[:0], controlText(text)...)
 	h.buf = framing.AppendStatus(h.buf[:0], code, channel, h.msg)
 	return h.buf
 }
 
 // protocolError answers bad input (best effort) and closes that worker only.
-func (h *hub) protocolError(w *worker, reason string) {
+func (h *hubServer) protocolError(w *worker, reason string) {
 	if w.closing {
 		return
 	}
-	h.srv.log.Warn("hub: protocol error; closing the worker", "pid", w.pid, "name", w.name, "err", reason)
+	h.log.Warn("hub: protocol error; closing the worker", "pid", w.pid, "name", w.name, "err", reason)
 	h.final(w, h.status(framing.StatusProtocolError, nil, reason), hubFinalGraceMS)
 }
 
 // evict closes a worker that does not read fast enough for its lossless subscriptions.
-func (h *hub) evict(w *worker) {
+func (h *hubServer) evict(w *worker) {
 	if w.closing {
 		return
 	}
-	h.srv.metrics.evictions.Inc()
-	h.srv.log.Warn("hub: evicting a worker that does not read its notifications", "pid", w.pid, "name", w.name,
+	h.metrics.evictions.Inc()
+	h.log.Warn("hub: evicting a worker that does not read its notifications", "pid", w.pid, "name", w.name,
 		"buffered", w.out.Len(), "buffer", w.out.Cap(), "gnet", w.c.OutboundBuffered())
 	w.out.Reset() // the worker stopped reading: nothing queued would reach it in time
 	h.final(w, h.status(framing.StatusEvicted, nil,
@@ -471,7 +452,7 @@ func (h *hub) evict(w *worker) {
 // queueing, and closes once gnet has flushed it all — or after a grace period if the worker
 // never reads it (gnet's close does not wait for a slow peer). The worker leaves its
 // channels now, not at the close (docs/hub-protocol.md: eviction releases them like a disconnect).
-func (h *hub) final(w *worker, frame []byte, graceMS int64) {
+func (h *hubServer) final(w *worker, frame []byte, graceMS int64) {
 	w.closing = true
 	if h.iter > 0 {
 		h.leaving = append(h.leaving, w)
@@ -487,7 +468,7 @@ func (h *hub) final(w *worker, frame []byte, graceMS int64) {
 			if w.c.OutboundBuffered() == 0 {
 				_ = w.c.Close()
 			} else {
-				w.lingerUntilMS = h.srv.nowMS + graceMS
+				w.lingerUntilMS = h.nowMS + graceMS
 				h.lingering = append(h.lingering, w)
 			}
 		}
@@ -496,12 +477,12 @@ func (h *hub) final(w *worker, frame []byte, graceMS int64) {
 }
 
 // closeLingering closes final-frame workers whose last bytes left, or whose grace ran out.
-func (h *hub) closeLingering() {
+func (h *hubServer) closeLingering() {
 	keep := h.lingering[:0]
 	for _, w := range h.lingering {
 		switch {
 		case w.gone:
-		case w.c.OutboundBuffered() == 0 || h.srv.nowMS >= w.lingerUntilMS:
+		case w.c.OutboundBuffered() == 0 || h.nowMS >= w.lingerUntilMS:
 			_ = w.c.Close()
 		default:
 			keep = append(keep, w)
@@ -516,7 +497,7 @@ func (h *hub) closeLingering() {
 
 // push queues one frame for w; a frame that does not fit evicts the worker (it is not
 // reading). Returns false if w is (now) closing.
-func (h *hub) push(w *worker, frame []byte) bool {
+func (h *hubServer) push(w *worker, frame []byte) bool {
 	if w.closing {
 		return false
 	}
@@ -528,7 +509,7 @@ func (h *hub) push(w *worker, frame []byte) bool {
 	return true
 }
 
-func (h *hub) queue(w *worker) {
+func (h *hubServer) queue(w *worker) {
 	if !w.queued {
 		w.queued = true
 		h.pending = append(h.pending, w)
@@ -537,7 +518,7 @@ func (h *hub) queue(w *worker) {
 
 // pump hands whole frames from w's ring to gnet while gnet's buffer for the socket is small,
 // and queues owed wake RESYNCs once the ring has drained below its low watermark.
-func (h *hub) pump(w *worker) {
+func (h *hubServer) pump(w *worker) {
 	for writes := 0; writes < hubWritesPerPump && !w.closing; writes++ {
 		if len(w.marked) > 0 && w.out.BelowLow() {
 			h.oweResyncs(w)
@@ -567,7 +548,7 @@ func (h *hub) pump(w *worker) {
 }
 
 // oweResyncs queues one STATUS RESYNC per channel whose wake notifications were coalesced.
-func (h *hub) oweResyncs(w *worker) {
+func (h *hubServer) oweResyncs(w *worker) {
 	marked := w.marked
 	w.marked = w.marked[:0]
 	for i, sub := range marked {
@@ -584,7 +565,7 @@ func (h *hub) oweResyncs(w *worker) {
 
 // flush pumps every worker with queued bytes: at the end of each loop entry (one write per
 // worker per notification batch) and on every tick (gnet has no "writable" callback).
-func (h *hub) flush() {
+func (h *hubServer) flush() {
 	if len(h.pending) == 0 {
 		return
 	}
@@ -610,7 +591,7 @@ func (h *hub) flush() {
 
 // notify queues a notification for the channel's workers: encoded once, copied into each
 // ring. payload is valid only during the call.
-func (h *hub) notify(ch *channel, pid uint32, payload []byte) {
+func (h *hubServer) notify(ch *channel, pid uint32, payload []byte) {
 	if len(ch.hub.subs) == 0 {
 		return
 	}
@@ -657,16 +638,16 @@ func (h *hub) notify(ch *channel, pid uint32, payload []byte) {
 		h.queue(w)
 	}
 	if delivered > 0 {
-		h.srv.metrics.deliveries.Add(float64(delivered))
+		h.metrics.deliveries.Add(float64(delivered))
 	}
 	if coalesced > 0 {
-		h.srv.metrics.droppedWakeCoalesced.Add(float64(coalesced))
+		h.metrics.droppedWakeCoalesced.Add(float64(coalesced))
 	}
 	h.leave()
 }
 
 // channelLive answers the SUBs waiting for this channel's LISTEN.
-func (h *hub) channelLive(ch *channel) {
+func (h *hubServer) channelLive(ch *channel) {
 	if ch.hub.waiting == 0 {
 		return
 	}
@@ -688,7 +669,7 @@ func (h *hub) channelLive(ch *channel) {
 
 // channelFailed answers the SUBs waiting for this channel's LISTEN with LISTEN_FAILED and
 // drops them (the session dropped the reference).
-func (h *hub) channelFailed(ch *channel, err error) {
+func (h *hubServer) channelFailed(ch *channel, err error) {
 	if ch.hub.waiting == 0 {
 		return
 	}
@@ -714,7 +695,7 @@ func (h *hub) channelFailed(ch *channel, err error) {
 }
 
 // broadcast queues a STATUS for every worker that said HELLO.
-func (h *hub) broadcast(code framing.StatusCode, text string) {
+func (h *hubServer) broadcast(code framing.StatusCode, text string) {
 	h.enter()
 	for _, w := range h.workers {
 		if w.hello && !w.closing && !w.draining {
@@ -726,17 +707,17 @@ func (h *hub) broadcast(code framing.StatusCode, text string) {
 }
 
 // listenerDown tells every worker the LISTEN session was lost.
-func (h *hub) listenerDown() {
+func (h *hubServer) listenerDown() {
 	h.broadcast(framing.StatusListenerDown, "LISTEN session lost; reconnecting")
 }
 
 // resync tells every worker the session is back and every channel LISTENed again.
-func (h *hub) resync() {
+func (h *hubServer) resync() {
 	h.broadcast(framing.StatusResync, "LISTEN session re-established: re-read your state")
 }
 
 // shutdown sends SHUTDOWN to every worker; each is closed once flushed (pump).
-func (h *hub) shutdown() {
+func (h *hubServer) shutdown() {
 	h.enter()
 	for _, w := range h.workers {
 		if w.closing {
@@ -761,12 +742,12 @@ func (h *hub) shutdown() {
 
 // tick runs on every tick (every 20 ms while a worker waits to drain): retry flushing and
 // close workers whose final frame left, or that never said HELLO.
-func (h *hub) tick() {
+func (h *hubServer) tick() {
 	h.flush()
 	h.enter()
 	h.closeLingering()
 	for _, w := range h.workers {
-		if !w.hello && !w.closing && h.srv.nowMS-w.openedMS > hubHelloTimeoutMS {
+		if !w.hello && !w.closing && h.nowMS-w.openedMS > hubHelloTimeoutMS {
 			h.protocolError(w, "no HELLO within "+strconv.Itoa(hubHelloTimeoutMS/1000)+"s")
 		}
 	}

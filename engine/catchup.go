@@ -1,0 +1,282 @@
+package engine
+
+import (
+	"github.com/pgsse/pgsse/store"
+)
+
+// Catching a subscription up (docs/http.md, Cursors and gaps; durable delivery guarantee): its
+// stream's head read for a subscription without a cursor, its history read from the table in
+// batches after its cursor, the gap announced when the next events were pruned (or the
+// cursor is newer than the head), then the join into the live set — from the stream's ring
+// when the live set is ahead by no more than the ring holds. Each read is the
+// subscription's own; results come back as loop tasks and find the connection perhaps gone
+// (closed) or sent away (closing). Part of the subscriptions type (subscription.go).
+
+// maxReadRetries bounds how long (× sweepIntervalMS, about 15 s) a streaming connection
+// waits for the table to become readable again before it is told to reconnect later; one
+// that has no response head yet (its subscription starting) waits maxPendingReadRetries
+// (about 1 s) and is then told the database is unavailable, instead of waiting silently.
+const (
+	maxReadRetries        = 60
+	maxPendingReadRetries = 4
+)
+
+// readHead reads the head of a starting subscription's stream: where it starts.
+func (s *subscriptions) readHead(sub *subscription) {
+	if s.replayer == nil {
+		return
+	}
+	sub.replaying = true
+	ok := s.replayer.Read(store.ReadRequest{Stream: sub.st.name, HeadOnly: true},
+		func(res store.ReadResult) { s.tasks.push(func() { s.onHead(sub, res) }) })
+	if !ok {
+		sub.replaying = false
+		s.conns.shed(sub.conn, shedOverCapacity) // the replay queue is full
+	}
+}
+
+func (s *subscriptions) onHead(sub *subscription, res store.ReadResult) {
+	sub.replaying = false
+	if sub.conn.closed {
+		return
+	}
+	if res.Err != nil {
+		s.retryRead(sub, res.Err)
+		return
+	}
+	sub.retries = 0
+	sub.cursor = res.Head
+	sub.to(subCatchUp)
+	s.started(sub.conn)
+}
+
+// replay reads the next batch of history for one subscription.
+func (s *subscriptions) replay(sub *subscription) {
+	if s.replayer == nil || sub.replaying {
+		return
+	}
+	sub.replaying = true
+	s.metrics.replays.Inc()
+	// What the read may bring counts against the budget until it is written (outbound.reading).
+	reserved := s.out.limits().replayBytes()
+	req := store.ReadRequest{Stream: sub.st.name, After: sub.cursor, Tags: sub.conn.tags, Limit: replayBatchEvents,
+		MaxBytes: reserved, Encode: s.tr.replayEncoder()}
+	s.out.reserveRead(reserved)
+	ok := s.replayer.Read(req, func(res store.ReadResult) {
+		s.tasks.push(func() { s.out.releaseRead(reserved); s.onReplay(sub, res) })
+	})
+	if !ok {
+		s.out.releaseRead(reserved)
+		sub.replaying = false
+		s.log.Warn("replay queue full; client told to retry", "stream", sub.st.name)
+		s.conns.closeWithRetry(sub.conn)
+	}
+}
+
+func (s *subscriptions) onReplay(sub *subscription, res store.ReadResult) {
+	sub.replaying = false
+	sc := sub.conn
+	if sc.ending() {
+		return
+	}
+	if res.Err != nil {
+		s.retryRead(sub, res.Err)
+		return
+	}
+	sub.retries = 0
+	items := s.items[:0]
+	c := sub.cursor
+	switch {
+	case !sub.gapChecked && c > res.Head:
+		// The client's own cursor is newer than the head.
+		items = append(items, transientItem(s.tr.gap([]byte(sub.st.name), c, res.Head)))
+		sub.cursor = res.Head
+	case (c > 0 || sub.gapChecked) && c+1 < res.Oldest:
+		// The next events were pruned: before this client connected, or while it was
+		// too slow to take live writes. A cursor of 0 the client sent asks for whatever is
+		// retained; a cursor still 0 later (no events yet when it subscribed) does not.
+		items = append(items, transientItem(s.tr.gap([]byte(sub.st.name), c, res.Oldest-1)))
+		sub.cursor = res.Oldest - 1
+	}
+	sub.gapChecked = true
+	n := 0
+	waitLarge := false
+	for i := range res.Events {
+		e := &res.Events[i]
+		if e.ID <= sub.cursor {
+			continue
+		}
+		if len(e.Data) < largeEventBytes {
+			items = append(items, ownItem(e.Data)) // the encoding, this connection's alone (the transport's replay encoder)
+		} else if ev := s.out.tableEvent(sub.st.name, e); ev != nil {
+			items = append(items, sharedItem(ev)) // shared with whoever else reads it
+		} else {
+			waitLarge = true // too many large events held: read from here again later
+			break
+		}
+		sub.cursor = e.ID
+		n++
+	}
+	if len(items) > 0 {
+		s.conns.writev(sc, items)
+	}
+	clear(items)
+	s.items = items[:0]
+	s.metrics.deliveries.Add(float64(n))
+	if waitLarge {
+		s.largeWait = append(s.largeWait, sub)
+		return
+	}
+	if res.Done {
+		if res.Head > sub.cursor {
+			sub.cursor = res.Head
+		}
+		s.tryJoin(sub)
+		return
+	}
+	if sc.pending() > s.out.limits().high {
+		s.pause(sub)
+		return
+	}
+	s.replay(sub)
+}
+
+// tryJoin moves a catching-up subscription that has read the table up to its cursor into
+// the live set, bridging from its stream's ring when the live set is ahead; otherwise it
+// reads on.
+func (s *subscriptions) tryJoin(sub *subscription) {
+	st := sub.st
+	c := sub.cursor
+	ring, ok := st.bridge(c)
+	if !ok {
+		s.replay(sub)
+		return
+	}
+	// Bridge from the ring, queuing at most what deliver would.
+	items := s.items[:0]
+	n := 0
+	for _, ev := range ring {
+		if ev.id > c && sub.sees(ev) {
+			items = sub.appendEvent(items, ev)
+			n++
+		}
+	}
+	cut := len(items)
+	if n > 0 {
+		l := s.out.limits()
+		cut = s.conns.writeLive(sub.conn, items, l.high+l.slice)
+	}
+	if cut < len(items) {
+		sub.cursor = cutEvent(items, cut).id - 1
+	}
+	clear(items)
+	s.items = items[:0]
+	if cut < len(items) {
+		s.pause(sub) // the rest once it has drained
+		return
+	}
+	if h := st.head(); h > sub.cursor {
+		sub.cursor = h
+	}
+	s.goLive(sub)
+}
+
+// resumeLagging is called from the tick for subscriptions whose connections' queues have
+// drained.
+func (s *subscriptions) resumeLagging() {
+	if len(s.lagging) == 0 {
+		return
+	}
+	// A subscription resumed here may be paused again (tryJoin): it then joins the new list.
+	list := s.lagging
+	s.lagging = s.laggingSpare[:0]
+	low := s.out.limits().low
+	for _, sub := range list {
+		if sub.conn.closed || sub.state != subLagging {
+			s.metrics.lagging.Dec()
+			continue
+		}
+		if sub.conn.pending() > low {
+			s.lagging = append(s.lagging, sub)
+			continue
+		}
+		s.metrics.lagging.Dec()
+		s.resume(sub)
+		if sub.st.inRing(sub.cursor) { // only stream subscriptions lag; channel ones are closed instead
+			s.tryJoin(sub)
+		} else {
+			s.replay(sub)
+		}
+	}
+	clear(list)
+	s.laggingSpare = list[:0]
+}
+
+// retryRead schedules a failed history read again on a later tick: a PostgreSQL restart
+// should not cost connected clients their connection.
+func (s *subscriptions) retryRead(sub *subscription, err error) {
+	sub.retries++
+	limit := uint8(maxReadRetries)
+	if sub.state == subStarting {
+		limit = maxPendingReadRetries
+	}
+	if sub.retries > limit {
+		s.log.Warn("history read keeps failing; client told to retry later", "stream", sub.st.name, "err", err)
+		switch sc := sub.conn; {
+		case !schemaMissing(err):
+		case sc.state == statePending: // not migrated: say so
+			s.conns.shedSaying(sc, shedDatabaseUnavailable, schemaMissingComment)
+			return
+		case sc.state == stateStreaming:
+			s.conns.closeWithRetrySaying(sc, shedComments[shedDatabaseUnavailable], schemaMissingComment)
+			return
+		}
+		s.conns.retryLater(sub.conn, shedDatabaseUnavailable)
+		return
+	}
+	if sub.retries == 1 {
+		s.log.Warn("history read failed; retrying", "stream", sub.st.name, "err", err)
+	}
+	s.retry = append(s.retry, sub)
+}
+
+// runReadRetries reissues the subscriptions' failed history reads (from the tick).
+func (s *subscriptions) runReadRetries() {
+	if len(s.retry) == 0 {
+		return
+	}
+	retry := s.retry
+	s.retry = nil
+	for _, sub := range retry {
+		switch {
+		case sub.conn.ending():
+		case sub.state == subStarting:
+			s.readHead(sub)
+		default:
+			s.replay(sub)
+		}
+	}
+}
+
+// retryLarge reissues the reads that waited for a large event to leave (from the sweep).
+func (s *subscriptions) retryLarge() {
+	if len(s.largeWait) == 0 {
+		return
+	}
+	keep := s.largeWait[:0]
+	for _, sub := range s.largeWait {
+		if !sub.conn.closed && sub.state == subCatchUp {
+			keep = append(keep, sub)
+		}
+	}
+	clear(s.largeWait[len(keep):])
+	s.largeWait = keep
+	if s.out.largeFull() {
+		return
+	}
+	waiting := s.largeWait
+	s.largeWait = nil
+	for _, sub := range waiting {
+		s.replay(sub)
+	}
+}

@@ -1,0 +1,408 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/pgsse/pgsse/store"
+)
+
+// The fan-out (docs/architecture.md, invariant 2): the live side of every durable stream and
+// raw channel that has subscriptions here. A notification becomes an event encoded once (by
+// the transport); events of one loop pass are queued on their stream or channel and flushed on
+// the way out of the loop entry, one write per subscription for all of them (the
+// subscriptions decide what each takes: subscription.go, deliver). A stream keeps a small ring
+// of its most recent events, so that a subscription that finished reading history close to the
+// head joins the live set from memory rather than racing a fast publisher with more table
+// reads, and reads the table itself when a notification was only a wake or came beyond a gap.
+
+// event is one event encoded once for every subscriber (docs/architecture.md, invariant 2).
+type event struct {
+	id       int64    // durable id; 0 for ephemeral events
+	enc      []byte   // the transport's bytes, shared by every write (and by the queues that hold them)
+	audience []string // nil = everyone
+	timeUS   int64    // publisher's clock (delivery-lag metric)
+	queued   int32    // connection queues holding (part of) enc (outbound.go)
+	// stream is set on a large event read from the table (budget.go: heldLarge): while
+	// queues hold it, it is one of at most maxLargeEvents, and shared by every reader.
+	stream string
+}
+
+// stream is the loop's state for one durable stream that has subscriptions.
+//
+// ring holds the most recent events with contiguous ids ring[0].id … last, so that a
+// subscription finishing its catch-up close to the head bridges the rest from memory
+// instead of racing the publisher with more table reads. last is the highest id the
+// stream has accounted for (every id ≤ last is in the ring, was delivered to the live
+// set, or is older than the ring); -1 = not known yet.
+type stream struct {
+	name     string
+	subs     []*subscription
+	ring     []*event
+	ringSize int
+	last     int64
+	notified int64    // highest durable id seen in a notification
+	pending  []*event // durable events that arrived beyond a gap, waiting for a fetch
+	fetching bool     // a stream-level table read is in flight
+	out      []*event // items appended during the current loop task, flushed once
+	dirty    bool
+}
+
+// channelSubs is a raw channel's SSE side (channel.sse): its subscriptions, in a compact
+// slice for the fan-out, and the notifications of this loop pass, each encoded once.
+type channelSubs struct {
+	subs  []*subscription
+	out   []*event
+	dirty bool
+}
+
+// Limits of the stream state (docs/architecture.md, invariant 3). The backpressure policy — how
+// much a connection may have queued — is the outbound budget's (budget.go).
+const (
+	ringMaxEvents     = 512     // recent events a stream keeps for joining subscriptions
+	ringMaxBytes      = 1 << 20 // and their encoded bytes (a larger event is not kept)
+	pendingMaxEvents  = 4096    // live events held beyond a gap while the table is read
+	replayBatchEvents = 200     // events per catch-up read for one subscription
+	fetchBatchEvents  = 500     // events per stream-level read
+)
+
+// fanout is the loop's part for the live side of streams and channels.
+type fanout struct {
+	*loopEnv
+	subs  *subscriptions
+	chans *channelTable
+	out   *outbound
+	tr    transport
+
+	streams       map[string]*stream
+	dirtyStreams  []*stream
+	dirtyChannels []*channel
+	retryFetch    []*stream // stream-level reads that failed, retried on the sweep
+}
+
+// head is the highest id the stream has accounted for; -1 when not known yet.
+func (st *stream) head() int64 { return st.last }
+
+// inRing reports whether a subscription at cursor c can join from the ring.
+func (st *stream) inRing(c int64) bool { return len(st.ring) > 0 && c >= st.ring[0].id-1 }
+
+// bridge is what a subscription that has read the table up to c needs to join the live
+// set: the ring's events (those after c are its), or none when the stream starts at c (its
+// head was not known yet); ok is false when the ring does not reach back to c (read on).
+func (st *stream) bridge(c int64) (ring []*event, ok bool) {
+	switch {
+	case st.last < 0:
+		st.last = c
+		if c > st.notified {
+			st.notified = c
+		}
+		return nil, true
+	case st.inRing(c), len(st.ring) == 0 && c >= st.last:
+		return st.ring, true
+	}
+	return nil, false
+}
+
+// count is the number of streams with subscriptions here.
+func (f *fanout) count() int { return len(f.streams) }
+
+// join registers a subscription on its stream (made on first use) and returns the stream.
+func (f *fanout) join(name string, sub *subscription) *stream {
+	st := f.streams[name]
+	if st == nil {
+		st = &stream{name: name, last: -1}
+		f.streams[name] = st
+	}
+	st.subs = appendIndexed(st.subs, sub, subIndex)
+	return st
+}
+
+// leave removes a subscription from its stream; a stream nobody follows is dropped.
+func (f *fanout) leave(st *stream, sub *subscription) {
+	st.subs = swapRemove(st.subs, sub, subIndex)
+	f.maybeDropStream(st)
+}
+
+func (f *fanout) maybeDropStream(st *stream) {
+	if len(st.subs) == 0 && !st.fetching && f.streams[st.name] == st {
+		delete(f.streams, st.name)
+	}
+}
+
+// onPayload handles one notification on the pgsse channel.
+func (f *fanout) onPayload(p *store.Payload) {
+	st := f.streams[string(p.Stream)] // no allocation: map lookup by converted key
+	if st == nil {
+		return // nobody subscribed here
+	}
+	switch p.Kind {
+	case store.KindEphemeral:
+		ev := &event{enc: f.tr.event(nil, 0, p.Event, p.Data), audience: payloadTags(p), timeUS: p.TimeUS}
+		st.out = append(st.out, ev)
+		f.markDirty(st)
+	case store.KindDurable, store.KindWake:
+		id := p.ID
+		if id > st.notified {
+			st.notified = id
+		}
+		if st.last < 0 {
+			st.last = id - 1 // first sight of the stream: the ring starts here
+		}
+		if id <= st.last {
+			return // already accounted for (replayed or duplicate)
+		}
+		if p.Kind == store.KindWake {
+			f.startFetch(st) // data is only in the table
+			return
+		}
+		ev := &event{id: id, enc: f.tr.event(nil, id, p.Event, p.Data), audience: payloadTags(p), timeUS: p.TimeUS}
+		if id == st.last+1 && !st.fetching {
+			f.appendLive(st, ev)
+			return
+		}
+		if len(st.pending) < pendingMaxEvents {
+			st.pending = append(st.pending, ev)
+		}
+		f.startFetch(st)
+	}
+}
+
+func payloadTags(p *store.Payload) []string {
+	if p.NTags == 0 {
+		return nil
+	}
+	tags := make([]string, 0, p.NTags)
+	p.Tags(func(t []byte) bool {
+		tags = append(tags, string(t))
+		return true
+	})
+	return tags
+}
+
+// appendLive records the next contiguous durable event and queues it for the live set.
+func (f *fanout) appendLive(st *stream, ev *event) {
+	st.last = ev.id
+	st.ring = append(st.ring, ev)
+	st.ringSize += len(ev.enc)
+	if len(st.ring) > ringMaxEvents || st.ringSize > ringMaxBytes {
+		// Drop the oldest quarter (at least what it takes to fit): the ring is contiguous, so
+		// an event too large for it empties it.
+		drop := max(1, len(st.ring)/4)
+		for _, e := range st.ring[:drop] {
+			st.ringSize -= len(e.enc)
+		}
+		for drop < len(st.ring) && st.ringSize > ringMaxBytes {
+			st.ringSize -= len(st.ring[drop].enc)
+			drop++
+		}
+		n := copy(st.ring, st.ring[drop:])
+		clear(st.ring[n:])
+		st.ring = st.ring[:n]
+	}
+	st.out = append(st.out, ev)
+	f.markDirty(st)
+}
+
+func (f *fanout) markDirty(st *stream) {
+	if !st.dirty {
+		st.dirty = true
+		f.dirtyStreams = append(f.dirtyStreams, st)
+	}
+}
+
+// flush writes what the current loop entry queued: one write per subscription per stream
+// or channel (Server.leave).
+func (f *fanout) flush() {
+	f.flushStreams()
+	f.flushChannels()
+}
+
+func (f *fanout) flushStreams() {
+	if len(f.dirtyStreams) == 0 {
+		return
+	}
+	now := time.Now().UnixMicro()
+	for _, st := range f.dirtyStreams {
+		st.dirty = false
+		items := st.out
+		if len(items) == 0 {
+			continue
+		}
+		var delivered int
+		for _, sub := range st.subs {
+			delivered += f.subs.deliver(sub, items)
+		}
+		for _, ev := range items {
+			if ev.timeUS > 0 {
+				f.metrics.lag.Observe(float64(now-ev.timeUS) / 1e6)
+			}
+		}
+		f.metrics.deliveries.Add(float64(delivered))
+		for i := range items {
+			items[i] = nil
+		}
+		st.out = items[:0]
+	}
+	f.dirtyStreams = f.dirtyStreams[:0]
+}
+
+// startFetch reads the stream from the table after st.last, for the whole live set.
+func (f *fanout) startFetch(st *stream) {
+	if st.fetching || f.replayer == nil {
+		return
+	}
+	st.fetching = true
+	after := st.last
+	ok := f.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: fetchBatchEvents, Encode: f.tr.replayEncoder(), OwnBuffers: true},
+		func(res store.ReadResult) { f.tasks.push(func() { f.onFetch(st, after, res) }) })
+	if !ok {
+		st.fetching = false
+		f.log.Warn("replay queue full; stream catch-up postponed", "stream", st.name)
+	}
+}
+
+func (f *fanout) onFetch(st *stream, after int64, res store.ReadResult) {
+	st.fetching = false
+	if f.streams[st.name] != st || len(st.subs) == 0 {
+		f.maybeDropStream(st)
+		return
+	}
+	if res.Err != nil {
+		f.log.Warn("stream catch-up read failed; retrying on the next tick", "stream", st.name, "err", res.Err)
+		f.retryFetch = append(f.retryFetch, st)
+		return
+	}
+	if res.Oldest > st.last+1 && st.last >= 0 {
+		// Events were pruned while we were away: announce the gap to the live set.
+		resume := res.Oldest - 1
+		for _, sub := range st.subs {
+			f.subs.liveGap(sub, resume)
+		}
+		st.last = resume
+	}
+	for i := range res.Events {
+		e := &res.Events[i]
+		if e.ID <= st.last {
+			continue
+		}
+		if e.ID != st.last+1 {
+			st.last = e.ID - 1 // ids missing inside a snapshot were pruned
+		}
+		ev := f.out.tableEvent(st.name, e)
+		if ev == nil {
+			// Too many large events held: read from here again later.
+			f.retryFetch = append(f.retryFetch, st)
+			return
+		}
+		f.appendLive(st, ev)
+	}
+	if res.Done && res.Head > st.last {
+		st.last = res.Head
+	}
+	// Live events that were waiting beyond the gap.
+	keep := st.pending[:0]
+	for _, ev := range st.pending {
+		switch {
+		case ev.id <= st.last:
+		case ev.id == st.last+1:
+			f.appendLive(st, ev)
+		default:
+			keep = append(keep, ev)
+		}
+	}
+	for i := len(keep); i < len(st.pending); i++ {
+		st.pending[i] = nil
+	}
+	st.pending = keep
+	if !res.Done || st.notified > st.last || len(st.pending) > 0 {
+		f.startFetch(st)
+	}
+}
+
+// resync catches every active stream up from the table after the LISTEN session came
+// back: events committed during the outage were never notified.
+func (f *fanout) resync() {
+	for _, st := range f.streams {
+		if st.last >= 0 {
+			f.startFetch(st)
+		}
+	}
+}
+
+// retryFetches restarts the stream-level reads that failed (from the tick).
+func (f *fanout) retryFetches() {
+	if len(f.retryFetch) == 0 {
+		return
+	}
+	retry := f.retryFetch
+	f.retryFetch = nil
+	for _, st := range retry {
+		if f.streams[st.name] == st {
+			f.startFetch(st)
+		}
+	}
+}
+
+// --- raw channels -------------------------------------------------------------------------
+
+// joinChannel registers a subscription on its raw channel, holding the channel (the first
+// holder starts its LISTEN: channels.go), and returns the channel.
+func (f *fanout) joinChannel(name string, sub *subscription) *channel {
+	ch := f.chans.hold(name)
+	ch.sse.subs = appendIndexed(ch.sse.subs, sub, subIndex)
+	return ch
+}
+
+// leaveChannel removes a subscription from its channel and gives the hold back.
+func (f *fanout) leaveChannel(ch *channel, sub *subscription) {
+	ch.sse.subs = swapRemove(ch.sse.subs, sub, subIndex)
+	f.chans.release(ch)
+}
+
+// channelNotify queues a raw notification for the channel's subscriptions, encoded once.
+// payload is valid only during the call.
+func (f *fanout) channelNotify(ch *channel, payload []byte) {
+	if len(ch.sse.subs) == 0 {
+		return
+	}
+	ch.sse.out = append(ch.sse.out, &event{enc: f.tr.event(nil, 0, nil, payload)})
+	if !ch.sse.dirty {
+		ch.sse.dirty = true
+		f.dirtyChannels = append(f.dirtyChannels, ch)
+	}
+}
+
+// channelLive: the channel's LISTEN is complete on the current session; its waiting
+// subscriptions start.
+func (f *fanout) channelLive(ch *channel) {
+	for _, sub := range ch.sse.subs {
+		f.subs.channelStarted(sub)
+	}
+}
+
+// channelFailed: the channel's LISTEN failed; its waiting subscriptions' connections are
+// shed for why.
+func (f *fanout) channelFailed(ch *channel, why shedReason) {
+	for _, sub := range append([]*subscription(nil), ch.sse.subs...) {
+		f.subs.channelFailed(sub, why)
+	}
+}
+
+func (f *fanout) flushChannels() {
+	if len(f.dirtyChannels) == 0 {
+		return
+	}
+	for _, ch := range f.dirtyChannels {
+		ch.sse.dirty = false
+		if len(ch.sse.out) == 0 {
+			continue
+		}
+		n := 0
+		for _, sub := range ch.sse.subs {
+			n += f.subs.deliverChannel(sub, ch.sse.out)
+		}
+		f.metrics.deliveries.Add(float64(n))
+		clear(ch.sse.out)
+		ch.sse.out = ch.sse.out[:0]
+	}
+	f.dirtyChannels = f.dirtyChannels[:0]
+}

@@ -1,0 +1,345 @@
+package engine
+
+// Subscriptions (docs/http.md, Cursors and gaps): what a connection follows. A connection holds
+// a small set of them (sseConn.sub); each subscription owns its stream (or raw channel), its
+// cursor, its view of the audience, and where it is in catching up:
+//
+//	starting ─► catch-up ◄─► live
+//	               ▲    ╲     │
+//	               │     ▼    ▼
+//	               └──── lagging
+//
+//   - starting: registered on its stream or channel, waiting to know where it starts — its
+//     stream's head read from the table (a request without a cursor, before the stream's
+//     head is known), or its channel's LISTEN;
+//   - catch-up: it knows its cursor; history after it is read from the table (catchup.go)
+//     once the connection's response head is out, and live durable events are not written to
+//     it (ephemeral ones are);
+//   - live: it takes live writes;
+//   - lagging: its connection's queue went over the high watermark (budget.go); it waits for
+//     the queue to drain below the low one, then catches up.
+//
+// The connection's response head goes out (connTable.respond) once none of its subscriptions
+// is starting; a connection's queue, timers and token stay the connection's. Replay, lag and
+// gap handling are per subscription: the fan-out (fanout.go) indexes subscriptions, not
+// connections, and deliver decides for one subscription what of a loop pass's events it takes.
+//
+// subscription.to is the one assignment of a subscription's state, called only by the
+// transition helpers here and in catchup.go (parts_test.go: TestStateAssignedOnlyByItsHelper).
+
+// subState is where a subscription is in catching up.
+type subState uint8
+
+const (
+	subNone     subState = iota // not subscribed (yet, or any more)
+	subStarting                 // registered; waiting for its stream's head or its channel's LISTEN
+	subCatchUp                  // reading history from the table
+	subLive                     // taking live writes
+	subLagging                  // its connection is over the high watermark; waiting to drain
+)
+
+// subscription is one thing a connection follows: a durable stream (st) or a raw channel
+// (ch). It lives inside its connection (sseConn.first, or sseConn.more) for as long as the
+// connection does, so the fan-out's pointers to it stay valid until the connection is removed.
+type subscription struct {
+	conn   *sseConn
+	st     *stream  // a stream subscription's stream, or nil
+	ch     *channel // a channel subscription's channel, or nil
+	cursor int64    // last durable id written (or skipped) on this subscription
+	idx    int32    // in its stream's or channel's subscriber list (fanout.go)
+	state  subState
+	// replaying is set while a table read for this subscription is in flight.
+	replaying bool
+	// gapChecked is set once the client's cursor has been checked against the table.
+	gapChecked bool
+	retries    uint8 // consecutive failed history reads
+}
+
+// to is the one assignment of a subscription's state.
+func (sub *subscription) to(state subState) { sub.state = state }
+
+// sees reports whether the subscription's audience view lets ev through: the connection's
+// token tags against the event's audience (docs/http.md, Audience), for live writes and
+// replay alike.
+func (sub *subscription) sees(ev *event) bool { return sub.conn.sees(ev.audience) }
+
+// subIndex is sub's position in its stream's or channel's subscriber list.
+func subIndex(sub *subscription) *int32 { return &sub.idx }
+
+// subCount is how many subscriptions the connection holds.
+func (sc *sseConn) subCount() int { return int(sc.nsub) }
+
+// sub is the connection's i-th subscription, in request order.
+func (sc *sseConn) sub(i int) *subscription {
+	if i == 0 {
+		return &sc.first
+	}
+	return &(*sc.more)[i-1]
+}
+
+// subscriptions is the loop's part for subscriptions: their transitions, what each takes of
+// a loop pass's events (deliver), and their catch-up (catchup.go): table reads per
+// subscription, the ones lagging, the failed reads to retry and those waiting for a large
+// event to leave.
+type subscriptions struct {
+	*loopEnv
+	conns *connTable
+	out   *outbound
+	fan   *fanout
+	chans *channelTable
+	lsn   *listenState
+	tr    transport
+
+	lagging      []*subscription
+	laggingSpare []*subscription
+	retry        []*subscription // failed history reads, retried on the sweep
+	largeWait    []*subscription // catch-ups waiting for a large event to leave (budget.go)
+	items        []outItem       // scratch: one connection's write
+	evs          []*event        // scratch: a ring's events one subscription bridges
+}
+
+// anyLagging reports whether a subscription waits for its connection's queue to drain (the
+// ticker ticks fast then).
+func (s *subscriptions) anyLagging() bool { return len(s.lagging) > 0 }
+
+// --- subscribing --------------------------------------------------------------------------
+
+// subscribe gives an admitted (pending) connection its subscriptions, as its request asked,
+// and starts each: registered on its stream or channel before any history is read
+// (docs/architecture.md, invariant 4). The connection is answered once none is starting.
+func (s *subscriptions) subscribe(sc *sseConn, req *subRequest) {
+	s.hold(sc, 1)
+	sub := sc.sub(0)
+	if req.isChan {
+		s.subscribeChannel(sub, req.name)
+	} else {
+		s.subscribeStream(sub, req.name, req.cursor, req.hasCursor)
+	}
+	s.started(sc)
+}
+
+// hold sizes the connection's set of subscriptions: the first inline, the others in one
+// array of their own.
+func (s *subscriptions) hold(sc *sseConn, k int) {
+	if k > 1 {
+		more := make([]subscription, k-1)
+		sc.more = &more
+	}
+	sc.nsub = uint8(k)
+	for i := range k {
+		sc.sub(i).conn = sc
+	}
+}
+
+// subscribeStream registers a subscription on its stream; hasCursor tells whether the client
+// sent Last-Event-ID/since. Without a cursor the subscription starts at the stream's head:
+// known (and the session up) means at once, else the head is read from the table first
+// (readHead). With one, its history is read once the connection has its response head.
+func (s *subscriptions) subscribeStream(sub *subscription, name string, cursor int64, hasCursor bool) {
+	sub.st = s.fan.join(name, sub)
+	switch {
+	case hasCursor:
+		sub.cursor = cursor
+		sub.gapChecked = false
+		sub.to(subCatchUp)
+	case sub.st.head() >= 0 && s.lsn.isUp():
+		sub.cursor = sub.st.head()
+		sub.gapChecked = true
+		sub.to(subCatchUp)
+	default:
+		sub.gapChecked = true
+		sub.to(subStarting)
+		s.readHead(sub)
+	}
+}
+
+// subscribeChannel registers a subscription on its raw channel; it is live once the LISTEN
+// has completed (here, or in channelStarted).
+func (s *subscriptions) subscribeChannel(sub *subscription, name string) {
+	sub.ch = s.fan.joinChannel(name, sub)
+	if s.chans.isLive(sub.ch) {
+		sub.to(subLive)
+		return
+	}
+	sub.to(subStarting)
+}
+
+// started answers a pending connection once none of its subscriptions is starting: the
+// response head goes out (docs/http.md: only once the subscription is live), then each
+// stream subscription catches up — from the table when its cursor has not been checked yet,
+// else from its stream's ring if it can.
+func (s *subscriptions) started(sc *sseConn) {
+	if sc.closed || sc.state != statePending {
+		return
+	}
+	n := sc.subCount()
+	for i := range n {
+		if sc.sub(i).state == subStarting {
+			return
+		}
+	}
+	s.conns.respond(sc)
+	for i := range n {
+		sub := sc.sub(i)
+		switch {
+		case sc.ending():
+			return
+		case sub.state != subCatchUp:
+		case !sub.gapChecked:
+			s.replay(sub)
+		default:
+			s.tryJoin(sub)
+		}
+	}
+}
+
+// channelStarted: the subscription's channel LISTEN has completed (fanout.channelLive).
+func (s *subscriptions) channelStarted(sub *subscription) {
+	if sub.state != subStarting || sub.conn.closed {
+		return
+	}
+	sub.to(subLive)
+	s.started(sub.conn)
+}
+
+// channelFailed: the subscription's channel could not be LISTENed; a connection still
+// waiting for it is shed for why.
+func (s *subscriptions) channelFailed(sub *subscription, why shedReason) {
+	if sub.state == subStarting && sub.conn.state == statePending {
+		s.conns.shed(sub.conn, why)
+	}
+}
+
+// unsubscribeAll drops a closed connection's subscriptions from their streams and channels
+// (connTable.remove). Lists that still name them (lagging, retries) skip them: their
+// connection is closed.
+func (s *subscriptions) unsubscribeAll(sc *sseConn) {
+	for i := range sc.subCount() {
+		sub := sc.sub(i)
+		switch {
+		case sub.st != nil:
+			s.fan.leave(sub.st, sub)
+			sub.st = nil
+		case sub.ch != nil:
+			s.fan.leaveChannel(sub.ch, sub)
+			sub.ch = nil
+		}
+		sub.to(subNone)
+	}
+}
+
+// --- live events --------------------------------------------------------------------------
+
+// deliver writes the items of a loop pass that sub should get, in one syscall. A live
+// subscription gets durable and ephemeral events; one catching up or lagging gets only
+// ephemeral ones (its durable events come from the table). The outbound limits of the moment
+// apply (budget.go): a live subscription whose connection is over its high watermark is
+// paused before the write; of what the socket does not take, durable events are queued only
+// up to high + slice — the first one beyond (never the first the queue holds) and those after
+// it are not sent, and the subscription is paused with its cursor just before it (the rest
+// comes from the ring or the table); an ephemeral event for a connection over the ephemeral
+// limit closes it. It returns the events written.
+func (s *subscriptions) deliver(sub *subscription, items []*event) int {
+	sc := sub.conn
+	if !sc.streaming() {
+		return 0
+	}
+	l := s.out.limits()
+	queued := sc.pending()
+	live := sub.state == subLive
+	if live && queued > l.high {
+		s.pause(sub)
+		live = false
+	}
+	out := s.items[:0]
+	defer func() {
+		clear(out)
+		s.items = out[:0]
+	}()
+	n := 0
+	for _, ev := range items {
+		if ev.id > 0 {
+			if !live || ev.id <= sub.cursor {
+				continue
+			}
+			sub.cursor = ev.id
+			if !sub.sees(ev) {
+				continue
+			}
+		} else {
+			if !sub.sees(ev) {
+				continue
+			}
+			if queued > l.ephemeral {
+				s.metrics.droppedSlowClient.Inc()
+				s.conns.closeWithRetry(sc)
+				return 0
+			}
+		}
+		out = sub.appendEvent(out, ev)
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	cut := s.conns.writeLive(sc, out, l.high+l.slice)
+	if cut == len(out) {
+		return n
+	}
+	// Durable events from the cut on were not sent: the subscription resumes just before it.
+	sub.cursor = cutEvent(out, cut).id - 1
+	s.pause(sub)
+	return writtenBefore(out, cut)
+}
+
+// appendEvent appends the items that write ev to this subscription's connection: the
+// event's shared encoding. A connection following several streams (docs/http.md) would lead
+// it with an id line of its own — leadItem(its id bytes), then sharedItem over
+// tr.eventBody(ev.enc) — which the write path sends in the same writev without copying the
+// shared bytes.
+func (sub *subscription) appendEvent(items []outItem, ev *event) []outItem {
+	return append(items, sharedItem(ev))
+}
+
+// deliverChannel writes a loop pass's notifications to a live channel subscription, or closes
+// its connection when it is over the ephemeral limit. It returns the events written.
+func (s *subscriptions) deliverChannel(sub *subscription, evs []*event) int {
+	sc := sub.conn
+	if sc.closed || sub.state != subLive || !sc.streaming() {
+		return 0
+	}
+	if sc.pending() > s.out.limits().ephemeral {
+		s.metrics.droppedSlowClient.Inc()
+		s.conns.closeWithRetry(sc)
+		return 0
+	}
+	s.conns.writeEvents(sc, evs)
+	return len(evs)
+}
+
+// liveGap announces to a live subscription that its stream's next events were pruned while
+// the stream was being read (fanout.onFetch): one pgsse:gap, and its cursor moves to resume.
+func (s *subscriptions) liveGap(sub *subscription, resume int64) {
+	if sub.state != subLive || !sub.conn.streaming() || sub.cursor >= resume {
+		return
+	}
+	s.conns.write(sub.conn, s.tr.gap([]byte(sub.st.name), sub.cursor, resume))
+	sub.cursor = resume
+}
+
+// --- catching up, lagging ----------------------------------------------------------------
+
+// goLive moves a subscription that has caught up into the live set: catch-up → live.
+func (s *subscriptions) goLive(sub *subscription) { sub.to(subLive) }
+
+// pause stops live writes to a subscription whose connection is over the high watermark:
+// live or catch-up → lagging. The tick resumes it (resumeLagging) once its connection's
+// queue has drained.
+func (s *subscriptions) pause(sub *subscription) {
+	sub.to(subLagging)
+	s.lagging = append(s.lagging, sub)
+	s.metrics.lagging.Inc()
+}
+
+// resume sends a subscription whose connection drained back to reading: lagging → catch-up.
+func (s *subscriptions) resume(sub *subscription) { sub.to(subCatchUp) }
