@@ -43,16 +43,13 @@ import (
 )
 
 // pendingSeries — PENDING. Series that branches in progress are adding: presence
-// (pgsse_presence_*) and the publish path's per-stage histogram
-// (pgsse_publish_stage_seconds{stage}: head, body, queued, sent, committed, notified,
-// written). The rules and the dashboard already use them; until pgsse exports them, a query
-// naming one may come back empty. Everything else must have data. Remove each name once it
-// lands (the test logs the names it finds exported).
+// (pgsse_presence_*). The rules and the dashboard already use them; until pgsse exports
+// them, a query naming one may come back empty. Everything else must have data. Remove each
+// name once it lands (the test logs the names it finds exported).
 var pendingSeries = map[string]bool{
 	"pgsse_presence_subjects":             true,
 	"pgsse_presence_writes_total":         true,
 	"pgsse_presence_lease_expiries_total": true,
-	"pgsse_publish_stage_seconds":         true,
 }
 
 const (

@@ -21,6 +21,7 @@ type event struct {
 	enc      []byte   // the transport's bytes, shared by every write (and by the queues that hold them)
 	audience []string // nil = everyone
 	timeUS   int64    // publisher's clock (delivery-lag metric)
+	received int64    // a live durable event: when its notification was received, unix ns (stageWritten); 0 = not measured
 	queued   int32    // connection queues holding (part of) enc (outbound.go)
 	// stream is set on a large event read from the table (budget.go: heldLarge): while
 	// queues hold it, it is one of at most maxLargeEvents, and shared by every reader.
@@ -77,7 +78,11 @@ type fanout struct {
 	dirtyStreams  []*stream
 	dirtyChannels []*channel
 	retryFetch    []*stream // stream-level reads that failed, retried on the sweep
+	received      time.Time // when the notifications being routed were received (receiving); zero = unknown
 }
+
+// receiving says when the notifications routed next (onPayload) were received.
+func (f *fanout) receiving(at time.Time) { f.received = at }
 
 // head is the highest id the stream has accounted for; -1 when not known yet.
 func (st *stream) head() int64 { return st.last }
@@ -130,6 +135,9 @@ func (f *fanout) maybeDropStream(st *stream) {
 
 // onPayload handles one notification on the pgsse channel.
 func (f *fanout) onPayload(p *store.Payload) {
+	if p.Kind == store.KindDurable || p.Kind == store.KindWake {
+		f.stages.notified(p.Stream, p.ID, f.received) // subscribed here or not
+	}
 	st := f.streams[string(p.Stream)] // no allocation: map lookup by converted key
 	if st == nil {
 		return // nobody subscribed here
@@ -155,6 +163,9 @@ func (f *fanout) onPayload(p *store.Payload) {
 			return
 		}
 		ev := &event{id: id, enc: f.tr.event(nil, id, p.Event, p.Data), audience: payloadTags(p), timeUS: p.TimeUS}
+		if !f.received.IsZero() {
+			ev.received = f.received.UnixNano()
+		}
 		if id == st.last+1 && !st.fetching {
 			f.appendLive(st, ev)
 			return
@@ -220,7 +231,8 @@ func (f *fanout) flushStreams() {
 	if len(f.dirtyStreams) == 0 {
 		return
 	}
-	now := time.Now().UnixMicro()
+	at := time.Now()
+	now := at.UnixMicro()
 	for _, st := range f.dirtyStreams {
 		st.dirty = false
 		items := st.out
@@ -235,6 +247,9 @@ func (f *fanout) flushStreams() {
 			if ev.timeUS > 0 {
 				f.metrics.lag.Observe(float64(now-ev.timeUS) / 1e6)
 			}
+		}
+		if delivered > 0 {
+			f.stages.written(items, at)
 		}
 		f.metrics.deliveries.Add(float64(delivered))
 		for i := range items {

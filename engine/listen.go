@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"github.com/pgsse/pgsse/pglisten"
 	"github.com/pgsse/pgsse/store"
@@ -125,9 +126,11 @@ type sessionEvents struct{ l *listenState }
 
 var _ pglisten.Events = sessionEvents{}
 
-// Notifications hands a batch to the loop (handBatch).
+// Notifications hands a batch to the loop (handBatch), stamped with when it was received
+// (pgsse_publish_stage_seconds: notified, written).
 func (e sessionEvents) Notifications(b *pglisten.Batch) {
-	if !e.l.handBatch(func() { e.l.onBatch(b) }) {
+	received := time.Now()
+	if !e.l.handBatch(func() { e.l.onBatch(b, received) }) {
 		b.Release()
 	}
 }
@@ -159,8 +162,9 @@ func (l *listenState) handBatch(run func()) bool {
 }
 
 // onBatch routes one batch of notifications from the process's own session.
-func (l *listenState) onBatch(b *pglisten.Batch) {
+func (l *listenState) onBatch(b *pglisten.Batch, received time.Time) {
 	l.metrics.notifications.Add(float64(len(b.Notes)))
+	l.fan.receiving(received)
 	for i := range b.Notes {
 		n := &b.Notes[i]
 		l.onNotification(n.Channel, n.PID, n.Payload)
@@ -172,6 +176,7 @@ func (l *listenState) onBatch(b *pglisten.Batch) {
 // source, siblingsource.go): one loop entry, so one write per subscriber for all of them.
 func (l *listenState) onEvents(evs []pglisten.Event) {
 	l.metrics.notifications.Add(float64(len(evs)))
+	l.fan.receiving(time.Now()) // when the loop took them: the hub's hand-off is not measured
 	for i := range evs {
 		l.onNotification([]byte(evs[i].Channel), evs[i].PID, evs[i].Payload)
 	}

@@ -66,6 +66,8 @@ type metrics struct {
 	publishRequestsOther *prometheus.CounterVec
 	publishBatch         prometheus.Histogram // events per committed transaction
 	publishCommit        prometheus.Histogram // seconds from sending a transaction to its COMMIT's answer
+	// pgsse_publish_stage_seconds{stage}: the publish path's stages (stages.go).
+	publishStages *prometheus.HistogramVec
 }
 
 // rejectedStatuses are the error statuses the SSE port answers (docs/http.md's status table).
@@ -142,6 +144,11 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Help:    "Time from sending a publishing transaction to PostgreSQL to the answer to its COMMIT.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	})
+	m.publishStages = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "pgsse_publish_stage_seconds",
+		Help:    "The publish path's stages, each from the boundary before it: head (request head parsed), body (complete), queued (for commit), sent (transaction sent), committed (COMMIT answered), answered (publisher's answer written), notified (commit answered → notification received), written (notification received → first subscriber written).",
+		Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+	}, []string{"stage"})
 	stat := func(read func(*auth.Stats) uint64) func() float64 {
 		return func() float64 {
 			if st := m.verifyStats.Load(); st != nil {
@@ -167,7 +174,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	m.outboundBudget.Set(float64(s.cfg.MaxOutboundMemory))
 	collectors := append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
 		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark,
-		m.outboundBudget, m.publishConns, published, m.publishBatch, m.publishCommit}, tokens...)
+		m.outboundBudget, m.publishConns, published, m.publishBatch, m.publishCommit, m.publishStages}, tokens...)
 	if s.cfg.SiblingHub == nil {
 		m.notifyQueue = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_notify_queue_usage",
 			Help: "PostgreSQL's NOTIFY queue in use, 0 to 1 (pg_notification_queue_usage(), read every 10 s); at 1 every NOTIFY, and so every publish, fails at commit."})

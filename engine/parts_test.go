@@ -55,6 +55,7 @@ var engineParts = map[string][]string{
 	"hubServer":     {"hubserver.go"},
 	"siblingSource": {"siblingsource.go"},
 	"transport":     {"transport.go", "transport_sse.go"},
+	"stageClock":    {"stages.go"},
 }
 
 // readAnywhere are types whose fields any part may read (never write): what every part is
@@ -90,6 +91,7 @@ var lentFields = map[string]string{
 	"event.audience": "read",
 	"event.stream":   "read",
 	"event.queued":   "outbound",
+	"event.received": "read", // the written stage (stages.go)
 	"stream.name":    "read",
 }
 
