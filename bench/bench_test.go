@@ -15,7 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 )
 
 // The scenario benchmarks: each op is one complete run of the scenario against a fresh server
@@ -77,7 +77,7 @@ func reportMeans(b *testing.B, byTarget bool, run func() []*Result) {
 			for _, m := range r.Metrics {
 				u := metricUnit(m)
 				if byTarget {
-					u = r.Target + "-" + u
+					u = strings.ReplaceAll(r.Target, " ", "") + "-" + u
 				}
 				if _, ok := sums[u]; !ok {
 					order = append(order, u)
@@ -144,6 +144,14 @@ func runPaired(b *testing.B, scenario func(*Env, Target, Params) ([]*Result, err
 		rs, err := scenario(env, targets[0], p)
 		require.NoError(b, err)
 		return rs
+	})
+}
+
+// BenchmarkScenario11MultiStream reports connections that follow several streams each
+// (GET /streams) against connections that follow one, measured on one server in one run.
+func BenchmarkScenario11MultiStream(b *testing.B) {
+	runPaired(b, func(env *Env, t Target, p Params) ([]*Result, error) {
+		return MultiStream(context.Background(), env, t, p)
 	})
 }
 

@@ -11,7 +11,13 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
 )
+
+// maxLine bounds a line of an event stream at the load client: the benchmark's events are
+// small, so a longer line is a fault, counted in ClientStats.Bad.
+const maxLine = 64 << 10
 
 // ClientConfig configures a Client: N SSE subscribers of one server.
 type ClientConfig struct {
@@ -28,6 +34,10 @@ type ClientConfig struct {
 	// keeps the server's kernel buffer for them small too, so that what they cannot take yet
 	// waits in the server.
 	RcvBuf int
+	// Paths, when set, are request targets taken in turn instead of Path: the k-th connection
+	// opened asks for Paths[k mod len(Paths)] (scenario 11: the published stream at varying
+	// positions of a connection's streams).
+	Paths []string
 }
 
 func (c *ClientConfig) defaults() {
@@ -51,7 +61,7 @@ func (c *ClientConfig) defaults() {
 // and last receive time, and per delivery the send→receive latency from the data's timestamp.
 type Client struct {
 	cfg    ClientConfig
-	req    []byte
+	reqs   [][]byte       // one request head per path
 	counts []atomic.Int32 // per seq: subscribers that have it
 	refs   []atomic.Int64 // per seq: reference time (commit) in UnixNano, set by the publisher
 	loops  []*pollLoop
@@ -70,7 +80,7 @@ type Client struct {
 
 type sseConn struct {
 	fd      int
-	s       Stream
+	s       ssetest.Decoder // Eager (heartbeats count when they arrive), lines ≤ 64 KiB
 	lastSeq int64
 	events  int64
 	gaps    int64 // sequence numbers skipped
@@ -97,12 +107,18 @@ type pollLoop struct {
 // NewClient starts the client's epoll loops; it opens no connection yet.
 func NewClient(cfg ClientConfig) (*Client, error) {
 	cfg.defaults()
+	paths := cfg.Paths
+	if len(paths) == 0 {
+		paths = []string{cfg.Path}
+	}
 	c := &Client{
 		cfg:    cfg,
-		req:    fmt.Appendf(nil, "GET %s HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n", cfg.Path, cfg.Addr),
 		counts: make([]atomic.Int32, cfg.MaxSeq+1),
 		refs:   make([]atomic.Int64, cfg.MaxSeq+1),
 		stop:   make(chan struct{}),
+	}
+	for _, path := range paths {
+		c.reqs = append(c.reqs, fmt.Appendf(nil, "GET %s HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n", path, cfg.Addr))
 	}
 	for range cfg.Readers {
 		epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
@@ -214,7 +230,7 @@ func (c *Client) dial(k uint32, slow bool) (*sseConn, error) {
 	tv := syscall.NsecToTimeval(int64(30 * time.Second))
 	_ = syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
 	for {
-		_, err := syscall.Write(fd, c.req) // a few dozen bytes into an empty buffer: all or nothing
+		_, err := syscall.Write(fd, c.reqs[int(k)%len(c.reqs)]) // a few hundred bytes into an empty buffer: all or nothing
 		if err == nil {
 			break
 		}
@@ -247,7 +263,7 @@ func (c *Client) dial(k uint32, slow bool) (*sseConn, error) {
 		line, _, _ := bytes.Cut(head, []byte("\r\n"))
 		return nil, fmt.Errorf("response: %q", line)
 	}
-	sc := &sseConn{fd: fd}
+	sc := &sseConn{fd: fd, s: ssetest.Decoder{Eager: true, MaxLine: maxLine}}
 	sc.s.Chunked = bytes.Contains(bytes.ToLower(head), []byte("\r\ntransfer-encoding: chunked"))
 	tv = syscall.Timeval{}
 	_ = syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv)
@@ -255,7 +271,7 @@ func (c *Client) dial(k uint32, slow bool) (*sseConn, error) {
 		return nil, err
 	}
 	if rest := buf[end+4 : n]; len(rest) > 0 {
-		sc.s.Feed(rest, func([]byte) {}) // the preamble: retry and a comment
+		sc.s.Feed(rest, nil) // the preamble: retry and a comment
 	}
 	ok = true
 	return sc, nil
@@ -320,7 +336,11 @@ func (l *pollLoop) readConn(sc *sseConn, buf []byte) {
 		now := time.Now().UnixNano()
 		l.reads++
 		l.bytes += int64(m)
-		sc.s.Feed(buf[:m], func(v []byte) { l.event(sc, v, now) })
+		sc.s.Feed(buf[:m], func(b *ssetest.Block) {
+			if b.HasData {
+				l.event(sc, b.Data, now)
+			}
+		})
 		if m < len(buf) {
 			return
 		}

@@ -12,10 +12,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
 )
 
-// Quick sanity tests of the harness itself (what `go test ./bench/...` runs): the decoder the
-// load client counts events with, the histogram its percentiles come from, the event data.
+// Quick sanity tests of the harness itself (what `go test ./bench/...` runs): what the load
+// client counts events with, the histogram its percentiles come from, the event data.
 
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(holdEnv); spec != "" {
@@ -34,70 +36,24 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func chunk(parts ...string) string {
-	var b strings.Builder
-	for _, p := range parts {
-		b.WriteString(strings.ToUpper(strconvHex(len(p))))
-		b.WriteString(";ext=1\r\n")
-		b.WriteString(p)
-		b.WriteString("\r\n")
+// The load client decodes with internal/testkit/ssetest's Decoder (tested there, chunked
+// bodies included): here, that it counts what the scenarios report.
+func TestClientDecoderCounts(t *testing.T) {
+	sc := &sseConn{s: ssetest.Decoder{Eager: true, MaxLine: maxLine}}
+	var data []string
+	on := func(b *ssetest.Block) {
+		if b.HasData {
+			data = append(data, string(b.Data))
+		}
 	}
-	return b.String()
-}
-
-func strconvHex(n int) string {
-	const digits = "0123456789abcdef"
-	if n == 0 {
-		return "0"
+	body := "retry: 2000\n:pgsse\nid: 1\ndata: 1 100xx\n\n:\n:\nid: 2\r\ndata: 2 200\r\n\r\n:" // a heartbeat not yet whole
+	for i := range len(body) {
+		sc.s.Feed([]byte{body[i]}, on)
 	}
-	var s []byte
-	for n > 0 {
-		s = append([]byte{digits[n%16]}, s...)
-		n /= 16
-	}
-	return string(s)
-}
-
-func TestStreamDecode(t *testing.T) {
-	body := "retry: 2000\n:ok\n\nid: 1\ndata: 1 100xx\n\n:\nid: 2\r\nevent: e\r\ndata: 2 200\r\n\r\n"
-	want := []string{"1 100xx", "2 200"}
-	// The chunked form splits events across chunks, as net/http does when its buffer fills.
-	chunked := chunk(body[:10], body[10:31], body[31:]) + "0\r\n\r\n"
-	for _, tc := range []struct {
-		name    string
-		raw     string
-		chunked bool
-	}{
-		{"close-delimited", body, false},
-		{"chunked", chunked, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			// Every split point into two reads, and one byte at a time.
-			for split := 0; split <= len(tc.raw); split++ {
-				s := Stream{Chunked: tc.chunked}
-				var got []string
-				on := func(v []byte) { got = append(got, string(v)) }
-				s.Feed([]byte(tc.raw[:split]), on)
-				s.Feed([]byte(tc.raw[split:]), on)
-				require.Equal(t, want, got, "split at %d", split)
-				assert.Equal(t, int64(2), s.Comments)
-				assert.Zero(t, s.Bad)
-				assert.Equal(t, tc.chunked, s.Ended)
-			}
-			s := Stream{Chunked: tc.chunked}
-			var got []string
-			for i := range len(tc.raw) {
-				s.Feed([]byte{tc.raw[i]}, func(v []byte) { got = append(got, string(v)) })
-			}
-			assert.Equal(t, want, got)
-		})
-	}
-}
-
-func TestStreamDecodeBadChunk(t *testing.T) {
-	s := Stream{Chunked: true}
-	s.Feed([]byte("zz\r\ndata: 1 1\n\n"), func([]byte) { t.Fatal("data after a bad chunk size") })
-	assert.Equal(t, int64(1), s.Bad)
+	assert.Equal(t, []string{"1 100xx", "2 200"}, data)
+	assert.Equal(t, int64(3), sc.s.Comments, "heartbeats count as they arrive, with or without an event after them")
+	sc.s.Feed([]byte("data: "+strings.Repeat("x", maxLine)+"\n\n"), on)
+	assert.Equal(t, int64(1), sc.s.Bad, "an over-long line is a fault")
 }
 
 func TestData(t *testing.T) {

@@ -3,14 +3,12 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -239,14 +237,14 @@ func HubLoad(ctx context.Context, e *Env, t Target, p Params, hp HubParams) ([]*
 			res.note("%d session losses at workers", g)
 		}
 		if hub {
-			var m bytes.Buffer
-			if err := r.srv.Get(ctx, "/metrics", &m); err == nil {
-				for ln := range strings.Lines(m.String()) {
-					if strings.HasPrefix(ln, "pgsse_hub_workers ") || strings.HasPrefix(ln, "pgsse_listen_channels ") ||
-						strings.HasPrefix(ln, "pgsse_evictions_total ") {
-						res.note("census: %s", strings.TrimSpace(ln))
+			if m, err := r.srv.Metrics(ctx); err == nil {
+				for _, name := range []string{"pgsse_hub_workers", "pgsse_listen_channels", "pgsse_evictions_total"} {
+					for _, se := range m.Series(name) {
+						res.note("census: %s", se)
 					}
 				}
+			} else {
+				res.note("census: %v", err)
 			}
 		}
 		return res, nil

@@ -21,6 +21,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pgsse/pgsse/internal/testkit/metricstest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
 )
 
 // Target says how to start one server under test.
@@ -54,8 +57,9 @@ type Server struct {
 	Admin   string         // host:port of the admin (pgsse) or pprof (baseline) listener
 	LogPath string
 
-	cmd  *exec.Cmd
-	done chan error
+	proc    *servetest.Process // internal/testkit/servetest: the tests' harness of processes
+	out     *servetest.Output
+	stopped bool
 }
 
 // StartServer starts t against the database at dsn, logging to a file in dir, and waits
@@ -108,23 +112,18 @@ func StartServer(ctx context.Context, t Target, dsn, dir string) (*Server, error
 	}
 	args = append(args, t.ExtraArgs...)
 	logPath := filepath.Join(dir, t.Name+"-"+randHex(3)+".log")
-	logf, err := os.Create(logPath)
+	out, err := servetest.NewOutput(logPath)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(t.Bin, args...)
-	cmd.Stdout = logf
-	cmd.Stderr = logf
-	cmd.Env = append(os.Environ(), "GODEBUG=") // nothing inherited that changes the runtime
 	// The server dies with us even if we are killed: never leave one running.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start %s: %w", t.Bin, err)
+	p, err := servetest.StartProcess(servetest.ProcessOptions{Path: t.Bin, Args: args, Output: out, DieWithParent: true,
+		Env: append(os.Environ(), "GODEBUG=")}) // nothing inherited that changes the runtime
+	if err != nil {
+		out.Close()
+		return nil, err
 	}
-	logf.Close()
-	s := &Server{Name: t.Name, PID: cmd.Process.Pid, SSE: sse, Admin: admin, LogPath: logPath, cmd: cmd, done: make(chan error, 1)}
-	go func() { s.done <- cmd.Wait() }()
+	s := &Server{Name: t.Name, PID: p.PID(), SSE: sse, Admin: admin, LogPath: logPath, proc: p, out: out}
 	if err := s.waitReady(ctx, 30*time.Second); err != nil {
 		s.Stop()
 		return nil, fmt.Errorf("%s did not become ready: %w\n%s", t.Name, err, tail(logPath, 20))
@@ -138,24 +137,12 @@ func StartServer(ctx context.Context, t Target, dsn, dir string) (*Server, error
 	return s, nil
 }
 
+// waitReady waits until the server answers GET /streams/… with 200 (both targets do; the
+// baseline has no /readyz), or exits.
 func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-s.done:
-			s.done <- err
-			return fmt.Errorf("exited: %v", err)
-		case <-ctx.Done():
-			return ctx.Err()
-		default:
-		}
-		if last = probe(s.SSE.String()); last == nil {
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return last
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return s.proc.Poll(ctx, 50*time.Millisecond, func() error { return probe(s.SSE.String()) })
 }
 
 // probe opens one stream and checks for a 200 head.
@@ -181,26 +168,20 @@ func probe(addr string) error {
 
 // Stop sends SIGTERM, waits up to 5 s, then SIGKILLs. Safe to call twice.
 func (s *Server) Stop() {
-	if s == nil || s.cmd == nil {
+	if s == nil || s.proc == nil || s.stopped {
 		return
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-s.done:
-		s.done <- err
-	case <-time.After(5 * time.Second):
-		_ = s.cmd.Process.Kill()
-		err := <-s.done
-		s.done <- err
-	}
+	s.stopped = true
+	s.proc.Stop(5 * time.Second)
+	s.proc.CloseOutput(5 * time.Second) // --procs siblings hold the output until they are gone
+	s.out.Close()
 }
 
 // Exited reports whether the process has ended (and how).
 func (s *Server) Exited() (bool, error) {
 	select {
-	case err := <-s.done:
-		s.done <- err
-		return true, err
+	case <-s.proc.Exited():
+		return true, s.proc.ExitErr()
 	default:
 		return false, nil
 	}
@@ -227,7 +208,12 @@ func treeSum[T int64 | time.Duration](s *Server, read func(pid int) (T, error)) 
 	return sum, nil
 }
 
-// Get fetches a path from the admin listener (metrics, pprof).
+// Metrics scrapes the admin listener's /metrics (internal/testkit/metricstest).
+func (s *Server) Metrics(ctx context.Context) (*metricstest.Scrape, error) {
+	return metricstest.Get(ctx, "http://"+s.Admin+"/metrics")
+}
+
+// Get fetches a path from the admin listener (pprof).
 func (s *Server) Get(ctx context.Context, path string, w io.Writer) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.Admin+path, nil)
 	if err != nil {
@@ -345,12 +331,13 @@ func tail(path string, n int) string {
 func Build(ctx context.Context, root, dir string) (pgsse, baseline string, err error) {
 	pgsse = filepath.Join(dir, "pgsse")
 	baseline = filepath.Join(dir, "baseline")
-	for _, b := range [][2]string{{pgsse, "./cmd/pgsse"}, {baseline, "./bench/baseline"}} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", b[0], b[1])
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", "", fmt.Errorf("go build %s: %v\n%s", b[1], err, out)
-		}
+	if err := servetest.Build(ctx, root, pgsse, false); err != nil {
+		return "", "", err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", baseline, "./bench/baseline")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("go build ./bench/baseline: %v\n%s", err, out)
 	}
 	return pgsse, baseline, nil
 }

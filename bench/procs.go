@@ -185,21 +185,20 @@ func ProcsIdle(ctx context.Context, e *Env, t Target, p Params, holder HolderCom
 	if err := r.alive(); err != nil {
 		return nil, err
 	}
-	var metrics strings.Builder
-	_ = r.srv.Get(ctx, "/metrics", &metrics)
 	res := &Result{Scenario: "10 procs idle", Target: t.label()}
 	res.add("connections through one port", "", float64(held), false)
 	res.add("load processes holding them", "", float64(len(holders)), false)
-	for ln := range strings.Lines(metrics.String()) {
-		if v, ok := strings.CutPrefix(ln, `pgsse_process_sse_connections{process="`); ok {
-			proc, val, _ := strings.Cut(v, `"} `)
-			f, _ := strconv.ParseFloat(strings.TrimSpace(val), 64)
-			res.add("connections on process "+proc, "", f, false)
+	if m, err := r.srv.Metrics(ctx); err == nil {
+		for _, se := range m.Series("pgsse_process_sse_connections") {
+			res.add("connections on process "+se.Labels["process"], "", se.Value, false)
 		}
-		if v, ok := strings.CutPrefix(ln, "pgsse_sse_connections "); ok {
-			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			res.add("connections in the summed metric", "", f, false)
+		if v, err := m.Lookup("pgsse_sse_connections"); err == nil {
+			res.add("connections in the summed metric", "", v, false)
+		} else {
+			res.note("%v", err)
 		}
+	} else {
+		res.note("server metrics: %v", err)
 	}
 	res.add("RSS per idle connection (both processes)", "B", float64(rss1-rss0)/float64(held), true)
 	res.add("RSS total (both processes)", "MiB", float64(rss1)/(1<<20), true)
@@ -231,8 +230,7 @@ func ProcsFanOut(ctx context.Context, e *Env, t Target, p Params) ([]*Result, er
 func (s *Server) waitProcs(ctx context.Context, n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		var m strings.Builder
-		if err := s.Get(ctx, "/metrics", &m); err == nil && strings.Count(m.String(), "\npgsse_process_sse_connections{") == n {
+		if m, err := s.Metrics(ctx); err == nil && len(m.Series("pgsse_process_sse_connections")) == n {
 			return nil
 		}
 		if time.Now().After(deadline) {

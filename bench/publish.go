@@ -90,23 +90,29 @@ func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) 
 			cpu0, cpu1   time.Duration
 			self0, self1 time.Duration
 			m0, m1       publishTotals
+			mErr0, mErr1 error
 			wait         func()
 			cancel       context.CancelFunc = func() {}
 		)
 		window := func() context.Context {
 			wait = r.profile(ctx, "9-publish-"+strings.Trim(strings.Fields(name)[0], "()"), pp.Duration)
-			pg0, cpu0, self0, m0 = r.pgCPU(ctx), must(r.srv.CPU()), SelfCPU(), publishCounters(ctx, r)
+			pg0, cpu0, self0 = r.pgCPU(ctx), must(r.srv.CPU()), SelfCPU()
+			m0, mErr0 = publishCounters(ctx, r)
 			var wctx context.Context
 			wctx, cancel = context.WithTimeout(ctx, pp.Duration)
 			return wctx
 		}
 		done := func() {
-			pg1, cpu1, self1, m1 = r.pgCPU(ctx), must(r.srv.CPU()), SelfCPU(), publishCounters(ctx, r)
+			pg1, cpu1, self1 = r.pgCPU(ctx), must(r.srv.CPU()), SelfCPU()
+			m1, mErr1 = publishCounters(ctx, r)
 		}
 		st, err := run(window, done)
 		cancel()
 		if wait != nil {
 			wait()
+		}
+		if err == nil {
+			err = errors.Join(mErr0, mErr1) // the transactions per phase come from the server's metrics
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
@@ -550,26 +556,23 @@ func publishStageTotals(ctx context.Context, r *run) map[string]stageTotal {
 // publishCounters reads the server's publish metrics (transactions and their events).
 type publishTotals struct{ transactions, events, commitSeconds float64 }
 
-func publishCounters(ctx context.Context, r *run) publishTotals {
-	var m bytes.Buffer
+func publishCounters(ctx context.Context, r *run) (publishTotals, error) {
 	var t publishTotals
-	if err := r.srv.Get(ctx, "/metrics", &m); err != nil {
-		return t
+	m, err := r.srv.Metrics(ctx)
+	if err != nil {
+		return t, err
 	}
-	for ln := range strings.Lines(m.String()) {
-		f := strings.Fields(ln)
-		if len(f) != 2 {
-			continue
-		}
-		v, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
-		case "pgsse_publish_batch_size_count":
-			t.transactions = v
-		case "pgsse_publish_batch_size_sum":
-			t.events = v
-		case "pgsse_publish_commit_seconds_sum":
-			t.commitSeconds = v
+	for _, f := range []struct {
+		selector string
+		v        *float64
+	}{
+		{"pgsse_publish_batch_size_count", &t.transactions},
+		{"pgsse_publish_batch_size_sum", &t.events},
+		{"pgsse_publish_commit_seconds_sum", &t.commitSeconds},
+	} {
+		if *f.v, err = m.Lookup(f.selector); err != nil {
+			return t, err
 		}
 	}
-	return t
+	return t, nil
 }

@@ -3,7 +3,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgsse/pgsse/internal/testkit/metricstest"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -50,6 +50,10 @@ type Params struct {
 
 	ProcsConns  int // scenario 10: idle connections through one port with --procs 2
 	HolderConns int // scenario 10: at most this many per load process holding them (0 = HolderConns)
+
+	MultiConns   int // scenario 11: connections of each kind (several streams each, one stream each)
+	MultiStreams int // scenario 11: streams per connection of the first kind
+	MultiRounds  int // scenario 11: fan-out rounds of each kind, alternating
 	// OutboundBudget is pgsse's --max-outbound-memory in scenarios 4, 7 and 8 (0 = the
 	// server's default); RSS is reported against it.
 	OutboundBudget int64
@@ -73,6 +77,7 @@ func Full() Params {
 		Memory: MemoryParams{StalledConns: 200, StalledDuration: 10 * time.Second, StalledData: 1024,
 			LargeBytes: 50 << 20, LargeSubscribers: 10},
 		ProcsConns: 30000,
+		MultiConns: 10000, MultiStreams: 8, MultiRounds: 2,
 	}
 }
 
@@ -89,6 +94,7 @@ func Small() Params {
 	p.SlowPercent = 5
 	p.Hub = HubParams{Workers: 8, Rate: 1000, Duration: time.Second}
 	p.ProcsConns = 400
+	p.MultiConns = 200
 	p.Memory = MemoryParams{StalledConns: 50, StalledDuration: 2 * time.Second, StalledData: 1024,
 		LargeBytes: 16 << 20, LargeSubscribers: 10}
 	p.Publish = smallPublish()
@@ -133,14 +139,20 @@ func (r *Result) note(format string, args ...any) {
 	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
 }
 
-// Get returns the named metric's value (NaN-free: 0 if absent).
+// Get returns the named metric's value (NaN-free: 0 if absent; a test asks Lookup).
 func (r *Result) Get(name string) float64 {
+	v, _ := r.Lookup(name)
+	return v
+}
+
+// Lookup returns the named metric's value and whether the result has it.
+func (r *Result) Lookup(name string) (float64, bool) {
 	for _, m := range r.Metrics {
 		if m.Name == name {
-			return m.Value
+			return m.Value, true
 		}
 	}
-	return 0
+	return 0, false
 }
 
 // run is one server process with its own database for one scenario.
@@ -654,9 +666,10 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	if err := r.alive(); err != nil {
 		return nil, err
 	}
-	var metrics bytes.Buffer
+	var metrics *metricstest.Scrape
+	var metricsErr error
 	if t.Name == "pgsse" {
-		_ = r.srv.Get(ctx, "/metrics", &metrics)
+		metrics, metricsErr = r.srv.Metrics(ctx)
 	}
 	c.Close()
 	st := c.Stats()
@@ -691,11 +704,13 @@ func Throughput(ctx context.Context, e *Env, t Target, p Params) (*Result, error
 	if st.Closed > 0 {
 		res.note("%d subscribers closed by the server", st.Closed)
 	}
-	if metrics.Len() > 0 {
-		for ln := range strings.Lines(metrics.String()) {
-			if strings.HasPrefix(ln, "pgsse_deliveries_total") || strings.HasPrefix(ln, "pgsse_dropped_total") ||
-				strings.HasPrefix(ln, "pgsse_evictions_total") || strings.HasPrefix(ln, "pgsse_notifications_total") {
-				res.note("server metric %s", strings.TrimSpace(ln))
+	if metricsErr != nil {
+		res.note("server metrics: %v", metricsErr)
+	}
+	if metrics != nil {
+		for _, name := range []string{"pgsse_deliveries_total", "pgsse_dropped_total", "pgsse_evictions_total", "pgsse_notifications_total"} {
+			for _, se := range metrics.Series(name) {
+				res.note("server metric %s", se)
 			}
 		}
 	}

@@ -147,13 +147,17 @@ func Storm(ctx context.Context, e *Env, t Target, sp StormParams) (*Result, erro
 	if err != nil {
 		close(stopPub)
 		<-pubDone
-		var m bytes.Buffer
-		_ = r.srv.Get(ctx, "/metrics", &m)
 		var keep []string
-		for _, l := range strings.Split(m.String(), "\n") {
-			if strings.HasPrefix(l, "pgsse_") {
-				keep = append(keep, l)
+		if m, merr := r.srv.Metrics(ctx); merr == nil {
+			for _, name := range m.Families() {
+				if strings.HasPrefix(name, "pgsse_") {
+					for _, se := range m.Series(name) {
+						keep = append(keep, se.String())
+					}
+				}
 			}
+		} else {
+			keep = append(keep, merr.Error())
 		}
 		return nil, fmt.Errorf("%w\nserver metrics:\n%s", err, strings.Join(keep, "\n"))
 	}

@@ -16,26 +16,21 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
+	"github.com/pgsse/pgsse/store"
 )
 
 // Set once by TestMain.
-var (
-	repoRoot  string
-	pgsseBin  string
-	buildRoot string
-)
+var repoRoot string
 
 func TestMain(m *testing.M) {
 	if err := setup(); err != nil {
 		fmt.Fprintf(os.Stderr, "clients: %v\n", err)
-		if buildRoot != "" {
-			os.RemoveAll(buildRoot)
-		}
 		os.Exit(1)
 	}
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		os.RemoveAll(buildRoot)
+		servetest.RemoveBinaries()
 		os.Exit(code)
 	}))
 }
@@ -50,17 +45,6 @@ func setup() error {
 	deps.Dir = repoRoot
 	if out, err := deps.CombinedOutput(); err != nil {
 		return fmt.Errorf("installing the clients' test dependencies with scripts/clients-deps.sh failed: %v\n%s", err, out)
-	}
-	if buildRoot, err = os.MkdirTemp("", "pgsse-clients-"); err != nil {
-		return err
-	}
-	// Built without -race: these suites judge the clients; the server's own packages (and e2e/)
-	// run it under the race detector.
-	pgsseBin = filepath.Join(buildRoot, "pgsse")
-	build := exec.Command("go", "build", "-o", pgsseBin, "./cmd/pgsse")
-	build.Dir = repoRoot
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/pgsse: %v\n%s", err, out)
 	}
 	return nil
 }
@@ -109,9 +93,10 @@ var suites = []suite{
 func TestClients(t *testing.T) {
 	for _, s := range suites {
 		t.Run(s.name, func(t *testing.T) {
-			dsn := pgtest.NewDatabase(t)
-			out, err := exec.Command(pgsseBin, "migrate", "--database-url", dsn).CombinedOutput()
-			require.NoError(t, err, "pgsse migrate: %s", out)
+			// Built once, without -race: these suites judge the clients; the server's own packages
+			// (and e2e/) run it under the race detector.
+			pgsseBin := servetest.Binary(t, false)
+			dsn := pgtest.Migrated(t, store.Migrate)
 
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
@@ -121,7 +106,7 @@ func TestClients(t *testing.T) {
 			var output bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &output, &output
 			start := time.Now()
-			err = cmd.Run()
+			err := cmd.Run()
 			text := output.String()
 			require.NoError(t, err, "%s (in %s) failed after %s:\n%s", strings.Join(s.argv, " "), s.dir, time.Since(start).Round(time.Millisecond), text)
 			assert.Regexp(t, s.passed, text, "%s: not every test ran and passed:\n%s", s.name, text)

@@ -16,7 +16,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
 )
 
 // crossOriginPage opens `new EventSource(src, {withCredentials: true})` and reports every
@@ -53,7 +54,7 @@ func pageServer(t *testing.T) string {
 
 // startChromium launches Debian's Chromium with a fresh --user-data-dir through
 // chromium.mjs, watching requests to the pgsse server s.
-func startChromium(t *testing.T, s *server) *nodeProc {
+func startChromium(t *testing.T, s *servetest.Server) *nodeProc {
 	t.Helper()
 	p := startNode(t, "chromium.mjs", map[string]any{
 		"userDataDir": filepath.Join(t.TempDir(), "profile"),
@@ -65,7 +66,7 @@ func startChromium(t *testing.T, s *server) *nodeProc {
 
 // openCrossOrigin sets the pgsse_token cookie for the pgsse origin and opens the
 // cross-origin page on src.
-func openCrossOrigin(t *testing.T, b *nodeProc, s *server, pageOrigin, token, src string) {
+func openCrossOrigin(t *testing.T, b *nodeProc, s *servetest.Server, pageOrigin, token, src string) {
 	t.Helper()
 	b.call(map[string]any{"cmd": "cookies", "cookies": []map[string]any{{
 		"name": "pgsse_token", "value": token, "url": s.Origin(), "httpOnly": true, "sameSite": "Lax",

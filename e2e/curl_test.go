@@ -12,7 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
 )
 
 // The README's curl examples, exactly as a user copies them after `source bin/run.env`
@@ -25,12 +26,12 @@ const (
 // runReadmeCurl runs one README command through bash with TOKEN exported, against s
 // (listening on all addresses, like the default --listen :8080), and returns its stdout
 // as SSE items. curl is killed when the test ends.
-func runReadmeCurl(t *testing.T, s *server, command, token string) <-chan sseItem {
+func runReadmeCurl(t *testing.T, s *servetest.Server, command, token string) <-chan sseItem {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, "bash", "-c", "exec "+command)
-	cmd.Env = append(os.Environ(), "TOKEN="+token, "PGSSE_URL=http://localhost:"+strconv.Itoa(s.port))
-	stderr := &pgtest.SyncBuffer{}
+	cmd.Env = append(os.Environ(), "TOKEN="+token, "PGSSE_URL=http://localhost:"+strconv.Itoa(s.Port()))
+	stderr := &testkit.SyncBuffer{}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)

@@ -4,10 +4,10 @@
 // scraping it with the rules and dashboard of deploy/ (prometheus_test.go).
 //
 // The package holds only tests. TestMain installs the clients (scripts/e2e-deps.sh: apt
-// packages and `npm ci` in e2e/js, never a browser download), builds cmd/pgsse once, and
+// packages and `npm ci` in e2e/js, never a browser download); cmd/pgsse is built once, and
 // every test starts its own `pgsse serve` subprocess on free ports against a fresh
-// database (pgtest), so tests share nothing but the binary. A missing client is an
-// install step that fails loudly, never a skip.
+// database (internal/testkit: servetest, pgtest), so tests share nothing but the binary. A
+// missing client is an install step that fails loudly, never a skip.
 //
 // Besides the clients, it checks what a new user meets first: the README and docs/ commands
 // against `make run` (docs_test.go, also `make docs-check`), the demo page, the container

@@ -42,7 +42,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 )
 
 // mdBlock is one fenced code block of a Markdown file.
@@ -240,7 +241,7 @@ func TestDocs_SystemdUnitVerifies(t *testing.T) {
 	require.NoError(t, err)
 	// verify checks that ExecStart's binary exists: point it at the one built for this run.
 	// The environment file is the operator's; its absence is not the unit's fault.
-	text := strings.ReplaceAll(string(unit), "/usr/local/bin/pgsse", pgsseBin)
+	text := strings.ReplaceAll(string(unit), "/usr/local/bin/pgsse", pgsseBin(t))
 	text = strings.ReplaceAll(text, "EnvironmentFile=/", "EnvironmentFile=-/")
 	dir := t.TempDir()
 	path := filepath.Join(dir, "pgsse.service")
@@ -289,13 +290,13 @@ func userEnv(extra ...string) []string {
 // bg is a process group running in the background, its output recorded.
 type bg struct {
 	cmd            *exec.Cmd
-	stdout, stderr *pgtest.SyncBuffer
+	stdout, stderr *testkit.SyncBuffer
 	exited         chan struct{}
 }
 
 func startBG(t *testing.T, dir string, env []string, name string, args ...string) *bg {
 	t.Helper()
-	p := &bg{stdout: &pgtest.SyncBuffer{}, stderr: &pgtest.SyncBuffer{}, exited: make(chan struct{})}
+	p := &bg{stdout: &testkit.SyncBuffer{}, stderr: &testkit.SyncBuffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(name, args...)
 	p.cmd.Dir, p.cmd.Env = dir, env
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr

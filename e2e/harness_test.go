@@ -7,8 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,54 +14,33 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
+	"github.com/pgsse/pgsse/store"
 )
 
 // testSecret signs every token in this suite (HS256).
 const testSecret = "e2e-secret-0123456789abcdef0123456789abcdef"
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago, for a program the
-// test starts (nginx, Caddy, pgsse) to bind. It is taken below Linux's ephemeral range
-// (32768–60999), so the outgoing connections of everything else running cannot occupy it
-// between this check and the bind, and it is never handed out twice in one test process.
-func freePort(t testing.TB) int {
-	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for tries := 0; tries < 1000; tries++ {
-		port := 20000 + rand.IntN(12000)
-		if portsGiven[port] {
-			continue
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		portsGiven[port] = true
-		return port
-	}
-	t.Fatal("no free port in 20000-31999")
-	return 0
-}
-
-var (
-	portsMu    sync.Mutex
-	portsGiven = map[int]bool{}
-)
+// freePort is a TCP port on 127.0.0.1, below the ephemeral range, for a program the test
+// starts (nginx, Caddy) to bind (internal/testkit).
+var freePort = testkit.FreePort
 
 // tail returns at most the last n bytes of s, for failure messages.
-func tail(s string, n int) string {
-	if len(s) > n {
-		return "…" + s[len(s)-n:]
-	}
-	return s
+var tail = testkit.Tail
+
+// pgsseBin is cmd/pgsse built for this run (once), with -race when the tests run with it:
+// real clients drive a race-checked server.
+func pgsseBin(t testing.TB) string {
+	t.Helper()
+	return servetest.Binary(t, servetest.RaceEnabled)
 }
 
 // runPGSSE runs a short pgsse subcommand and returns its trimmed stdout.
@@ -72,18 +49,16 @@ func runPGSSE(t testing.TB, args ...string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, pgsseBin, args...)
+	cmd := exec.CommandContext(ctx, pgsseBin(t), args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Run(), "pgsse %s: %s", strings.Join(args, " "), stderr.String())
 	return strings.TrimSpace(stdout.String())
 }
 
-// newDatabase is a fresh database with the pgsse schema, migrated by `pgsse migrate`.
+// newDatabase is a fresh database with the pgsse schema.
 func newDatabase(t testing.TB) string {
 	t.Helper()
-	dsn := pgtest.NewDatabase(t)
-	runPGSSE(t, "migrate", "--database-url", dsn)
-	return dsn
+	return pgtest.Migrated(t, store.Migrate)
 }
 
 // mintToken mints a token for stream patterns with `pgsse token` and the test secret.
@@ -115,147 +90,16 @@ func publishCLI(t testing.TB, dsn, stream, data string, extra ...string) string 
 	return runPGSSE(t, append([]string{"publish", stream, data, "--database-url", dsn}, extra...)...)
 }
 
-// server is one `pgsse serve` subprocess. Stop and Start reuse the same ports, so
-// clients see a restart of the same server.
-type server struct {
-	t         *testing.T
-	dsn       string
-	listen    string // --listen as given
-	port      int
-	adminPort int
-	args      []string
-	log       *pgtest.SyncBuffer
-
-	cmd    *exec.Cmd
-	exited chan struct{}
-}
-
-// startServer starts `pgsse serve` on free ports against dsn with the test secret plus
-// extra flags, waits until /readyz answers 200, and stops it when the test ends.
-// listenHost is "127.0.0.1" or "" (all addresses, like the default :8080).
-func startServer(t *testing.T, dsn, listenHost string, extra ...string) *server {
+// startServer starts `pgsse serve` (internal/testkit/servetest) on free ports against dsn with
+// the test secret plus extra flags, waits until /readyz answers 200, and stops it when the
+// test ends; its Stop and Start restart it on the same ports. listenHost is "127.0.0.1" (or
+// another loopback address), or "" for all addresses, like the default :8080.
+func startServer(t *testing.T, dsn, listenHost string, extra ...string) *servetest.Server {
 	t.Helper()
-	s := &server{t: t, dsn: dsn, log: &pgtest.SyncBuffer{}}
-	t.Cleanup(func() {
-		s.Stop()
-		if t.Failed() || os.Getenv("PGSSE_E2E_VERBOSE") != "" {
-			t.Logf("pgsse serve log (%s):\n%s", strings.Join(s.args[1:], " "), tail(s.log.String(), 6000))
-		}
+	return servetest.Start(t, servetest.Options{
+		Bin: pgsseBin(t), DSN: dsn, ListenHost: listenHost, AllAddresses: listenHost == "",
+		Args: append([]string{"--jwt-secret", testSecret, "--retention", "0", "--log-level", "debug"}, extra...),
 	})
-	// freePort's port can be taken by another process before pgsse binds it: then pick
-	// new ports (only here; a restart must keep its port).
-	for attempt := 1; ; attempt++ {
-		s.port, s.adminPort = freePort(t), freePort(t)
-		s.listen = listenHost + ":" + strconv.Itoa(s.port)
-		s.args = append([]string{"serve",
-			"--database-url", dsn,
-			"--listen", s.listen,
-			"--admin-listen", "127.0.0.1:" + strconv.Itoa(s.adminPort),
-			"--jwt-secret", testSecret,
-			"--retention", "0",
-			"--log-level", "debug",
-		}, extra...)
-		if err := s.start(); err == nil {
-			return s
-		} else if !strings.Contains(err.Error(), "address already in use") || attempt == 3 {
-			t.Fatal(err)
-		}
-		fmt.Fprintf(s.log, "---- port taken meanwhile; retrying on new ports\n")
-	}
-}
-
-// URL is the server's base URL on 127.0.0.1 plus path.
-func (s *server) URL(path string) string {
-	return "http://127.0.0.1:" + strconv.Itoa(s.port) + path
-}
-
-// Origin is the server's origin as a browser names it.
-func (s *server) Origin() string { return s.URL("") }
-
-// Start starts the process and waits for /readyz.
-func (s *server) Start() {
-	s.t.Helper()
-	if err := s.start(); err != nil {
-		s.t.Fatal(err)
-	}
-}
-
-func (s *server) start() error {
-	t := s.t
-	t.Helper()
-	require.Nil(t, s.cmd, "server already running")
-	fmt.Fprintf(s.log, "---- start %s\n", time.Now().Format(time.TimeOnly+".000"))
-	cmd := exec.Command(pgsseBin, s.args...)
-	cmd.Stdout, cmd.Stderr = s.log, s.log
-	require.NoError(t, cmd.Start())
-	s.cmd, s.exited = cmd, make(chan struct{})
-	go func(done chan struct{}) {
-		_ = cmd.Wait()
-		close(done)
-	}(s.exited)
-
-	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		select {
-		case <-s.exited:
-			s.cmd = nil
-			return fmt.Errorf("pgsse serve exited during start (%v):\n%s", cmd.ProcessState, tail(s.log.String(), 4000))
-		default:
-		}
-		resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(s.adminPort) + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pgsse serve not ready after 20 s (last: %v):\n%s", err, tail(s.log.String(), 4000))
-		}
-		time.Sleep(50 * time.Millisecond) // polling: no signal for readiness but /readyz
-	}
-}
-
-// Stop sends SIGTERM (graceful drain) and waits for the process; SIGKILL after 15 s.
-func (s *server) Stop() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(15 * time.Second):
-		s.t.Errorf("pgsse serve did not exit within 15 s of SIGTERM; killing it")
-		_ = s.cmd.Process.Kill()
-		<-s.exited
-	}
-	fmt.Fprintf(s.log, "---- exited %s: %v\n", time.Now().Format(time.TimeOnly+".000"), s.cmd.ProcessState)
-	if strings.Contains(s.log.String(), "WARNING: DATA RACE") {
-		s.t.Errorf("the race detector found a data race in pgsse serve (log below)")
-	}
-	s.cmd = nil
-}
-
-// Metric returns the value of one sample from the admin /metrics, e.g.
-// `pgsse_rejected_total{status="401"}`; a sample that is not there yet counts as 0.
-func (s *server) Metric(sample string) float64 {
-	t := s.t
-	t.Helper()
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := client.Get("http://127.0.0.1:" + strconv.Itoa(s.adminPort) + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, sample+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			require.NoError(t, err, line)
-			return f
-		}
-	}
-	return 0
 }
 
 // sseItem is one thing read from an SSE stream by readSSE.
@@ -271,49 +115,29 @@ type sseItem struct {
 	Err     error // eof: why
 }
 
-// readSSE parses an SSE byte stream (WHATWG rules, enough for these tests) into items on
-// the returned channel, closed after the "eof" item.
+// readSSE parses an SSE byte stream with internal/testkit/ssetest's parser into items on the
+// returned channel — a comment or a retry: line as soon as it arrives, an event at its blank
+// line —, closed after the "eof" item.
 func readSSE(r io.Reader) <-chan sseItem {
 	ch := make(chan sseItem, 1024)
 	go func() {
 		defer close(ch)
-		br := bufio.NewReader(r)
-		var data []string
-		var id, event string
-		var hasID, hasData bool
+		s := ssetest.NewStream(r, nil)
+		s.Eager = true
 		for {
-			line, err := br.ReadString('\n')
+			b, err := s.Next(0)
 			if err != nil {
-				ch <- sseItem{At: time.Now(), Kind: "eof", Err: err, Data: line}
+				ch <- sseItem{At: time.Now(), Kind: "eof", Err: err}
 				return
 			}
-			line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
-			now := time.Now()
-			if line == "" {
-				if hasData {
-					if event == "" {
-						event = "message"
-					}
-					ch <- sseItem{At: now, Kind: "event", ID: id, HasID: hasID, Event: event, Data: strings.Join(data, "\n")}
-				}
-				data, id, event, hasID, hasData = nil, "", "", false, false
-				continue
+			for _, c := range b.Comments {
+				ch <- sseItem{At: b.At, Kind: "comment", Comment: c}
 			}
-			if strings.HasPrefix(line, ":") {
-				ch <- sseItem{At: now, Kind: "comment", Comment: line[1:]}
-				continue
+			if b.Retry != "" {
+				ch <- sseItem{At: b.At, Kind: "retry", Retry: b.Retry}
 			}
-			field, value, _ := strings.Cut(line, ":")
-			value = strings.TrimPrefix(value, " ")
-			switch field {
-			case "data":
-				data, hasData = append(data, value), true
-			case "id":
-				id, hasID = value, true
-			case "event":
-				event = value
-			case "retry":
-				ch <- sseItem{At: now, Kind: "retry", Retry: value}
+			if b.HasData {
+				ch <- sseItem{At: b.At, Kind: "event", ID: b.ID, HasID: b.HasID, Event: b.Name(), Data: b.Data}
 			}
 		}
 	}()
@@ -423,7 +247,7 @@ type nodeProc struct {
 	name   string
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
-	stderr *pgtest.SyncBuffer
+	stderr *testkit.SyncBuffer
 	exited chan struct{}
 
 	mu      sync.Mutex
@@ -439,7 +263,7 @@ func startNode(t *testing.T, script string, arg any) *nodeProc {
 	require.NoError(t, err)
 	cmd := exec.Command("node", script, string(js))
 	cmd.Dir = jsDir
-	p := &nodeProc{t: t, name: script, cmd: cmd, stderr: &pgtest.SyncBuffer{}, exited: make(chan struct{}), changed: make(chan struct{})}
+	p := &nodeProc{t: t, name: script, cmd: cmd, stderr: &testkit.SyncBuffer{}, exited: make(chan struct{}), changed: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	p.stdin, err = cmd.StdinPipe()
 	require.NoError(t, err)

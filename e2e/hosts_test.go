@@ -9,8 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
-	"github.com/pgsse/pgsse/scripts/ssetest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
 )
 
 // TestHosts_NginxInFrontOfThree: several hosts, simulated — three `pgsse serve` on
@@ -20,12 +21,12 @@ import (
 // in order. The census: one LISTEN session per host, nothing more.
 func TestHosts_NginxInFrontOfThree(t *testing.T) {
 	dsn := newDatabase(t)
-	var hosts []*server
+	var hosts []*servetest.Server
 	var upstreams []string
 	for _, ip := range []string{"127.0.0.11", "127.0.0.12", "127.0.0.13"} {
 		s := startServer(t, dsn, ip)
 		hosts = append(hosts, s)
-		upstreams = append(upstreams, s.listen)
+		upstreams = append(upstreams, s.Listen)
 	}
 	port := freePort(t)
 	conf := substitute(t, docsBlock(t, "docs/scaling.md", "nginx"), "docs/scaling.md's nginx snippet",
@@ -44,14 +45,14 @@ func TestHosts_NginxInFrontOfThree(t *testing.T) {
 	}
 	assert.Equal(t, 3, listen(), "one LISTEN session per host")
 
-	rs := ssetest.Start(t, "http://127.0.0.1:"+strconv.Itoa(port)+"/streams/hosts?since=0", mintToken(t, "hosts"), 300, 60*time.Second)
+	rs := ssetest.StartResuming(t, "http://127.0.0.1:"+strconv.Itoa(port)+"/streams/hosts?since=0", mintToken(t, "hosts"), 300, 60*time.Second)
 	for _, h := range hosts {
-		assert.Positive(t, h.Metric("pgsse_sse_connections"), "nginx spreads the clients over %s", h.listen)
+		assert.Positive(t, h.Metric("pgsse_sse_connections"), "nginx spreads the clients over %s", h.Listen)
 	}
 	victim := hosts[1]
 	ssetest.PublishRange(t, dsn, "hosts", 1, 1000, func(id int) {
 		if id == 300 {
-			require.NoError(t, victim.cmd.Process.Signal(syscall.SIGKILL))
+			victim.Signal(syscall.SIGKILL)
 		}
 	})
 	ssetest.RequireAll(t, rs, 1000, 2*time.Minute)

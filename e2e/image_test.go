@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit"
 )
 
 // The container image (`make image`: Dockerfile FROM scratch) starts against a throwaway
@@ -63,7 +63,7 @@ func TestImage_RunsAgainstPostgreSQL(t *testing.T) {
 	name := "pgsse-e2e-" + strconv.Itoa(os.Getpid())
 	run := podmanCmd(append(runArgs, "--name", name, "-e", "DATABASE_URL="+dsn, "-e", "PGSSE_JWT_SECRET="+testSecret,
 		"localhost/pgsse:latest", "serve", "--listen", "127.0.0.1:"+strconv.Itoa(port), "--admin-listen", "127.0.0.1:"+strconv.Itoa(admin))...)
-	logs := &pgtest.SyncBuffer{}
+	logs := &testkit.SyncBuffer{}
 	run.Stdout, run.Stderr = logs, logs
 	require.NoError(t, run.Start())
 	exited := make(chan struct{})

@@ -8,27 +8,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
 	"go.uber.org/goleak"
 )
 
 // Set once by TestMain, read-only afterwards.
 var (
-	repoRoot  string // the module root (the parent of e2e/)
-	pgsseBin  string // cmd/pgsse built for this run
-	jsDir     string // e2e/js, with node_modules installed
-	buildRoot string // temporary directory holding pgsseBin
+	repoRoot string // the module root (the parent of e2e/)
+	jsDir    string // e2e/js, with node_modules installed
 )
 
 func TestMain(m *testing.M) {
 	if err := setup(); err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: %v\n", err)
-		if buildRoot != "" {
-			os.RemoveAll(buildRoot)
-		}
 		os.Exit(1)
 	}
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		os.RemoveAll(buildRoot)
+		servetest.RemoveBinaries()
 		os.Exit(code)
 	}))
 }
@@ -53,19 +49,5 @@ func setup() error {
 		fmt.Fprintf(os.Stderr, "e2e: installed the clients in %s\n", d.Round(time.Second))
 	}
 
-	buildRoot, err = os.MkdirTemp("", "pgsse-e2e-")
-	if err != nil {
-		return err
-	}
-	pgsseBin = filepath.Join(buildRoot, "pgsse")
-	args := []string{"build", "-o", pgsseBin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	build := exec.Command("go", append(args, "./cmd/pgsse")...)
-	build.Dir = repoRoot
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/pgsse: %v\n%s", err, out)
-	}
 	return nil
 }

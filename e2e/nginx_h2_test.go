@@ -132,7 +132,7 @@ func TestNginx_HTTP2CarriesMoreThanSixEventSourcesPerOrigin(t *testing.T) {
 	dsn := newDatabase(t)
 	s := startServer(t, dsn, "127.0.0.1", "--cors-origins", page.URL)
 	h2Port, h1Port, caddyPort := freePort(t), freePort(t), freePort(t)
-	upstream := "127.0.0.1:" + strconv.Itoa(s.port)
+	upstream := "127.0.0.1:" + strconv.Itoa(s.Port())
 	servers := docsNginxServer(t, "127.0.0.1:"+strconv.Itoa(h2Port), upstream, cert, key, true) + "\n" +
 		docsNginxServer(t, "127.0.0.1:"+strconv.Itoa(h1Port), upstream, cert, key, false)
 	runNginx(t, "h2.conf.tmpl", map[string]any{"Servers": servers}, h1Port)

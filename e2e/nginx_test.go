@@ -14,7 +14,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
 )
 
 // nginxProxy is nginx in the foreground, proxying to a pgsse server.
@@ -28,10 +29,10 @@ func (n *nginxProxy) URL(path string) string {
 
 // startNginx renders e2e/nginx/nginx.conf.tmpl for upstream s into a temporary prefix and
 // runs nginx there until the test ends.
-func startNginx(t *testing.T, s *server) *nginxProxy {
+func startNginx(t *testing.T, s *servetest.Server) *nginxProxy {
 	t.Helper()
 	n := &nginxProxy{port: freePort(t)}
-	runNginx(t, "nginx.conf.tmpl", map[string]any{"Port": n.port, "Upstream": "127.0.0.1:" + strconv.Itoa(s.port)}, n.port)
+	runNginx(t, "nginx.conf.tmpl", map[string]any{"Port": n.port, "Upstream": "127.0.0.1:" + strconv.Itoa(s.Port())}, n.port)
 	return n
 }
 
@@ -67,7 +68,7 @@ func runNginx(t *testing.T, tmplName string, data map[string]any, port int) {
 func runProxy(t *testing.T, cmd *exec.Cmd, port int, logs func() string) {
 	t.Helper()
 	name := filepath.Base(cmd.Path)
-	out := &pgtest.SyncBuffer{}
+	out := &testkit.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	require.NoError(t, cmd.Start())
 	exited := make(chan struct{})

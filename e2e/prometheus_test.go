@@ -38,8 +38,10 @@ import (
 	"github.com/stretchr/testify/assert/yaml"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
-	"github.com/pgsse/pgsse/scripts/ssetest"
+	"github.com/pgsse/pgsse/internal/testkit"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
 )
 
 // pendingSeries — PENDING. Series that branches in progress are adding: presence
@@ -496,7 +498,7 @@ scrape_configs:
 	runProxy(t, cmd, port, func() string { return "" })
 	api := promAPI{base: "http://127.0.0.1:" + strconv.Itoa(port), client: &http.Client{Timeout: 10 * time.Second,
 		Transport: &http.Transport{DisableKeepAlives: true}}}
-	eventually(t, 30*time.Second, "prometheus /-/ready", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "prometheus /-/ready", func() bool {
 		resp, err := api.client.Get(api.base + "/-/ready")
 		if err != nil {
 			return false
@@ -507,23 +509,10 @@ scrape_configs:
 	return api
 }
 
-// eventually polls cond (every 100 ms: Prometheus has no way to push "scraped" to us) for up
-// to d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: not within %s", what, d)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // smallLoad runs, until the test ends, 8 durable subscribers and 2 on a raw channel, and an
 // HTTP publisher posting an event every 50 ms (every fourth one ephemeral) with a NOTIFY on
 // the raw channel beside it. It returns the count of publishes answered 200.
-func smallLoad(t *testing.T, s *server, presence bool) *atomic.Int64 {
+func smallLoad(t *testing.T, s *servetest.Server, presence bool) *atomic.Int64 {
 	t.Helper()
 	sub := runPGSSE(t, "token", "--jwt-secret", testSecret, "--ttl", "1h", "--stream", "load/*", "--channel", "load", "--subject", "user:1")
 	pub := runPGSSE(t, "token", "--jwt-secret", testSecret, "--ttl", "1h", "--publish", "load/*")
@@ -531,9 +520,9 @@ func smallLoad(t *testing.T, s *server, presence bool) *atomic.Int64 {
 	if presence {
 		query += "&presence=1"
 	}
-	ssetest.Start(t, s.URL("/streams/load/a"+query), sub, 8, 30*time.Second)
-	ssetest.Start(t, s.URL("/channels/load"), sub, 2, 30*time.Second)
-	notify := pgtest.Connect(t, s.dsn)
+	ssetest.StartResuming(t, s.URL("/streams/load/a"+query), sub, 8, 30*time.Second)
+	ssetest.StartResuming(t, s.URL("/channels/load"), sub, 2, 30*time.Second)
+	notify := pgtest.Connect(t, s.DSN())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -588,12 +577,12 @@ func TestPrometheus_EveryPanelAndRuleHasData(t *testing.T) {
 		extra = append(extra, "--presence-streams", "load/*")
 	}
 	s := startServer(t, newDatabase(t), "127.0.0.1", extra...)
-	eventually(t, 30*time.Second, "pgsse_procs = 2", func() bool { return s.Metric("pgsse_procs") == 2 })
+	testkit.WaitFor(t, 30*time.Second, "pgsse_procs = 2", func() bool { return s.Metric("pgsse_procs") == 2 })
 	published := smallLoad(t, s, presence)
-	api := startPrometheus(t, s.adminPort)
+	api := startPrometheus(t, s.AdminPort())
 
 	// Two scrapes of both processes: every rate() has two samples.
-	eventually(t, 60*time.Second, "two scrapes of pgsse (both processes)", func() bool {
+	testkit.WaitFor(t, 60*time.Second, "two scrapes of pgsse (both processes)", func() bool {
 		res, err := api.query(`count_over_time(pgsse_process_sse_connections{job="pgsse", process="1"}[10m])`)
 		if err != nil || len(res) != 1 {
 			return false
@@ -602,7 +591,7 @@ func TestPrometheus_EveryPanelAndRuleHasData(t *testing.T) {
 		return n >= 2
 	})
 	scraped := time.Now()
-	eventually(t, 30*time.Second, "every rule group evaluated after the second scrape", func() bool {
+	testkit.WaitFor(t, 30*time.Second, "every rule group evaluated after the second scrape", func() bool {
 		groups, err := api.rules()
 		if err != nil || len(groups) == 0 {
 			return false

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"slices"
+
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -21,9 +23,74 @@ const (
 	maxPendingReadRetries = 4
 )
 
+// --- one read at a time per connection -----------------------------------------------------
+
+// A connection following several streams reads the table for one of them at a time: the
+// others wait their turn in its subSet (waiting), in order, and a subscription that needs
+// another batch goes behind those waiting. So catching up K streams holds one batch (and one
+// replay pool slot) at a time, like catching up one (docs/http.md, Several streams on one
+// connection); a connection with one subscription has no turns to take.
+
+// mayRead reports whether sub may start a table read now; if not, it waits its turn (and
+// when none is in flight, the first one waiting starts).
+func (s *subscriptions) mayRead(sub *subscription) bool {
+	set := sub.conn.more
+	switch {
+	case set == nil, set.reading == sub:
+		return true
+	case set.reading != nil:
+		s.waitRead(set, sub)
+		return false
+	case len(set.waiting) > 0 && set.waiting[0] != sub:
+		s.waitRead(set, sub)
+		s.nextRead(sub.conn)
+		return false
+	}
+	if len(set.waiting) > 0 { // sub is first in line
+		set.waiting = slices.Delete(set.waiting, 0, 1)
+	}
+	set.reading = sub
+	return true
+}
+
+func (s *subscriptions) waitRead(set *subSet, sub *subscription) {
+	if !slices.Contains(set.waiting, sub) {
+		set.waiting = append(set.waiting, sub)
+	}
+}
+
+// readDone gives sub's turn back once its read has come back (or could not be queued).
+func (s *subscriptions) readDone(sub *subscription) {
+	if set := sub.conn.more; set != nil && set.reading == sub {
+		set.reading = nil
+	}
+}
+
+// nextRead starts the read of the first subscription waiting for its turn, if none is in
+// flight; one that no longer needs a read (it joined the live set, or was paused) is dropped
+// from the line.
+func (s *subscriptions) nextRead(sc *sseConn) {
+	set := sc.more
+	if set == nil || sc.ending() {
+		return
+	}
+	for set.reading == nil && len(set.waiting) > 0 && !sc.ending() {
+		next := set.waiting[0]
+		switch next.state {
+		case subStarting:
+			s.readHead(next)
+		case subCatchUp:
+			s.replay(next)
+		}
+		if set.reading == nil && len(set.waiting) > 0 && set.waiting[0] == next {
+			set.waiting = slices.Delete(set.waiting, 0, 1) // it did not start
+		}
+	}
+}
+
 // readHead reads the head of a starting subscription's stream: where it starts.
 func (s *subscriptions) readHead(sub *subscription) {
-	if s.replayer == nil {
+	if s.replayer == nil || sub.replaying || !s.mayRead(sub) {
 		return
 	}
 	sub.replaying = true
@@ -31,12 +98,15 @@ func (s *subscriptions) readHead(sub *subscription) {
 		func(res store.ReadResult) { s.tasks.push(func() { s.onHead(sub, res) }) })
 	if !ok {
 		sub.replaying = false
+		s.readDone(sub)
 		s.conns.shed(sub.conn, shedOverCapacity) // the replay queue is full
 	}
 }
 
 func (s *subscriptions) onHead(sub *subscription, res store.ReadResult) {
 	sub.replaying = false
+	s.readDone(sub)
+	defer s.nextRead(sub.conn)
 	if sub.conn.closed {
 		return
 	}
@@ -52,7 +122,7 @@ func (s *subscriptions) onHead(sub *subscription, res store.ReadResult) {
 
 // replay reads the next batch of history for one subscription.
 func (s *subscriptions) replay(sub *subscription) {
-	if s.replayer == nil || sub.replaying {
+	if s.replayer == nil || sub.replaying || !s.mayRead(sub) {
 		return
 	}
 	sub.replaying = true
@@ -68,6 +138,7 @@ func (s *subscriptions) replay(sub *subscription) {
 	if !ok {
 		s.out.releaseRead(reserved)
 		sub.replaying = false
+		s.readDone(sub)
 		s.log.Warn("replay queue full; client told to retry", "stream", sub.st.name)
 		s.conns.closeWithRetry(sub.conn)
 	}
@@ -75,7 +146,9 @@ func (s *subscriptions) replay(sub *subscription) {
 
 func (s *subscriptions) onReplay(sub *subscription, res store.ReadResult) {
 	sub.replaying = false
+	s.readDone(sub)
 	sc := sub.conn
+	defer s.nextRead(sc)
 	if sc.ending() {
 		return
 	}
@@ -85,6 +158,7 @@ func (s *subscriptions) onReplay(sub *subscription, res store.ReadResult) {
 	}
 	sub.retries = 0
 	items := s.items[:0]
+	s.ids = s.ids[:0]
 	c := sub.cursor
 	switch {
 	case !sub.gapChecked && c > res.Head:
@@ -107,14 +181,15 @@ func (s *subscriptions) onReplay(sub *subscription, res store.ReadResult) {
 			continue
 		}
 		if len(e.Data) < largeEventBytes {
-			items = append(items, ownItem(e.Data)) // the encoding, this connection's alone (the transport's replay encoder)
+			sub.cursor = e.ID
+			items = s.appendTableEvent(items, sub, e.Data) // the encoding, this connection's alone (the transport's replay encoder)
 		} else if ev := s.out.tableEvent(sub.st.name, e); ev != nil {
-			items = append(items, sharedItem(ev)) // shared with whoever else reads it
+			sub.cursor = e.ID
+			items = s.appendEvent(items, sub, ev) // shared with whoever else reads it
 		} else {
 			waitLarge = true // too many large events held: read from here again later
 			break
 		}
-		sub.cursor = e.ID
 		n++
 	}
 	if len(items) > 0 {
@@ -122,6 +197,7 @@ func (s *subscriptions) onReplay(sub *subscription, res store.ReadResult) {
 	}
 	clear(items)
 	s.items = items[:0]
+	s.idsWritten()
 	s.metrics.deliveries.Add(float64(n))
 	if waitLarge {
 		s.largeWait = append(s.largeWait, sub)
@@ -154,10 +230,15 @@ func (s *subscriptions) tryJoin(sub *subscription) {
 	}
 	// Bridge from the ring, queuing at most what deliver would.
 	items := s.items[:0]
+	s.ids = s.ids[:0]
 	n := 0
 	for _, ev := range ring {
-		if ev.id > c && sub.sees(ev) {
-			items = sub.appendEvent(items, ev)
+		if ev.id <= c {
+			continue
+		}
+		sub.cursor = ev.id // written or skipped: the composite ids that follow say so
+		if sub.sees(ev) {
+			items = s.appendEvent(items, sub, ev)
 			n++
 		}
 	}
@@ -171,6 +252,7 @@ func (s *subscriptions) tryJoin(sub *subscription) {
 	}
 	clear(items)
 	s.items = items[:0]
+	s.idsWritten()
 	if cut < len(items) {
 		s.pause(sub) // the rest once it has drained
 		return

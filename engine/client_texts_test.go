@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/auth"
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 )
 
 // What clients are told when something is wrong on the server's side (issue 26): what
@@ -84,7 +84,8 @@ func TestTokenExpiryIsNamed(t *testing.T) {
 	tok, err := auth.Mint(auth.MintKey{Secret: []byte(testSecret)}, auth.Claims{Streams: []string{"*"}, Channels: []string{"*"}}, 2*time.Second, "", "", time.Now())
 	require.NoError(t, err)
 	stream, channel := dial(t, addr, "/streams/exp", bearerH(tok)), dial(t, addr, "/channels/exp", bearerH(tok))
-	for _, c := range []*sseClient{stream, channel} {
+	multi := dial(t, addr, "/streams?stream=exp&stream=exp2", bearerH(tok)) // as on one stream (docs/http.md)
+	for _, c := range []*sseClient{stream, channel, multi} {
 		require.Equal(t, 200, c.Status, c.Body)
 		assert.Regexp(t, `\nretry: \d+\n:token expired\n\n$`, c.rawUntilEOF(8*time.Second))
 	}

@@ -43,6 +43,10 @@ type Config struct {
 	// MaxOutboundMemory while it runs (budget.go). The CLI sets it unless GOMEMLIMIT is set.
 	GoMemoryLimit  bool
 	MaxHeaderBytes int // request head limit, default DefaultMaxHeaderBytes
+	// MaxStreamsPerConnection is the most streams one GET /streams?stream=…&stream=… may name
+	// (--max-streams-per-connection; docs/http.md, Several streams on one connection), default
+	// DefaultMaxStreamsPerConnection, at most MaxMaxStreamsPerConnection.
+	MaxStreamsPerConnection int
 	// MaxPublishBytes is the largest request body of POST /streams/{stream} and POST
 	// /publish (--max-publish-bytes), default DefaultMaxPublishBytes.
 	MaxPublishBytes int64
@@ -96,7 +100,8 @@ const (
 	// command line is NoLimit).
 	DefaultMaxConnectionsPerSubject = 256
 	DefaultAdminMaxConnections      = 64
-	DefaultProcs                    = 1 // --procs: processes serving the port; "auto" = ProcsAuto()
+	DefaultMaxStreamsPerConnection  = 64 // streams on one connection (GET /streams?stream=…)
+	DefaultProcs                    = 1  // --procs: processes serving the port; "auto" = ProcsAuto()
 )
 
 // NoLimit in a Config limit field means "no limit" (the zero value means "the default").
@@ -117,6 +122,9 @@ const (
 	MinMaxPublishBytes   = 1
 	MaxMaxPublishBytes   = 1 << 30 // a batch of 1,000 events of 1 MiB
 	MaxProcs             = 256     // the most --procs
+	// MaxMaxStreamsPerConnection is the highest --max-streams-per-connection: what a request's
+	// parsed stream list holds (sse.MaxStreams).
+	MaxMaxStreamsPerConnection = sse.MaxStreams
 )
 
 // ProcsAuto is --procs auto: one process per CPU this process may run on, at most MaxProcs.
@@ -247,6 +255,7 @@ func (cfg Config) withDefaults() (Config, error) {
 	orDefault(&cfg.ReplayPoolSize, DefaultReplayPoolSize)
 	orDefault(&cfg.MaxConnectionsPerSubject, DefaultMaxConnectionsPerSubject)
 	orDefault(&cfg.AdminMaxConnections, DefaultAdminMaxConnections)
+	orDefault(&cfg.MaxStreamsPerConnection, DefaultMaxStreamsPerConnection)
 	budget := cfg.FDBudget(FDLimit())
 	orDefault(&cfg.MaxOutboundMemory, DefaultMaxOutboundMemory)
 	orDefault(&cfg.MaxPublishBytes, DefaultMaxPublishBytes)
@@ -269,6 +278,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("--max-connections: must be at least 1")
 	case cfg.MaxConnectionsPerSubject < NoLimit:
 		return cfg, errors.New("--max-connections-per-subject: must not be negative")
+	case cfg.MaxStreamsPerConnection < 1 || cfg.MaxStreamsPerConnection > MaxMaxStreamsPerConnection:
+		return cfg, errors.New("--max-streams-per-connection: must be between 1 and " + strconv.Itoa(MaxMaxStreamsPerConnection))
 	case cfg.MaxHeaderBytes < MinMaxHeaderBytes || cfg.MaxHeaderBytes > MaxMaxHeaderBytes:
 		return cfg, errors.New("--max-header-bytes: must be between " + strconv.Itoa(MinMaxHeaderBytes) + " and " + strconv.Itoa(MaxMaxHeaderBytes))
 	case cfg.Heartbeat < MinHeartbeat || cfg.Heartbeat > MaxInterval:

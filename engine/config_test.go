@@ -54,6 +54,7 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 	assert.Equal(t, DefaultReplayPoolSize, cfg.ReplayPoolSize)
 	assert.Equal(t, int64(DefaultMaxPublishBytes), cfg.MaxPublishBytes)
 	assert.Equal(t, DefaultMaxOutboundMemory, cfg.MaxOutboundMemory)
+	assert.Equal(t, 64, cfg.MaxStreamsPerConnection, "docs/http.md: 64 streams per connection by default")
 	assert.Equal(t, MaxConnectionsFor(FDLimit()), cfg.MaxConnections)
 	assert.Zero(t, cfg.Retention, "zero keeps events forever")
 	assert.NotNil(t, cfg.Logger)
@@ -64,6 +65,8 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 		flag  string
 	}{
 		{func(c *Config) { c.MaxConnections = -1 }, "--max-connections"},
+		{func(c *Config) { c.MaxStreamsPerConnection = -1 }, "--max-streams-per-connection"},
+		{func(c *Config) { c.MaxStreamsPerConnection = MaxMaxStreamsPerConnection + 1 }, "--max-streams-per-connection"},
 		{func(c *Config) { c.MaxHeaderBytes = MinMaxHeaderBytes - 1 }, "--max-header-bytes"},
 		{func(c *Config) { c.MaxHeaderBytes = MaxMaxHeaderBytes + 1 }, "--max-header-bytes"},
 		{func(c *Config) { c.Heartbeat = MinHeartbeat - 1 }, "--heartbeat"},

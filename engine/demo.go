@@ -2,15 +2,18 @@ package engine
 
 import "strconv"
 
-// demoPage is served at / with --demo: a page that opens an EventSource on a stream and
-// shows what a browser sees — durable events with their ids, named events, ephemeral ones,
-// pgsse:gap, and the connection's state changes and reconnects (with the Last-Event-ID the
-// browser resumes from).
+// demoPage is served at / with --demo: a page that opens an EventSource on a stream — or on
+// several over one connection (GET /streams?stream=…, docs/http.md: Several streams on one
+// connection) — and shows what a browser sees: durable events with their ids (with several
+// streams, the stream each composite id names), named events, ephemeral ones, pgsse:gap, and
+// the connection's state changes and reconnects (with the Last-Event-ID the browser resumes
+// from).
 //
-// Query parameters fill its form: stream, token, since (the cursor of the first connection;
-// empty = live only), events (comma-separated event names to listen for: EventSource fires
-// only `message` for events without a name, and a listener per name otherwise, so names the
-// page is not told about cannot be shown).
+// Query parameters fill its form: stream (comma-separated for several), token, since (the
+// cursor of the first connection; empty = live only; with several streams a composite one),
+// events (comma-separated event names to listen for: EventSource fires only `message` for
+// events without a name, and a listener per name otherwise, so names the page is not told
+// about cannot be shown).
 const demoPage = `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>pgsse demo</title>
 <meta name="viewport" content="width=device-width,initial-scale=1">
@@ -39,13 +42,13 @@ tr.ephemeral td{color:#475569;font-style:italic}tr.gap td{background:#fff7ed}tr.
 <h1>pgsse demo <small>what an EventSource in this browser receives</small></h1>
 <div class="card">
 <form id="f">
-<label>stream <input id="stream" value="demo"></label>
+<label>stream (several: comma-separated) <input id="stream" value="demo"></label>
 <label>token <input id="token" placeholder="needed unless the stream is public"></label>
 <label>since (cursor) <input id="since" placeholder="empty = live only, 0 = all kept" inputmode="numeric"></label>
 <label>named events to show <input id="events" placeholder="e.g. status,created"></label>
 <button>connect</button>
 </form>
-<p class="hint">Events published with <code>event =&gt; 'name'</code> appear only if their name is listed: EventSource fires <code>message</code> for unnamed events and one listener per name. Try <code>pgsse publish demo 'hello'</code>, <code>SELECT pgsse.publish('demo', 'out for delivery', event =&gt; 'status')</code>, or <code>pgsse publish demo 'typing' --ephemeral</code>.</p>
+<p class="hint">Several streams (<code>demo,demo/2</code>) share one connection: each event's id is then <code>&lt;k&gt;:&lt;c0&gt;,&lt;c1&gt;,…</code>, the position of its stream and where every stream stands, and a cursor takes the same form (<code>,0</code>: the first stream live, everything kept of the second). Events published with <code>event =&gt; 'name'</code> appear only if their name is listed: EventSource fires <code>message</code> for unnamed events and one listener per name. Try <code>pgsse publish demo 'hello'</code>, <code>SELECT pgsse.publish('demo', 'out for delivery', event =&gt; 'status')</code>, or <code>pgsse publish demo 'typing' --ephemeral</code>.</p>
 </div>
 <div class="card status">
 <span><span class="k">connection</span> <span id="state" class="pill">idle</span></span>
@@ -54,7 +57,7 @@ tr.ephemeral td{color:#475569;font-style:italic}tr.gap td{background:#fff7ed}tr.
 <span><span class="k">events</span> <b id="count">0</b></span>
 <span class="k mono" id="url"></span>
 </div>
-<div class="card"><table><thead><tr><th style="width:6.5rem">time</th><th style="width:4rem">id</th><th style="width:9rem">event</th><th>data</th></tr></thead>
+<div class="card"><table><thead><tr><th style="width:6.5rem">time</th><th style="width:4rem">id</th><th style="width:8rem" id="stream-col" hidden>stream</th><th style="width:9rem">event</th><th>data</th></tr></thead>
 <tbody id="events-list"></tbody></table></div>
 </main>
 <script>
@@ -62,9 +65,9 @@ const $ = (id) => document.getElementById(id);
 const q = new URLSearchParams(location.search);
 for (const k of ['stream', 'token', 'since', 'events']) if (q.has(k)) $(k).value = q.get(k);
 if (!q.has('events')) $('events').value = 'status';
-let es = null, lastId = '', wasOpen = false, down = false, reconnects = 0, count = 0;
+let es = null, lastId = '', wasOpen = false, down = false, reconnects = 0, count = 0, streams = [];
 
-function row(cls, id, tag, tagCls, data) {
+function row(cls, id, tag, tagCls, data, stream) {
   const tr = document.createElement('tr');
   tr.className = cls;
   const cells = [new Date().toLocaleTimeString(), id, '', data];
@@ -79,33 +82,47 @@ function row(cls, id, tag, tagCls, data) {
     if (i === 3) td.className = 'data';
     if (i === 1) td.className = 'mono';
     tr.append(td);
+    if (i === 1 && streams.length > 1) {
+      const st = document.createElement('td');
+      st.className = 'mono';
+      st.textContent = stream || '';
+      tr.append(st);
+    }
   });
   $('events-list').prepend(tr);
 }
 function setState(s) { $('state').textContent = s; $('state').className = 'pill ' + s.split(' ')[0]; }
 // An event without an id: line (ephemeral, or a channel notification) leaves lastEventId as
 // it was, so an unchanged lastEventId means "no id".
+// With several streams the id is composite, "<k>:<c0>,<c1>,…": the event is stream k's,
+// its number ck.
 function onEvent(e) {
   const durable = e.lastEventId !== '' && e.lastEventId !== lastId;
   if (durable) { lastId = e.lastEventId; $('last').textContent = lastId; }
   $('count').textContent = ++count;
-  if (durable) row('ev', e.lastEventId, e.type, '', e.data);
-  else row('ephemeral', '', e.type + ' (no id)', 'eph', e.data);
+  if (!durable) { row('ephemeral', '', e.type + ' (no id)', 'eph', e.data); return; }
+  if (streams.length < 2) { row('ev', e.lastEventId, e.type, '', e.data); return; }
+  const [k, cursors] = e.lastEventId.split(':');
+  row('ev', (cursors || '').split(',')[k] || e.lastEventId, e.type, '', e.data, streams[k]);
 }
 function onGap(e) {
   let g = {};
   try { g = JSON.parse(e.data); } catch (_) {}
-  row('gap', '', 'pgsse:gap', 'gap', 'events after ' + g.after + ' up to ' + g.resume + ' are gone (pruned): reload your state; delivery continues after ' + g.resume);
+  row('gap', '', 'pgsse:gap', 'gap', 'events after ' + g.after + ' up to ' + g.resume + ' are gone (pruned): reload your state; delivery continues after ' + g.resume, g.stream);
 }
 function connect() {
   if (es) es.close();
   lastId = ''; wasOpen = false; down = false; reconnects = 0;
   $('last').textContent = '-'; $('reconnects').textContent = '0';
   const stream = $('stream').value.trim();
+  streams = stream.split(',').map((s) => s.trim()).filter(Boolean);
+  $('stream-col').hidden = streams.length < 2;
   const params = new URLSearchParams();
+  if (streams.length > 1) for (const s of streams) params.append('stream', s);
   if ($('since').value.trim() !== '') params.set('since', $('since').value.trim());
   if ($('token').value.trim() !== '') params.set('token', $('token').value.trim());
-  const url = '/streams/' + encodeURIComponent(stream).replace(/%2F/g, '/') + (params.toString() ? '?' + params : '');
+  const url = streams.length > 1 ? '/streams?' + params
+    : '/streams/' + encodeURIComponent(stream).replace(/%2F/g, '/') + (params.toString() ? '?' + params : '');
   $('url').textContent = 'GET ' + url.replace(/token=[^&]*/, 'token=…');
   const page = new URLSearchParams({stream: stream, since: $('since').value.trim(), events: $('events').value.trim()});
   if ($('token').value.trim() !== '') page.set('token', $('token').value.trim());
@@ -116,7 +133,7 @@ function connect() {
     if (wasOpen) {
       $('reconnects').textContent = ++reconnects;
       row('conn', '', 'reconnected', 'conn', 'the browser resumed with Last-Event-ID: ' + (lastId || '(none)'));
-    } else row('conn', '', 'open', 'conn', 'subscribed to ' + stream + ({'': ', live only', '0': ', everything kept first'}[$('since').value.trim()] ?? ' after id ' + $('since').value.trim()));
+    } else row('conn', '', 'open', 'conn', 'subscribed to ' + streams.join(', ') + (streams.length > 1 ? ' on one connection' : '') + ({'': ', live only', '0': ', everything kept first'}[$('since').value.trim()] ?? ' after id ' + $('since').value.trim()));
     wasOpen = true; down = false;
     setState('open');
   };

@@ -30,7 +30,9 @@
 //	publishing      publish.go                   POST /streams/{stream} and POST /publish: bodies, grants, the Publisher
 //	subscriptions   subscription.go, catchup.go  what a connection follows: each subscription's stream or channel,
 //	                                             cursor, audience view and state (starting, catch-up, live, lagging);
-//	                                             what it takes of each loop pass; its catch-up reads, gaps and lag
+//	                                             what it takes of each loop pass; its catch-up reads, gaps and lag;
+//	                                             several streams on one connection (subSet: composite ids, one
+//	                                             write per pass in arrival order, one table read at a time)
 //	fanout          fanout.go                    the live side of streams and channels: events encoded once, the
 //	                                             stream's ring, stream-level table reads, one flush per loop entry
 //	channelTable    channels.go                  raw channels: one LISTEN per channel, shared by SSE subscriptions and workers
@@ -51,8 +53,8 @@
 //	                                             file that calls sse.Append*
 //
 // Each part's tests sit beside it: sseconn_test.go and sse_*_test.go (the connection, over real
-// sockets), admission_test.go (admission, tokens), publish_*_test.go, subscription_test.go and
-// sse_gap_lagging_test.go (subscriptions), fanout_*_test.go, stages_test.go, channels_test.go,
+// sockets), admission_test.go (admission, tokens), publish_*_test.go, subscription_test.go,
+// sse_gap_lagging_test.go and sse_multistream_test.go (subscriptions), fanout_*_test.go, stages_test.go, channels_test.go,
 // siblingsource_test.go, hubserver_*_test.go, outbound_*_test.go, transport_sse_test.go,
 // accept_test.go, config_test.go; parts_test.go keeps the parts apart.
 //

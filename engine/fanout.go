@@ -22,6 +22,7 @@ type event struct {
 	audience []string // nil = everyone
 	timeUS   int64    // publisher's clock (delivery-lag metric)
 	received int64    // a live durable event: when its notification was received, unix ns (stageWritten); 0 = not measured
+	seq      uint64   // arrival order among the events of all streams (fanout.queue)
 	queued   int32    // connection queues holding (part of) enc (outbound.go)
 	// stream is set on a large event read from the table (budget.go: heldLarge): while
 	// queues hold it, it is one of at most maxLargeEvents, and shared by every reader.
@@ -75,6 +76,7 @@ type fanout struct {
 	tr    transport
 
 	streams       map[string]*stream
+	seq           uint64 // the last event.seq given
 	dirtyStreams  []*stream
 	dirtyChannels []*channel
 	retryFetch    []*stream // stream-level reads that failed, retried on the sweep
@@ -83,6 +85,10 @@ type fanout struct {
 
 // receiving says when the notifications routed next (onPayload) were received.
 func (f *fanout) receiving(at time.Time) { f.received = at }
+
+// passEvents are the events of the current loop pass for the stream's live side, in arrival
+// order (read them during the flush only).
+func (st *stream) passEvents() []*event { return st.out }
 
 // head is the highest id the stream has accounted for; -1 when not known yet.
 func (st *stream) head() int64 { return st.last }
@@ -145,8 +151,7 @@ func (f *fanout) onPayload(p *store.Payload) {
 	switch p.Kind {
 	case store.KindEphemeral:
 		ev := &event{enc: f.tr.event(nil, 0, p.Event, p.Data), audience: payloadTags(p), timeUS: p.TimeUS}
-		st.out = append(st.out, ev)
-		f.markDirty(st)
+		f.queue(st, ev)
 	case store.KindDurable, store.KindWake:
 		id := p.ID
 		if id > st.notified {
@@ -209,6 +214,15 @@ func (f *fanout) appendLive(st *stream, ev *event) {
 		clear(st.ring[n:])
 		st.ring = st.ring[:n]
 	}
+	f.queue(st, ev)
+}
+
+// queue adds ev to what the stream's live side gets in this loop pass, numbered in arrival
+// order across streams (a connection following several streams gets them in that order:
+// subscriptions.deliverMulti).
+func (f *fanout) queue(st *stream, ev *event) {
+	f.seq++
+	ev.seq = f.seq
 	st.out = append(st.out, ev)
 	f.markDirty(st)
 }
@@ -221,7 +235,7 @@ func (f *fanout) markDirty(st *stream) {
 }
 
 // flush writes what the current loop entry queued: one write per subscription per stream
-// or channel (Server.leave).
+// or channel, one per connection with several subscriptions (Server.leave).
 func (f *fanout) flush() {
 	f.flushStreams()
 	f.flushChannels()
@@ -233,28 +247,28 @@ func (f *fanout) flushStreams() {
 	}
 	at := time.Now()
 	now := at.UnixMicro()
+	delivered := 0
+	for _, st := range f.dirtyStreams {
+		for _, sub := range st.subs {
+			delivered += f.subs.deliver(sub, st.out)
+		}
+	}
+	// Connections following several of these streams: one write each, now that every
+	// stream's events of the pass are known.
+	delivered += f.subs.flushMulti()
+	f.metrics.deliveries.Add(float64(delivered))
 	for _, st := range f.dirtyStreams {
 		st.dirty = false
 		items := st.out
-		if len(items) == 0 {
-			continue
-		}
-		var delivered int
-		for _, sub := range st.subs {
-			delivered += f.subs.deliver(sub, items)
-		}
 		for _, ev := range items {
 			if ev.timeUS > 0 {
 				f.metrics.lag.Observe(float64(now-ev.timeUS) / 1e6)
 			}
 		}
-		if delivered > 0 {
+		if len(st.subs) > 0 {
 			f.stages.written(items, at)
 		}
-		f.metrics.deliveries.Add(float64(delivered))
-		for i := range items {
-			items[i] = nil
-		}
+		clear(items)
 		st.out = items[:0]
 	}
 	f.dirtyStreams = f.dirtyStreams[:0]

@@ -18,12 +18,21 @@ import (
 // sockets (clients read and discard). It reports allocations per delivery, which the
 // design pins at zero in steady state: the per-event costs (the event and its encoding)
 // are shared by all subscribers.
+//
+// streams=8 is the same fan-out to connections that each follow 8 streams (GET /streams,
+// docs/http.md: Several streams on one connection), the published one at a position that
+// varies with the connection: each delivery carries an id line of the connection's own
+// (built per delivery, written in the same writev as the shared encoding).
 func BenchmarkFanoutDelivery(b *testing.B) {
 	for _, subs := range []int{100, 1000} {
 		for _, perPass := range []int{1, 8} {
-			b.Run("subs="+strconv.Itoa(subs)+"/events_per_pass="+strconv.Itoa(perPass), func(b *testing.B) {
-				benchFanout(b, subs, perPass)
-			})
+			for _, k := range []int{1, 8} {
+				name := "subs=" + strconv.Itoa(subs) + "/events_per_pass=" + strconv.Itoa(perPass)
+				if k > 1 {
+					name += "/streams=" + strconv.Itoa(k)
+				}
+				b.Run(name, func(b *testing.B) { benchFanout(b, subs, perPass, k) })
+			}
 		}
 	}
 }
@@ -31,9 +40,18 @@ func BenchmarkFanoutDelivery(b *testing.B) {
 // TestFanoutAllocatesNothingPerDelivery pins the zero: with 200 live subscribers and 16
 // events per loop pass, one allocation per delivery or per coalesced write would show as
 // ≥ 1 alloc per write; the per-event costs (event, encoding, task) amortise to ~0.2.
+//
+// The same for connections that follow 8 streams each: their composite id lines are built
+// per delivery into scratch, never allocated.
 func TestFanoutAllocatesNothingPerDelivery(t *testing.T) {
+	for _, k := range []int{1, 8} {
+		t.Run("streams="+strconv.Itoa(k), func(t *testing.T) { fanoutAllocs(t, k) })
+	}
+}
+
+func fanoutAllocs(t *testing.T, k int) {
 	const subs, perPass = 200, 16 // more than 8 events per pass: x/sys keeps ≤ 8 iovecs on the stack
-	ts, pass, done := fanoutFixture(t, subs, perPass)
+	ts, pass, done := fanoutFixture(t, subs, perPass, k)
 	for i := 0; i < 600; i++ { // steady state: ring full, buffers grown
 		ts.tasks.push(pass)
 		<-done
@@ -53,8 +71,8 @@ func TestFanoutAllocatesNothingPerDelivery(t *testing.T) {
 	require.Less(t, perWrite, 0.5, "the live fan-out must not allocate per connection write or per delivery")
 }
 
-func benchFanout(b *testing.B, subs, perPass int) {
-	ts, pass, done := fanoutFixture(b, subs, perPass)
+func benchFanout(b *testing.B, subs, perPass, k int) {
+	ts, pass, done := fanoutFixture(b, subs, perPass, k)
 	// Warm up: grow the ring, scratch slices and socket buffers to steady state.
 	for i := 0; i < 600; i++ {
 		ts.tasks.push(pass)
@@ -77,13 +95,25 @@ func benchFanout(b *testing.B, subs, perPass int) {
 
 // fanoutFixture starts a server with subs live subscribers on stream "bench" (reading and
 // discarding) and returns a loop task that injects perPass contiguous durable events and
-// flushes them, signalling done.
-func fanoutFixture(tb testing.TB, subs, perPass int) (*testServer, func(), chan struct{}) {
+// flushes them, signalling done. With k > 1 each subscriber follows k streams on its
+// connection (GET /streams), "bench" at position i mod k for the i-th.
+func fanoutFixture(tb testing.TB, subs, perPass, k int) (*testServer, func(), chan struct{}) {
 	// One token for every subscriber: no per-subject cap (256 by default would shed the rest).
 	ts := startServer(tb, "", func(c *Config) { c.Heartbeat = time.Hour; c.MaxConnectionsPerSubject = NoLimit })
-	tok := token(tb, auth.Claims{Streams: []string{"bench"}}, time.Hour)
+	tok := token(tb, auth.Claims{Streams: []string{"bench", "other/*"}}, time.Hour)
 	for i := 0; i < subs; i++ {
-		c := dial(tb, ts.Addr().String(), "/streams/bench", "Authorization: Bearer "+tok)
+		path := "/streams/bench"
+		if k > 1 {
+			path = "/streams?"
+			for j := range k {
+				if j == i%k {
+					path += "stream=bench&"
+				} else {
+					path += "stream=other/" + strconv.Itoa(j) + "&"
+				}
+			}
+		}
+		c := dial(tb, ts.Addr().String(), path, "Authorization: Bearer "+tok)
 		require.Equal(tb, 200, c.Status)
 		go func() { _, _ = io.Copy(io.Discard, c.r) }()
 	}

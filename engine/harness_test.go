@@ -18,7 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/auth"
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -87,18 +89,16 @@ func (ts *testServer) Stop(t testing.TB) {
 
 func (ts *testServer) url(path string) string { return "http://" + ts.Addr().String() + path }
 
+// migratedDB is a fresh database with pgsse's schema (internal/testkit/pgtest).
 func migratedDB(t testing.TB) string {
 	t.Helper()
-	return migrated(t, pgtest.NewDatabase(t))
+	return pgtest.Migrated(t, store.Migrate)
 }
 
 // migrated migrates the database at dsn to pgsse's schema and returns dsn.
 func migrated(t testing.TB, dsn string) string {
 	t.Helper()
-	conn := connect(t, dsn)
-	_, _, err := store.Migrate(context.Background(), conn)
-	require.NoError(t, err)
-	return dsn
+	return pgtest.Migrate(t, dsn, store.Migrate)
 }
 
 // connect opens a connection closed at test end.
@@ -119,18 +119,11 @@ func token(t testing.TB, c auth.Claims, ttl time.Duration) string {
 	return tok
 }
 
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// waitFor polls cond (internal/testkit: one polling helper for every package).
+var waitFor = testkit.WaitFor
 
-// sseClient is a raw TCP client that reads a response head and then SSE events.
+// sseClient is a raw TCP client that reads a response head and then SSE events (with
+// internal/testkit/ssetest's parser, reading r).
 type sseClient struct {
 	t      testing.TB
 	conn   net.Conn
@@ -138,6 +131,8 @@ type sseClient struct {
 	Status int
 	Header http.Header
 	Body   string // for non-200 responses: the whole body
+
+	stream *ssetest.Stream // over r, made on first use
 }
 
 type sseEvent struct {
@@ -185,42 +180,21 @@ func (c *sseClient) readHead() {
 // next reads one dispatched event (comments skipped; a retry-only block is returned as
 // an event with Retry set and no data).
 func (c *sseClient) next(timeout time.Duration) (sseEvent, error) {
-	_ = c.conn.SetReadDeadline(time.Now().Add(timeout))
-	defer c.conn.SetReadDeadline(time.Time{})
-	var ev sseEvent
-	var data []string
-	seen := false
+	if c.stream == nil {
+		c.stream = &ssetest.Stream{R: c.r, Conn: c.conn}
+	}
+	deadline := time.Now().Add(timeout)
 	for {
-		line, err := c.r.ReadString('\n')
+		left := time.Until(deadline)
+		if left <= 0 {
+			left = time.Nanosecond
+		}
+		e, err := c.stream.Next(left)
 		if err != nil {
-			return ev, err
+			return sseEvent{}, err
 		}
-		line = strings.TrimSuffix(line, "\n")
-		if line == "" {
-			if len(data) > 0 || ev.HasID || ev.Event != "" {
-				ev.Data = strings.Join(data, "\n")
-				return ev, nil
-			}
-			if seen && ev.Retry != "" {
-				return ev, nil
-			}
-			continue
-		}
-		if strings.HasPrefix(line, ":") {
-			continue
-		}
-		seen = true
-		field, value, _ := strings.Cut(line, ":")
-		value = strings.TrimPrefix(value, " ")
-		switch field {
-		case "id":
-			ev.HasID, ev.IDValue = true, value
-		case "event":
-			ev.Event = value
-		case "data":
-			data = append(data, value)
-		case "retry":
-			ev.Retry = value
+		if e.IsEvent() || e.Retry != "" {
+			return sseEvent{HasID: e.HasID, IDValue: e.ID, Event: e.Type, Data: e.Data, Retry: e.Retry}, nil
 		}
 	}
 }

@@ -19,8 +19,8 @@ import (
 
 	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/framing"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/pglisten"
-	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
 func authClaimsChannels(ch ...string) auth.Claims { return auth.Claims{Channels: ch} }

@@ -17,25 +17,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/framing"
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit"
+	"github.com/pgsse/pgsse/internal/testkit/metricstest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 )
 
 // hubSocketPath is a fresh socket path short enough for sun_path (107 bytes).
 func hubSocketPath(t testing.TB) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "hub.sock")
-	if len(p) < 100 {
-		return p
-	}
-	dir, err := os.MkdirTemp("", "hub")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return filepath.Join(dir, "hub.sock")
+	return testkit.SocketPath(t, "hub.sock")
 }
 
 // startHub runs a server with a hub socket.
@@ -202,7 +195,7 @@ func startWorker(t testing.TB, bin, name, sock, dsn, mode string, channels ...st
 	require.NoError(t, err)
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
-	stderr := &pgtest.SyncBuffer{}
+	stderr := &testkit.SyncBuffer{}
 	cmd.Stderr = stderr
 	require.NoError(t, cmd.Start())
 	p := &workerProc{t: t, name: name, cmd: cmd, stdin: stdin, lines: make(chan hubLine, 100000)}
@@ -272,13 +265,6 @@ func (p *workerProc) signal(sig syscall.Signal) {
 	require.NoError(p.t, p.cmd.Process.Signal(sig))
 }
 
-// metricValue reads a counter or gauge (safe from any goroutine).
-func metricValue(t testing.TB, m prometheus.Metric) float64 {
-	t.Helper()
-	var d dto.Metric
-	require.NoError(t, m.Write(&d))
-	if d.Counter != nil {
-		return d.Counter.GetValue()
-	}
-	return d.Gauge.GetValue()
-}
+// metricValue reads a counter or gauge (safe from any goroutine); any other kind fails the
+// test (internal/testkit/metricstest).
+var metricValue = metricstest.Value

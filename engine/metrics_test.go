@@ -11,27 +11,18 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/metricstest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/store"
 )
 
-// gathered is the value of the one sample of family name in reg, and whether reg has it.
+// gathered is the value of the one sample of family name in reg, and whether reg has it
+// (internal/testkit/metricstest; several samples fail the test).
 func gathered(t testing.TB, reg prometheus.Gatherer, name string) (float64, bool) {
 	t.Helper()
-	mfs, err := reg.Gather()
+	s, err := metricstest.Gather(reg, "registry")
 	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		require.Len(t, mf.GetMetric(), 1, name)
-		m := mf.GetMetric()[0]
-		if m.GetGauge() != nil {
-			return m.GetGauge().GetValue(), true
-		}
-		return m.GetCounter().GetValue(), true
-	}
-	return 0, false
+	return s.MetricOrAbsent(t, name)
 }
 
 // The state series the alerts of deploy/prometheus/ read (docs/operations.md, Alerts):

@@ -82,6 +82,14 @@ func cutEvent(items []outItem, cut int) *event {
 	return items[cut].ev
 }
 
+// durableAt is the durable event items[i] writes (not its lead), or nil.
+func durableAt(items []outItem, i int) *event {
+	if it := items[i]; !it.lead && it.ev != nil && it.ev.id > 0 {
+		return it.ev
+	}
+	return nil
+}
+
 // writtenBefore counts the events sendLive wrote when it cut at cut: those before the cut and
 // the ephemeral ones after it (only durable events are held back).
 func writtenBefore(items []outItem, cut int) int {

@@ -61,7 +61,7 @@ var engineParts = map[string][]string{
 // readAnywhere are types whose fields any part may read (never write): what every part is
 // handed — the loop's environment, the configuration, the metrics — and small values passed
 // between parts.
-var readAnywhere = []string{"loopEnv", "Config", "metrics", "outLimits", "subRequest", "FDBudget", "FDShare"}
+var readAnywhere = []string{"loopEnv", "Config", "metrics", "outLimits", "subRequest", "streamAsk", "FDBudget", "FDShare"}
 
 // lentFields are fields of a type that a part other than the type's own owns (it alone reads
 // and writes them), or that others may read ("read"): type.field → part, or "read".
@@ -90,6 +90,7 @@ var lentFields = map[string]string{
 	"event.enc":      "read",
 	"event.audience": "read",
 	"event.stream":   "read",
+	"event.seq":      "read", // the arrival order a connection with several streams is written in
 	"event.queued":   "outbound",
 	"event.received": "read", // the written stage (stages.go)
 	"stream.name":    "read",

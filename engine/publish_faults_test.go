@@ -15,7 +15,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 )
 
 // docs/http.md, Publishing over HTTP: PostgreSQL stopped mid-run → 503 with Retry-After and

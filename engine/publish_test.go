@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/auth"
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 )
 
 // docs/http.md, Publishing over HTTP: POST /streams/{stream} publishes one event; the answer

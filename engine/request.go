@@ -140,6 +140,16 @@ func (r *requests) route(sc *sseConn, req *sse.Request) {
 		default:
 			r.methodNotAllowed(sc, req, cors)
 		}
+	case sse.RouteStreams:
+		switch req.Method {
+		case sse.MethodGET:
+			r.pub.uncountConn(sc)
+			r.subscribe(sc, req, cors)
+		case sse.MethodOPTIONS:
+			r.preflight(sc, req, cors)
+		default:
+			r.methodNotAllowed(sc, req, cors)
+		}
 	case sse.RoutePublish:
 		switch req.Method {
 		case sse.MethodPOST:
@@ -238,11 +248,22 @@ func (r *requests) preflight(sc *sseConn, req *sse.Request, cors sse.CORS) {
 type subRequest struct {
 	name      string
 	isChan    bool
-	public    bool // a --public-streams stream: a token only adds tags (auth.OnPublicStream)
+	public    bool // a --public-streams stream (on /streams: every one is): a token only adds tags (auth.OnPublicStream)
 	hasCursor bool
 	cursor    int64
 	tokenKey  [sha256.Size]byte // the token's hash: its subject when it has no sub claim
 	origin    []byte            // the allowed Origin to echo in the response head; nil = none
+	// streams are the streams of GET /streams?stream=…, in request order, each with its cursor
+	// and whether --public-streams covers it; nil for /streams/{stream} and /channels/{channel}.
+	streams []streamAsk
+}
+
+// streamAsk is one stream of GET /streams?stream=… and where its subscription starts.
+type streamAsk struct {
+	name      string
+	cursor    int64
+	hasCursor bool
+	public    bool
 }
 
 // cors is the CORS part of the answer to the request: its Origin when it is allowed.
@@ -253,37 +274,96 @@ func (req *subRequest) cors() sse.CORS {
 	return sse.CORS{Origin: req.origin, Credentials: true}
 }
 
-// subscribe handles GET /streams/{stream} and GET /channels/{channel}: it checks the name and
-// cursor, sheds when the server is draining or full, and checks the token — at once when the
-// verifier pool's cache knows it, else on the pool (verify), whose answer resumes it in
-// authorized. An authorised connection waits in the admission FIFO (admission.go).
-func (r *requests) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
-	sub := &subRequest{isChan: req.Route == sse.RouteChannel}
-	if sub.isChan {
+// parseSubscription reads what a subscription request asks for — its stream, streams or channel, their
+// cursors, and the query parameters that shape the subscription — or says why it is refused
+// (status, one line naming the parameter and the rule). Every subscription endpoint's
+// parameters are read here, so a new one (a filter, presence) is one more case in this
+// function and its field in subRequest.
+func (r *requests) parseSubscription(req *sse.Request) (sub *subRequest, status int, reason string) {
+	switch req.Route {
+	case sse.RouteChannel:
 		if err := names.CheckChannelUTF8(req.Name); err != nil {
-			r.reject(sc, 400, err.Error(), cors)
-			return
+			return nil, 400, err.Error()
 		}
 		if reservedChannel(req.Name) {
-			r.reject(sc, 403, errReservedChannel.Error(), cors)
-			return
+			return nil, 403, errReservedChannel.Error()
 		}
-	} else {
-		if err := names.CheckStream(req.Name); err != nil {
-			r.reject(sc, 400, err.Error(), cors)
-			return
+		return &subRequest{isChan: true, name: string(req.Name)}, 0, ""
+	case sse.RouteStreams:
+		return r.askedStreams(req)
+	}
+	if err := names.CheckStream(req.Name); err != nil {
+		return nil, 400, err.Error()
+	}
+	sub = &subRequest{name: string(req.Name), public: auth.MatchAny(r.cfg.PublicStreams, req.Name)}
+	// Last-Event-ID wins over since; blank counts as absent; an invalid header does not fall
+	// back to since (sse.Request.Cursor). The error names the field.
+	if v, field, ok := req.Cursor(); ok {
+		c, err := names.ParseCursor(v)
+		if err != nil {
+			return nil, 400, field + ": " + err.Error()
 		}
-		// Last-Event-ID wins over since; blank counts as absent; an invalid header does
-		// not fall back to since (sse.Request.Cursor). The error names the field.
-		if v, field, ok := req.Cursor(); ok {
-			c, err := names.ParseCursor(v)
-			if err != nil {
-				r.reject(sc, 400, field+": "+err.Error(), cors)
-				return
+		sub.cursor, sub.hasCursor = c, true
+	}
+	return sub, 0, ""
+}
+
+// askedStreams reads GET /streams?stream=…&stream=… (docs/http.md, Several streams on one
+// connection): 1 to --max-streams-per-connection stream parameters, each a valid name named
+// once, and a composite cursor with one entry per stream (an empty one: live).
+func (r *requests) askedStreams(req *sse.Request) (*subRequest, int, string) {
+	k := req.NStreams
+	switch {
+	case k == 0:
+		return nil, 400, "stream: name at least one stream, as in /streams?stream=orders/42&stream=chat/7"
+	case k > r.cfg.MaxStreamsPerConnection:
+		return nil, 400, "stream: " + strconv.Itoa(k) + " streams, but one connection may follow at most " +
+			strconv.Itoa(r.cfg.MaxStreamsPerConnection) + " (--max-streams-per-connection)"
+	}
+	sub := &subRequest{streams: make([]streamAsk, k), public: true}
+	for i, name := range req.Streams {
+		if err := names.CheckStream(name); err != nil {
+			return nil, 400, "stream[" + strconv.Itoa(i) + "]: " + err.Error()
+		}
+		for j := range i {
+			if string(name) == sub.streams[j].name {
+				return nil, 400, "stream[" + strconv.Itoa(i) + "]: repeats stream[" + strconv.Itoa(j) + "] (" +
+					sub.streams[j].name + "): name each stream once"
 			}
-			sub.cursor, sub.hasCursor = c, true
 		}
-		sub.public = auth.MatchAny(r.cfg.PublicStreams, req.Name)
+		ask := &sub.streams[i]
+		ask.name = string(name)
+		ask.public = auth.MatchAny(r.cfg.PublicStreams, name)
+		sub.public = sub.public && ask.public
+	}
+	sub.name = sub.streams[0].name
+	if v, field, ok := req.Cursor(); ok {
+		cursors, present := make([]int64, k), make([]bool, k)
+		if err := names.ParseCompositeCursor(v, cursors, present); err != nil {
+			var entry *names.CompositeEntryError
+			if errors.As(err, &entry) {
+				return nil, 400, field + ": entry " + strconv.Itoa(entry.Index) + " (stream " +
+					sub.streams[entry.Index].name + "): " + entry.Err.Error()
+			}
+			return nil, 400, field + ": " + err.Error()
+		}
+		for i := range sub.streams {
+			sub.streams[i].cursor, sub.streams[i].hasCursor = cursors[i], present[i]
+		}
+	}
+	return sub, 0, ""
+}
+
+// subscribe handles GET /streams/{stream}, GET /streams?stream=… and GET /channels/{channel}:
+// it checks the names and cursors (parseSubscription), sheds when the server is draining or full, and
+// checks the token — at once when the verifier pool's cache knows it, else on the pool
+// (verify), whose answer resumes it in authorized. An authorised connection waits in the
+// admission FIFO (admission.go).
+func (r *requests) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
+	sub, status, reason := r.parseSubscription(req)
+	if sub == nil {
+		r.reject(sc, status, reason, cors)
+		return
 	}
 	if cors.Origin != nil {
 		sub.origin = append([]byte(nil), cors.Origin...)
@@ -303,7 +383,6 @@ func (r *requests) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
 		r.conns.shed(sc, why)
 		return
 	}
-	sub.name = string(req.Name)
 	if tok == nil || !r.tok.configured() {
 		r.authorized(sc, sub, nil, nil) // public stream, anonymous
 		return
@@ -348,7 +427,11 @@ func (r *requests) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims,
 	case sub.isChan && !claims.AllowsChannel([]byte(sub.name)):
 		r.reject(sc, 403, claims.NotGranted("channel "+sub.name), sub.cors())
 		return
-	case !sub.isChan && !claims.AllowsStream([]byte(sub.name)):
+	case sub.streams != nil && notGranted(claims, sub.streams) >= 0:
+		i := notGranted(claims, sub.streams)
+		r.reject(sc, 403, claims.NotGranted("stream "+sub.streams[i].name+" (stream["+strconv.Itoa(i)+"])"), sub.cors())
+		return
+	case !sub.isChan && sub.streams == nil && !claims.AllowsStream([]byte(sub.name)):
 		r.reject(sc, 403, claims.NotGranted("stream "+sub.name), sub.cors())
 		return
 	default:
@@ -362,6 +445,17 @@ func (r *requests) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims,
 		return
 	}
 	r.conns.queueAdmission(sc, tags, expiresMS)
+}
+
+// notGranted is the position of the first of streams that is neither public nor granted by
+// claims (docs/http.md: every stream must be), or -1.
+func notGranted(claims *auth.Claims, streams []streamAsk) int {
+	for i := range streams {
+		if !streams[i].public && !claims.AllowsStream([]byte(streams[i].name)) {
+			return i
+		}
+	}
+	return -1
 }
 
 // unauthorized answers 401 with the challenge docs/http.md names exactly ("Bearer"); the body

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/framing"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/pglisten"
-	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
 // startSibling runs a sibling of primary (--procs, in-process): a server whose LISTEN source

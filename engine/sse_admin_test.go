@@ -9,7 +9,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/metricstest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -30,20 +31,11 @@ func TestSSEReadinessAndMetrics(t *testing.T) {
 	b := dial(t, addr, "/channels/m", tok)
 	require.Equal(t, 200, a.Status)
 	require.Equal(t, 200, b.Status)
-	gauge := func(name string) float64 {
-		mfs, err := reg.Gather()
+	gauge := func(selector string) float64 { // a missing series fails the test
+		t.Helper()
+		s, err := metricstest.Gather(reg, "registry")
 		require.NoError(t, err)
-		for _, mf := range mfs {
-			if mf.GetName() == name {
-				m := mf.GetMetric()[0]
-				if m.GetGauge() != nil {
-					return m.GetGauge().GetValue()
-				}
-				return m.GetCounter().GetValue()
-			}
-		}
-		t.Fatalf("metric %s not registered", name)
-		return 0
+		return s.Metric(t, selector)
 	}
 	waitFor(t, 5*time.Second, "pgsse_sse_connections = 2", func() bool { return gauge("pgsse_sse_connections") == 2 })
 	assert.Equal(t, 1.0, gauge("pgsse_listen_channels"))
@@ -55,21 +47,7 @@ func TestSSEReadinessAndMetrics(t *testing.T) {
 	assert.GreaterOrEqual(t, gauge("pgsse_notifications_total"), 1.0)
 	r := get(t, addr, "/nope")
 	require.Equal(t, 404, r.Status)
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	var rejected404 float64
-	for _, mf := range mfs {
-		if mf.GetName() == "pgsse_rejected_total" {
-			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "status" && l.GetValue() == "404" {
-						rejected404 = m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-	}
-	assert.Equal(t, 1.0, rejected404)
+	assert.Equal(t, 1.0, gauge(`pgsse_rejected_total{status="404"}`))
 
 	release := holdListenDown(t, ts)
 	assert.False(t, ts.Ready())

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/auth"
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -469,7 +469,7 @@ func TestSSEHeartbeat(t *testing.T) {
 	ts := startServer(t, "", func(c *Config) { c.Heartbeat = 200 * time.Millisecond })
 	addr := ts.Addr().String()
 	tok := bearerH(allStreams(t))
-	for _, path := range []string{"/streams/hb", "/channels/hb"} {
+	for _, path := range []string{"/streams/hb", "/channels/hb", "/streams?stream=hb&stream=hb2"} {
 		c := dial(t, addr, path, tok)
 		require.Equal(t, 200, c.Status)
 		_, err := c.readBlock(2 * time.Second) // retry + comment

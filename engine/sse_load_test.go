@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 )
 
 // These tests measure the whole process (RSS, descriptors), so they do not call
@@ -382,7 +382,7 @@ func TestSSEGracefulStop(t *testing.T) {
 	publishN(t, pub, "stop", "d", 3)
 
 	var clients []*sseClient
-	for _, p := range []string{"/streams/stop", "/streams/stop?since=0", "/streams/other", "/channels/stop", "/streams/stop"} {
+	for _, p := range []string{"/streams/stop", "/streams/stop?since=0", "/streams/other", "/channels/stop", "/streams/stop", "/streams?stream=other&stream=stop"} {
 		c := dial(t, addr, p, tok)
 		require.Equal(t, 200, c.Status)
 		assert.Equal(t, "1234", c.mustNext(5*time.Second).Retry)

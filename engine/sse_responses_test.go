@@ -264,7 +264,7 @@ func TestSSEResponse404(t *testing.T) {
 	ts := startServer(t, "", nil)
 	addr := ts.Addr().String()
 	tok := bearerH(allStreams(t))
-	for _, target := range []string{"/", "/nope", "/streams", "/channels", "/stream/x", "/Streams/x", "/streamsx", "/events/x", "/favicon.ico"} {
+	for _, target := range []string{"/", "/nope", "/Streams", "/streams%2Fx", "/channels", "/stream/x", "/Streams/x", "/streamsx", "/events/x", "/favicon.ico"} {
 		t.Run(target, func(t *testing.T) {
 			r := get(t, addr, target, tok)
 			require.Equal(t, 404, r.Status, r.Body)
@@ -285,10 +285,11 @@ func TestSSEResponse405(t *testing.T) {
 	ts := startServer(t, "", nil)
 	addr := ts.Addr().String()
 	tok := bearerH(allStreams(t))
-	allow := map[string]string{"/streams/s": "GET, POST, OPTIONS", "/channels/c": "GET, OPTIONS", "/publish": "POST, OPTIONS"}
-	for _, path := range []string{"/streams/s", "/channels/c", "/publish"} {
+	allow := map[string]string{"/streams/s": "GET, POST, OPTIONS", "/channels/c": "GET, OPTIONS", "/publish": "POST, OPTIONS",
+		"/streams?stream=s": "GET, OPTIONS"}
+	for _, path := range []string{"/streams/s", "/channels/c", "/publish", "/streams?stream=s"} {
 		for _, m := range []string{"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "CONNECTX", "TRACE"} {
-			if m == "POST" && path != "/channels/c" || m == "GET" && path != "/publish" {
+			if m == "POST" && (path == "/streams/s" || path == "/publish") || m == "GET" && path != "/publish" {
 				continue // served (docs/http.md)
 			}
 			t.Run(m+" "+path, func(t *testing.T) {

@@ -137,9 +137,10 @@ type sseConn struct {
 	closed  bool // OnClose ran: late results (replay reads, verdicts, COMMITs) are ignored
 	counted bool // counted in connTable.active (admitted)
 
-	// Its subscriptions (subscription.go): nsub of them, the first inline, the others in more.
+	// Its subscriptions (subscription.go): nsub of them, the first inline, the others in more
+	// (with what a connection following several streams needs besides).
 	nsub  uint8
-	more  *[]subscription
+	more  *subSet
 	first subscription
 }
 

@@ -1,5 +1,10 @@
 package engine
 
+import (
+	"cmp"
+	"slices"
+)
+
 // Subscriptions (docs/http.md, Cursors and gaps): what a connection follows. A connection holds
 // a small set of them (sseConn.sub); each subscription owns its stream (or raw channel), its
 // cursor, its view of the audience, and where it is in catching up:
@@ -24,6 +29,14 @@ package engine
 // gap handling are per subscription: the fan-out (fanout.go) indexes subscriptions, not
 // connections, and deliver decides for one subscription what of a loop pass's events it takes.
 //
+// Several streams on one connection (GET /streams?stream=…: docs/http.md, Several streams on
+// one connection) are a connection with a subSet. Its durable events carry a composite id —
+// the event's position and every stream's cursor — built per delivery into scratch that lives
+// until the write (leadID), in front of the event's shared encoding without its own id line.
+// What a loop pass brings it on its streams leaves in one write, in the order the events
+// arrived (deliverMulti), and its table reads take turns, one at a time (catchup.go: mayRead),
+// so catching up K streams holds no more than catching up one.
+//
 // subscription.to is the one assignment of a subscription's state, called only by the
 // transition helpers here and in catchup.go (parts_test.go: TestStateAssignedOnlyByItsHelper).
 
@@ -37,6 +50,16 @@ const (
 	subLive                     // taking live writes
 	subLagging                  // its connection is over the high watermark; waiting to drain
 )
+
+// subSet is the rest of a connection's subscriptions when it has more than one, or follows
+// streams through GET /streams (composite ids, even for one): made once, at subscribe.
+type subSet struct {
+	subs      []subscription // the second and later subscriptions, in request order; never reallocated
+	composite bool           // durable events carry the composite id (docs/http.md)
+	pass      uint32         // the flush pass (subscriptions.pass+1) that listed the connection in multi
+	reading   *subscription  // the subscription whose table read is in flight (catchup.go: mayRead)
+	waiting   []*subscription
+}
 
 // subscription is one thing a connection follows: a durable stream (st) or a raw channel
 // (ch). It lives inside its connection (sseConn.first, or sseConn.more) for as long as the
@@ -74,7 +97,22 @@ func (sc *sseConn) sub(i int) *subscription {
 	if i == 0 {
 		return &sc.first
 	}
-	return &(*sc.more)[i-1]
+	return &sc.more.subs[i-1]
+}
+
+// composite reports whether the connection's durable events carry composite ids (it came
+// through GET /streams).
+func (sc *sseConn) composite() bool { return sc.more != nil && sc.more.composite }
+
+// position is sub's place in its connection's subscriptions (the k of a composite id).
+func (sub *subscription) position() int {
+	sc := sub.conn
+	for i := range sc.subCount() {
+		if sc.sub(i) == sub {
+			return i
+		}
+	}
+	return 0
 }
 
 // subscriptions is the loop's part for subscriptions: their transitions, what each takes of
@@ -96,7 +134,29 @@ type subscriptions struct {
 	largeWait    []*subscription // catch-ups waiting for a large event to leave (budget.go)
 	items        []outItem       // scratch: one connection's write
 	evs          []*event        // scratch: a ring's events one subscription bridges
+
+	// Several streams on one connection: the connections a flush pass owes a write (multi,
+	// listed once per pass), and scratch for one connection's write — what it takes in arrival
+	// order (pairs), whose each item is (owners), the composite id lines (ids) and the cursors
+	// they are made of (cursors).
+	multi   []*sseConn
+	pass    uint32 // flush passes done
+	pairs   []delivery
+	owners  []*subscription
+	ids     []byte
+	cursors []int64
 }
+
+// delivery is one event of a loop pass for one subscription of a connection with several.
+type delivery struct {
+	sub *subscription
+	ev  *event
+	k   int // sub's position
+}
+
+// idScratchKeep is how much id-line scratch is kept between writes; a write that needed more
+// (a large catch-up batch of a connection with many streams) gives it back.
+const idScratchKeep = 256 << 10
 
 // anyLagging reports whether a subscription waits for its connection's queue to drain (the
 // ticker ticks fast then).
@@ -108,7 +168,15 @@ func (s *subscriptions) anyLagging() bool { return len(s.lagging) > 0 }
 // and starts each: registered on its stream or channel before any history is read
 // (docs/architecture.md, invariant 4). The connection is answered once none is starting.
 func (s *subscriptions) subscribe(sc *sseConn, req *subRequest) {
-	s.hold(sc, 1)
+	if req.streams != nil { // GET /streams?stream=…
+		s.hold(sc, len(req.streams), true)
+		for i, ask := range req.streams {
+			s.subscribeStream(sc.sub(i), ask.name, ask.cursor, ask.hasCursor)
+		}
+		s.started(sc)
+		return
+	}
+	s.hold(sc, 1, false)
 	sub := sc.sub(0)
 	if req.isChan {
 		s.subscribeChannel(sub, req.name)
@@ -119,11 +187,10 @@ func (s *subscriptions) subscribe(sc *sseConn, req *subRequest) {
 }
 
 // hold sizes the connection's set of subscriptions: the first inline, the others in one
-// array of their own.
-func (s *subscriptions) hold(sc *sseConn, k int) {
-	if k > 1 {
-		more := make([]subscription, k-1)
-		sc.more = &more
+// array of their own (a subSet, which a composite connection has even for one stream).
+func (s *subscriptions) hold(sc *sseConn, k int, composite bool) {
+	if k > 1 || composite {
+		sc.more = &subSet{subs: make([]subscription, k-1), composite: composite}
 	}
 	sc.nsub = uint8(k)
 	for i := range k {
@@ -244,6 +311,10 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 	if !sc.streaming() {
 		return 0
 	}
+	if sc.nsub > 1 {
+		s.queueMulti(sc) // one write for all its streams, once the pass is known (flushMulti)
+		return 0
+	}
 	l := s.out.limits()
 	queued := sc.pending()
 	live := sub.state == subLive
@@ -252,9 +323,11 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 		live = false
 	}
 	out := s.items[:0]
+	s.ids = s.ids[:0]
 	defer func() {
 		clear(out)
 		s.items = out[:0]
+		s.idsWritten()
 	}()
 	n := 0
 	for _, ev := range items {
@@ -276,7 +349,7 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 				return 0
 			}
 		}
-		out = sub.appendEvent(out, ev)
+		out = s.appendEvent(out, sub, ev)
 		n++
 	}
 	if n == 0 {
@@ -292,14 +365,172 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 	return writtenBefore(out, cut)
 }
 
-// appendEvent appends the items that write ev to this subscription's connection: the
-// event's shared encoding. A connection following several streams (docs/http.md) would lead
-// it with an id line of its own — leadItem(its id bytes), then sharedItem over
-// tr.eventBody(ev.enc) — which the write path sends in the same writev without copying the
-// shared bytes.
-func (sub *subscription) appendEvent(items []outItem, ev *event) []outItem {
-	return append(items, sharedItem(ev))
+// appendEvent appends the items that write ev to sub's connection: the event's shared
+// encoding. On a composite connection a durable event is led by its composite id — the
+// connection's own bytes (leadID), then the shared encoding without its id line
+// (tr.eventBody) — which the write path sends in the same writev without copying the shared
+// bytes. sub.cursor must already be ev's id.
+func (s *subscriptions) appendEvent(items []outItem, sub *subscription, ev *event) []outItem {
+	if ev.id == 0 || !sub.conn.composite() {
+		return append(items, sharedItem(ev))
+	}
+	return append(items, s.leadID(sub, sub.position()), sharedBodyItem(ev, s.tr.eventBody(ev.enc)))
 }
+
+// appendTableEvent appends the items that write enc — a table read's encoding, this
+// connection's alone and immutable — led by its composite id on a composite connection (see
+// appendEvent). sub.cursor must already be the event's id.
+func (s *subscriptions) appendTableEvent(items []outItem, sub *subscription, enc []byte) []outItem {
+	if !sub.conn.composite() {
+		return append(items, ownItem(enc))
+	}
+	return append(items, s.leadID(sub, sub.position()), ownItem(s.tr.eventBody(enc)))
+}
+
+// leadID builds the composite id line of sub's event from its connection's cursors of the
+// moment (sub at position k), in the id scratch: the write copies it if it has to keep it
+// (outbound.enqueue), so the scratch lives only until the write. Whoever builds a write
+// resets the scratch first (s.ids = s.ids[:0]).
+func (s *subscriptions) leadID(sub *subscription, k int) outItem {
+	sc := sub.conn
+	cursors := s.cursors[:0]
+	for i := range sc.subCount() {
+		cursors = append(cursors, sc.sub(i).cursor)
+	}
+	s.cursors = cursors
+	start := len(s.ids)
+	s.ids = s.tr.compositeID(s.ids, k, cursors)
+	return leadItem(s.ids[start:len(s.ids):len(s.ids)])
+}
+
+// idsWritten ends a write's use of the id scratch, giving back an unusually large one.
+func (s *subscriptions) idsWritten() {
+	if cap(s.ids) > idScratchKeep {
+		s.ids = nil
+	}
+	s.ids = s.ids[:0]
+}
+
+// queueMulti lists a connection with several subscriptions for this pass's write
+// (flushMulti), once.
+func (s *subscriptions) queueMulti(sc *sseConn) {
+	if pass := s.pass + 1; sc.more.pass != pass {
+		sc.more.pass = pass
+		s.multi = append(s.multi, sc)
+	}
+}
+
+// flushMulti writes what this flush pass brought the connections with several subscriptions
+// (fanout.flushStreams, after every stream's own subscriptions): one write each. It returns
+// the events written.
+func (s *subscriptions) flushMulti() int {
+	n := 0
+	for i, sc := range s.multi {
+		n += s.deliverMulti(sc)
+		s.multi[i] = nil
+	}
+	s.multi = s.multi[:0]
+	s.pass++
+	return n
+}
+
+// deliverMulti is deliver for a connection with several subscriptions: what this pass's
+// events on each of its streams bring it — by deliver's rules, each subscription with its own
+// state and cursor — in one write, in the order the events arrived (docs/http.md: live
+// events are written in the order pgsse receives them). Of what the socket does not take,
+// durable events are queued up to high + slice: each subscription with an event from the
+// cut on resumes just before its first one and is paused.
+func (s *subscriptions) deliverMulti(sc *sseConn) int {
+	if !sc.streaming() {
+		return 0
+	}
+	l := s.out.limits()
+	queued := sc.pending()
+	pairs := s.pairs[:0]
+	streams := 0
+	for k := range sc.subCount() {
+		sub := sc.sub(k)
+		if sub.st == nil {
+			continue
+		}
+		evs := sub.st.passEvents()
+		if len(evs) == 0 {
+			continue
+		}
+		streams++
+		if sub.state == subLive && queued > l.high {
+			s.pause(sub)
+		}
+		for _, ev := range evs {
+			pairs = append(pairs, delivery{sub: sub, ev: ev, k: k})
+		}
+	}
+	if streams > 1 {
+		slices.SortFunc(pairs, byArrival)
+	}
+	out, owners := s.items[:0], s.owners[:0]
+	s.ids = s.ids[:0]
+	defer func() {
+		clear(out)
+		clear(owners)
+		clear(pairs)
+		s.items, s.owners, s.pairs = out[:0], owners[:0], pairs[:0]
+		s.idsWritten()
+	}()
+	n := 0
+	for _, p := range pairs {
+		sub, ev := p.sub, p.ev
+		if ev.id > 0 {
+			if sub.state != subLive || ev.id <= sub.cursor {
+				continue
+			}
+			sub.cursor = ev.id
+			if !sub.sees(ev) {
+				continue
+			}
+			if sc.composite() {
+				out = append(out, s.leadID(sub, p.k), sharedBodyItem(ev, s.tr.eventBody(ev.enc)))
+				owners = append(owners, sub, sub)
+			} else {
+				out = append(out, sharedItem(ev))
+				owners = append(owners, sub)
+			}
+		} else {
+			if !sub.sees(ev) {
+				continue
+			}
+			if queued > l.ephemeral {
+				s.metrics.droppedSlowClient.Inc()
+				s.conns.closeWithRetry(sc)
+				return 0
+			}
+			out = append(out, sharedItem(ev))
+			owners = append(owners, sub)
+		}
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	cut := s.conns.writeLive(sc, out, l.high+l.slice)
+	if cut == len(out) {
+		return n
+	}
+	// Durable events from the cut on were not sent: each of their subscriptions resumes just
+	// before its first one (ids of one stream come in order), and is paused.
+	for i := cut; i < len(out); i++ {
+		if ev := durableAt(out, i); ev != nil {
+			if sub := owners[i]; sub.state == subLive {
+				sub.cursor = ev.id - 1
+				s.pause(sub)
+			}
+		}
+	}
+	return writtenBefore(out, cut)
+}
+
+// byArrival orders a pass's deliveries as their events arrived.
+func byArrival(a, b delivery) int { return cmp.Compare(a.ev.seq, b.ev.seq) }
 
 // deliverChannel writes a loop pass's notifications to a live channel subscription, or closes
 // its connection when it is over the ephemeral limit. It returns the events written.

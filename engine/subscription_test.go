@@ -56,7 +56,7 @@ func notify(s *Server, stream string, id int64, data string) {
 func TestConnectionHoldsSubscriptions(t *testing.T) {
 	s, c, sc := subServer(t)
 	const k = 3
-	s.subs.hold(sc, k)
+	s.subs.hold(sc, k, false)
 	require.Equal(t, k, sc.subCount())
 	for i := range k {
 		require.Same(t, sc, sc.sub(i).conn)
@@ -92,7 +92,7 @@ func TestConnectionHoldsSubscriptions(t *testing.T) {
 // their own cursor, and one subscription lagging stops live durable writes on its stream only.
 func TestDeliveryPerSubscription(t *testing.T) {
 	s, c, sc := subServer(t)
-	s.subs.hold(sc, 2)
+	s.subs.hold(sc, 2, false)
 	a, b := sc.sub(0), sc.sub(1)
 	s.subs.subscribeStream(a, "a", 0, true)
 	s.subs.subscribeStream(b, "b", 0, true)
@@ -148,4 +148,47 @@ func TestStreamBridge(t *testing.T) {
 		assert.Equal(t, tc.ok, ok, "cursor %d", tc.c)
 		assert.Equal(t, tc.ok, st.inRing(tc.c), "cursor %d", tc.c)
 	}
+}
+
+// A connection following several streams (GET /streams) gets what one loop pass brings on
+// all of them in one write, in the order the events arrived, each durable event with its
+// composite id — its stream's position and every stream's cursor once it is written — and
+// ephemeral events without one.
+func TestMultiStreamArrivalOrderAndCompositeIDs(t *testing.T) {
+	s, c, sc := subServer(t)
+	s.subs.hold(sc, 3, true)
+	for i, name := range []string{"a", "b", "c"} {
+		s.subs.subscribeStream(sc.sub(i), name, int64(i), true) // cursors 0, 1, 2
+	}
+	s.subs.started(sc)
+	require.Equal(t, stateStreaming, sc.state)
+	for i := range 3 {
+		s.subs.tryJoin(sc.sub(i))
+		require.Equal(t, subLive, sc.sub(i).state)
+	}
+	head := len(c.text())
+	for _, p := range []struct {
+		stream string
+		id     int64
+		data   string
+	}{{"a", 1, "a1"}, {"b", 2, "b2"}, {"c", 0, "typing"}, {"a", 2, "a2"}, {"c", 3, "c3"}} {
+		kind := store.KindDurable
+		if p.id == 0 {
+			kind = store.KindEphemeral
+		}
+		s.fan.onPayload(&store.Payload{Kind: kind, Stream: []byte(p.stream), ID: p.id, Data: []byte(p.data)})
+	}
+	s.fan.flush()
+	assert.Equal(t, "id: 0:1,1,2\ndata: a1\n\nid: 1:1,2,2\ndata: b2\n\ndata: typing\n\nid: 0:2,2,2\ndata: a2\n\nid: 2:2,2,3\ndata: c3\n\n",
+		c.text()[head:], "in arrival order across streams, whatever order the streams are flushed in")
+
+	// One stream alone, on a composite connection of one stream, still says its position.
+	s2, c2, sc2 := subServer(t)
+	s2.subs.hold(sc2, 1, true)
+	s2.subs.subscribeStream(sc2.sub(0), "a", 5, true)
+	s2.subs.started(sc2)
+	s2.subs.tryJoin(sc2.sub(0))
+	head = len(c2.text())
+	notify(s2, "a", 6, "six")
+	assert.Equal(t, "id: 0:6\ndata: six\n\n", c2.text()[head:])
 }

@@ -28,6 +28,10 @@ type transport interface {
 	event(dst []byte, id int64, name, data []byte) []byte
 	// eventBody is an encoding made by event (or the replay encoder) without its id line.
 	eventBody(enc []byte) []byte
+	// compositeID appends to dst the id line that leads eventBody on a connection following
+	// several streams (docs/http.md, Several streams on one connection): k is the position of
+	// the event's own stream, cursors every stream's cursor once the event is written.
+	compositeID(dst []byte, k int, cursors []int64) []byte
 	// replayEncoder is what table reads encode each row with, straight from the read buffer
 	// (store.ReadRequest.Encode): the same bytes as event.
 	replayEncoder() func(dst []byte, id int64, name, data []byte) []byte

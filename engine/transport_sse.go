@@ -54,6 +54,11 @@ func (t *sseTransport) eventBody(enc []byte) []byte {
 
 var idField = []byte("id:")
 
+// compositeID is "id: <k>:<c0>,…,<cK-1>".
+func (t *sseTransport) compositeID(dst []byte, k int, cursors []int64) []byte {
+	return sse.AppendCompositeID(dst, k, cursors)
+}
+
 func (t *sseTransport) replayEncoder() func(dst []byte, id int64, name, data []byte) []byte {
 	return t.encode
 }

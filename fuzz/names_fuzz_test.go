@@ -171,3 +171,76 @@ func FuzzNames(f *testing.F) {
 		}
 	})
 }
+
+// refComposite is the composite cursor of docs/http.md (Several streams on one connection)
+// written the obvious way: an optional "<k>:" prefix, then exactly k comma-separated entries,
+// each empty (absent) or a cursor.
+func refComposite(s string, k int) (cursors []int64, present []bool, err error) {
+	if prefix, rest, ok := strings.Cut(s, ":"); ok {
+		if _, err := refCursor(prefix); err != nil {
+			return nil, nil, names.ErrCompositePrefix
+		}
+		s = rest
+	}
+	entries := strings.Split(s, ",")
+	if len(entries) != k {
+		return nil, nil, &names.CompositeCountError{Entries: len(entries), Streams: k}
+	}
+	cursors, present = make([]int64, k), make([]bool, k)
+	for i, e := range entries {
+		if e == "" {
+			continue
+		}
+		c, err := refCursor(e)
+		if err != nil {
+			return nil, nil, &names.CompositeEntryError{Index: i, Err: err}
+		}
+		cursors[i], present[i] = c, true
+	}
+	return cursors, present, nil
+}
+
+// FuzzCompositeCursor checks names.ParseCompositeCursor against refComposite, for string and
+// []byte input and 1 to 255 streams: the same cursors, the same entries absent, the same
+// error (the same sentinel, counts and entry index).
+func FuzzCompositeCursor(f *testing.F) {
+	for _, s := range []struct {
+		s string
+		k uint8
+	}{
+		{"0:17,4", 2}, {"17,4", 2}, {",0,17", 3}, {"2:,0,", 3}, {",", 2}, {"5", 1}, {"5", 2}, {"0:", 1}, {"", 1}, {"", 2},
+		{":1,2", 2}, {"a:1,2", 2}, {"0:1:2,3", 2}, {"1, 2", 2}, {"1,9223372036854775808", 2},
+		{"99999999999999999999:1,2", 2}, {"3:1,2,3,4,5,6,7,8", 8}, {"1,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,", 64},
+	} {
+		f.Add(s.s, s.k)
+	}
+	f.Fuzz(func(t *testing.T, s string, k8 uint8) {
+		k := max(int(k8), 1)
+		want, wantPresent, wantErr := refComposite(s, k)
+		for _, asBytes := range []bool{false, true} {
+			cursors, present := make([]int64, k), make([]bool, k)
+			var err error
+			if asBytes {
+				err = names.ParseCompositeCursor([]byte(s), cursors, present)
+			} else {
+				err = names.ParseCompositeCursor(s, cursors, present)
+			}
+			if (err == nil) != (wantErr == nil) || (err != nil && err.Error() != wantErr.Error()) {
+				t.Fatalf("ParseCompositeCursor(%q, %d streams) = %v, reference says %v", s, k, err, wantErr)
+			}
+			if wantErr != nil {
+				var got, ref *names.CompositeEntryError
+				if errors.As(wantErr, &ref) && (!errors.As(err, &got) || !errors.Is(err, ref.Err) || got.Index != ref.Index) {
+					t.Fatalf("ParseCompositeCursor(%q, %d streams): entry error %v, reference %v", s, k, err, wantErr)
+				}
+				continue
+			}
+			for i := range k {
+				if cursors[i] != want[i] || present[i] != wantPresent[i] {
+					t.Fatalf("ParseCompositeCursor(%q, %d streams): entry %d = %d (present %v), reference %d (%v)",
+						s, k, i, cursors[i], present[i], want[i], wantPresent[i])
+				}
+			}
+		}
+	})
+}

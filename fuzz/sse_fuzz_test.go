@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
 	"github.com/pgsse/pgsse/sse"
 )
 
@@ -91,6 +92,8 @@ func FuzzParseRequest(f *testing.F) {
 		"PATCH /streams/a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
 		"DELETE /publish HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
 		"POST /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nSec-Fetch-Site: cross-site\r\n\r\nx",
+		"GET /streams?stream=orders%2F42&stream=a+b&stream=&since=1:17,,4&token=t HTTP/1.1\r\nHost: x\r\nLast-Event-ID: 0:1,2,3\r\n\r\n",
+		"GET /streams?stream=a&stream=a&stream%3Dx HTTP/1.1\r\nHost: x\r\n\r\n",
 	} {
 		f.Add([]byte(s), uint16(8192))
 	}
@@ -151,6 +154,16 @@ func FuzzParseRequest(f *testing.F) {
 		for i, a := range req.Audience {
 			views["Audience"+strconv.Itoa(i)] = a
 		}
+		for i, st := range req.Streams {
+			views["Streams"+strconv.Itoa(i)] = st
+		}
+		if len(req.Streams) > sse.MaxStreams || cap(req.Streams) != len(req.Streams) ||
+			req.NStreams < len(req.Streams) || req.NStreams > len(req.Streams) && len(req.Streams) < sse.MaxStreams {
+			t.Fatalf("stream list of %d (cap %d) for %d parameters", len(req.Streams), cap(req.Streams), req.NStreams)
+		}
+		if req.Route != sse.RouteStreams && req.NStreams > 0 {
+			t.Fatalf("stream parameters on route %v", req.Route)
+		}
 		if len(req.Audience) > 64 || cap(req.Audience) != len(req.Audience) {
 			t.Fatalf("audience list of %d (cap %d)", len(req.Audience), cap(req.Audience))
 		}
@@ -180,6 +193,10 @@ func FuzzParseRequest(f *testing.F) {
 		route, method, host := req.Route, string(req.RawMethod), string(req.Host)
 		name, token := string(req.Name), string(req.Token)
 		hasToken := req.Token != nil
+		var streams []string
+		for _, st := range req.Streams {
+			streams = append(streams, string(st))
+		}
 		framing, contentLength, keepAlive := req.Framing, req.ContentLength, req.KeepAlive
 
 		// Every proper prefix of an accepted head is incomplete, not wrong.
@@ -235,6 +252,25 @@ func FuzzParseRequest(f *testing.F) {
 				t.Fatalf("round trip of %q gave route %v name %q token %q", target, again.Route, again.Name, again.Token)
 			}
 		}
+		// So do the stream parameters, in order.
+		if route == sse.RouteStreams && len(streams) > 0 {
+			target := "/streams?stream=" + ssePctEncode(streams[0])
+			for _, st := range streams[1:] {
+				target += "&stream=" + ssePctEncode(st)
+			}
+			again, err := p.Parse([]byte("GET "+target+" HTTP/1.1\r\nHost: x\r\n\r\n"), len(target)+64)
+			if err != nil {
+				t.Fatalf("re-encoded %q: %v", target, err)
+			}
+			if again.Route != route || again.NStreams != len(streams) {
+				t.Fatalf("round trip of %q gave route %v and %d streams", target, again.Route, again.NStreams)
+			}
+			for i, st := range again.Streams {
+				if string(st) != streams[i] {
+					t.Fatalf("round trip of %q: stream %d is %q, not %q", target, i, st, streams[i])
+				}
+			}
+		}
 	})
 }
 
@@ -278,61 +314,26 @@ type sseEvent struct {
 	typ, data, lastID string
 }
 
-// sseParse is an independent EventSource parser, written from the WHATWG
-// HTML spec §9.2.6 ("Interpreting an event stream"): lines end in CRLF, LF
-// or CR; a blank line dispatches; ':' starts a comment; field:value with one
-// optional leading space stripped; data lines are joined with LF; an
-// unterminated last line is discarded. It returns the dispatched events and
-// every field name it saw, in order.
+// sseParse decodes a stream with internal/testkit/ssetest's Decoder: an EventSource parser
+// written from the WHATWG HTML standard ("Interpreting an event stream"), independent of
+// package sse — lines end in CRLF, LF or CR; a blank line dispatches a block that had data;
+// ':' starts a comment; field:value with one optional leading space stripped; data lines are
+// joined with LF; an unterminated last line is discarded. It returns the dispatched events
+// and every field name it saw, in order.
 func sseParse(stream []byte) (events []sseEvent, fields []string) {
-	var data strings.Builder
-	typ, lastID := "", ""
-	for len(stream) > 0 {
-		i := bytes.IndexAny(stream, "\r\n")
-		if i < 0 {
-			break // incomplete last line: discarded
+	var d ssetest.Decoder
+	d.Feed(stream, func(b *ssetest.Block) {
+		for _, f := range b.Fields {
+			fields = append(fields, string(f.Name))
 		}
-		line := string(stream[:i])
-		if stream[i] == '\r' && i+1 < len(stream) && stream[i+1] == '\n' {
-			i++
-		}
-		stream = stream[i+1:]
-
-		if line == "" {
-			if data.Len() == 0 {
-				typ = ""
-				continue
+		if b.HasData {
+			typ := string(b.Type)
+			if typ == "" {
+				typ = "message"
 			}
-			d := strings.TrimSuffix(data.String(), "\n")
-			t := typ
-			if t == "" {
-				t = "message"
-			}
-			events = append(events, sseEvent{typ: t, data: d, lastID: lastID})
-			data.Reset()
-			typ = ""
-			continue
+			events = append(events, sseEvent{typ: typ, data: string(b.Data), lastID: string(b.LastEventID)})
 		}
-		if line[0] == ':' {
-			continue
-		}
-		field, value := line, ""
-		if c := strings.IndexByte(line, ':'); c >= 0 {
-			field, value = line[:c], strings.TrimPrefix(line[c+1:], " ")
-		}
-		fields = append(fields, field)
-		switch field {
-		case "event":
-			typ = value
-		case "data":
-			data.WriteString(value)
-			data.WriteByte('\n')
-		case "id":
-			if !strings.Contains(value, "\x00") {
-				lastID = value
-			}
-		}
-	}
+	})
 	return events, fields
 }
 

@@ -1,6 +1,8 @@
 // Package names is the one place that validates pgsse's stream names, event
 // names, PostgreSQL channel names, audience tags, grant patterns and replay
-// cursors (docs/sql.md, docs/http.md, docs/hub-protocol.md).
+// cursors, one stream's and the composite one of several streams on one
+// connection (ParseCompositeCursor) (docs/sql.md, docs/http.md,
+// docs/hub-protocol.md).
 //
 // Every check is generic over string and []byte so callers never convert,
 // and none allocates. Each rule has its own sentinel error whose message

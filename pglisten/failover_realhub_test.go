@@ -2,10 +2,7 @@ package pglisten
 
 import (
 	"context"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -13,7 +10,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
+	"github.com/pgsse/pgsse/store"
 )
 
 // TestFailoverRealHubOneResync: a Failover on the hub of a real `pgsse serve` process; the
@@ -21,44 +20,10 @@ import (
 // reports exactly one KindResync for that one switch — the next event after it is the next
 // notification, not a second resync from the direct session's first connect.
 func TestFailoverRealHubOneResync(t *testing.T) {
-	dsn := pgtest.NewDatabase(t)
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "pgsse")
-	build := exec.Command("go", "build", "-o", bin, "../cmd/pgsse")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "go build ./cmd/pgsse: %s", out)
-	out, err = exec.Command(bin, "migrate", "--database-url", dsn).CombinedOutput()
-	require.NoError(t, err, "pgsse migrate: %s", out)
-
+	dsn := pgtest.Migrated(t, store.Migrate)
 	sock := socketPath(t)
-	logs := &pgtest.SyncBuffer{}
-	serve := exec.Command(bin, "serve", "--database-url", dsn, "--listen", "127.0.0.1:0", "--admin-listen", "",
-		"--hub-socket", sock, "--jwt-secret", "0123456789abcdef0123456789abcdef", "--retention", "0")
-	serve.Stdout, serve.Stderr = logs, logs
-	require.NoError(t, serve.Start())
-	exited := make(chan struct{})
-	go func() { _ = serve.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = serve.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("pgsse serve log:\n%s", logs.String())
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			break
-		}
-		select {
-		case <-exited:
-			t.Fatalf("pgsse serve exited:\n%s", logs.String())
-		default:
-		}
-		require.True(t, time.Now().Before(deadline), "the hub socket does not answer after 30 s")
-		time.Sleep(20 * time.Millisecond) // polling: the socket answering is the signal
-	}
+	serve := servetest.Start(t, servetest.Options{DSN: dsn, NoAdmin: true, Wait: servetest.WaitServing, StopTimeout: 20 * time.Second,
+		Args: []string{"--hub-socket", sock, "--jwt-secret", "0123456789abcdef0123456789abcdef", "--retention", "0"}})
 
 	l, err := NewFailover(FailoverConfig{
 		Hub:    HubConfig{Socket: sock, PingInterval: -1},
@@ -74,7 +39,7 @@ func TestFailoverRealHubOneResync(t *testing.T) {
 	pgExec(t, dsn, "NOTIFY work, 'via the hub'")
 	assert.Equal(t, "via the hub", string(nextHubEvent(t, l).Payload))
 
-	require.NoError(t, serve.Process.Signal(syscall.SIGTERM))
+	serve.Signal(syscall.SIGTERM)
 	var ev Event
 	for ev = nextHubEvent(t, l); ev.Kind == KindDown; ev = nextHubEvent(t, l) {
 		// The hub may report its own LISTEN session going down while it stops.
@@ -88,11 +53,7 @@ func TestFailoverRealHubOneResync(t *testing.T) {
 	assert.Equal(t, Event{Kind: KindNotification, Channel: "work", PID: ev.PID, Payload: []byte("direct")}, ev,
 		"after the switch's resync comes the notification, not a second resync")
 	require.NoError(t, l.Close())
-	select {
-	case <-exited:
-	case <-time.After(20 * time.Second):
-		t.Error("pgsse serve did not exit within 20 s of SIGTERM")
-	}
+	assert.Equal(t, 0, serve.WaitExit(20*time.Second), "pgsse serve exits 0 after SIGTERM")
 	_, err = os.Lstat(sock)
 	assert.ErrorIs(t, err, os.ErrNotExist)
 }

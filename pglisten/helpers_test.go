@@ -12,11 +12,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		servetest.RemoveBinaries()
+		os.Exit(code)
+	}))
 }
 
 type note struct {
@@ -143,24 +147,13 @@ func (n *notifier) notify(channel, payload string) uint32 {
 
 func (n *notifier) exec(sql string) {
 	n.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	_, err := n.c.Exec(ctx, sql).ReadAll()
-	require.NoError(n.t, err)
+	pgtest.ExecOn(n.t, n.c, sql)
 }
 
-// query returns the first column of the first row ("" when no row).
+// query returns the one value of a one-row result (no row fails the test).
 func (n *notifier) query(sql string) string {
 	n.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	res, err := n.c.Exec(ctx, sql).ReadAll()
-	require.NoError(n.t, err)
-	last := res[len(res)-1]
-	if len(last.Rows) == 0 {
-		return ""
-	}
-	return string(last.Rows[0][0])
+	return pgtest.QueryValueOn(n.t, n.c, sql)
 }
 
 // logCapture is a slog handler that keeps records at or above warn.

@@ -15,7 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/framing"
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 )
 
 // fakeHub is a scripted hub socket: the test plays the hub's side frame by frame. (The real hub
@@ -35,16 +36,7 @@ type fakeConn struct {
 	buf []byte
 }
 
-func socketPath(t *testing.T) string {
-	p := filepath.Join(t.TempDir(), "h.sock")
-	if len(p) > 100 {
-		dir, err := os.MkdirTemp("", "h")
-		require.NoError(t, err)
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		p = filepath.Join(dir, "h.sock")
-	}
-	return p
-}
+func socketPath(t *testing.T) string { return testkit.SocketPath(t, "h.sock") }
 
 func newFakeHub(t *testing.T) *fakeHub {
 	path := socketPath(t)

@@ -36,6 +36,23 @@ func AppendEvent(dst []byte, id int64, event, data []byte) []byte {
 	return append(dst, '\n')
 }
 
+// AppendCompositeID appends the id line of a durable event on a connection that follows
+// several streams (docs/http.md, Several streams on one connection): "id: <k>:<c0>,…,<cK-1>",
+// where k is the position of the event's own stream and cursors are every stream's cursor
+// once the event is written. It does not allocate when dst has room.
+func AppendCompositeID(dst []byte, k int, cursors []int64) []byte {
+	dst = append(dst, "id: "...)
+	dst = strconv.AppendInt(dst, int64(k), 10)
+	dst = append(dst, ':')
+	for i, c := range cursors {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendInt(dst, c, 10)
+	}
+	return append(dst, '\n')
+}
+
 // appendData writes data as "data: " lines, splitting on CRLF, CR and LF.
 // It finds breaks with bytes.IndexByte and remembers the next CR and LF it
 // has seen, so the cost is linear in len(data) whatever the mix of breaks.

@@ -99,9 +99,17 @@ func TestEncodersDoNotAllocate(t *testing.T) {
 		b = AppendEvent(b, 0, nil, multi)
 		b = AppendComment(b, []byte("heartbeat"))
 		b = AppendRetry(b, 2000)
-		_ = AppendGap(b, []byte(`orders/"42"`), 5, 17)
+		b = AppendGap(b, []byte(`orders/"42"`), 5, 17)
+		_ = AppendCompositeID(b, 3, cursors)
 	})
 	assert.Zero(t, allocs)
+}
+
+var cursors = []int64{17, 0, 4, 9223372036854775807}
+
+func TestAppendCompositeIDGolden(t *testing.T) {
+	assert.Equal(t, "id: 3:17,0,4,9223372036854775807\n", string(AppendCompositeID(nil, 3, cursors)))
+	assert.Equal(t, "id: 0:5\n", string(AppendCompositeID(nil, 0, []int64{5})))
 }
 
 func TestAppendDataLinearWithManyBreaks(t *testing.T) {

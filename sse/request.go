@@ -41,9 +41,9 @@ func (m Method) String() string {
 type Route uint8
 
 // Routes. Matching is on the raw (still percent-encoded), case-sensitive
-// path: "/streams/…" and "/channels/…" need the trailing slash ("/streams"
-// alone is RouteOther), the root is exactly "/" and the batch endpoint
-// exactly "/publish".
+// path: "/streams/…" and "/channels/…" need the trailing slash, the root is
+// exactly "/", the batch endpoint exactly "/publish" and several streams on
+// one connection exactly "/streams".
 const (
 	RouteNone    Route = iota
 	RouteStream        // /streams/{stream}: GET subscribes, POST publishes one event
@@ -51,6 +51,7 @@ const (
 	RouteRoot          // "/", the demo page
 	RouteOther         // anything else: 404
 	RoutePublish       // /publish: POST an NDJSON batch (docs/http.md, Publishing over HTTP)
+	RouteStreams       // /streams?stream=…&stream=…: several streams on one connection (docs/http.md)
 )
 
 func (r Route) String() string {
@@ -65,6 +66,8 @@ func (r Route) String() string {
 		return "other"
 	case RoutePublish:
 		return "publish"
+	case RouteStreams:
+		return "streams"
 	}
 	return "none"
 }
@@ -106,6 +109,13 @@ type Request struct {
 	// percent-decoded ('+' stays '+'). It is not validated here: callers
 	// run names.CheckStream / names.CheckChannel on it.
 	Name []byte
+
+	// Streams are the ?stream= parameters of RouteStreams, in order: percent-decoded with
+	// '+' kept as '+' (as in a path: stream names may hold '+', never a space), at most
+	// MaxStreams of them, backed by the Parser; NStreams counts them all, including those
+	// beyond MaxStreams. Not validated here: callers run names.CheckStream on each.
+	Streams  [][]byte
+	NStreams int
 
 	Token          []byte // ?token=, percent-decoded, '+' as space; nil if absent
 	Since          []byte // ?since=, percent-decoded, '+' as space
@@ -282,7 +292,12 @@ type Parser struct {
 	close    bool   // Connection: close
 	keep     bool   // Connection: keep-alive
 	audience [names.MaxAudience][]byte
+	streams  [MaxStreams][]byte
 }
+
+// MaxStreams is the most stream parameters a request's Streams holds: the highest
+// --max-streams-per-connection there can be.
+const MaxStreams = 255
 
 const (
 	seenHost uint16 = 1 << iota
@@ -651,6 +666,8 @@ func (p *Parser) target(t []byte) error {
 		r.Name = p.decode(path[len("/channels/"):], false)
 	case string(path) == "/publish":
 		r.Route = RoutePublish
+	case string(path) == "/streams":
+		r.Route = RouteStreams
 	default:
 		r.Route = RouteOther
 	}
@@ -702,8 +719,8 @@ func checkPathEscapes(path []byte) error {
 	return nil
 }
 
-// query walks the '&'-separated parameters, keeping token and since, and
-// for a POST event, audience and ephemeral. Every escape in the query must
+// query walks the '&'-separated parameters, keeping token and since, the
+// stream list of RouteStreams, and for a POST event, audience and ephemeral. Every escape in the query must
 // be valid, used or not.
 func (p *Parser) query(q []byte) error {
 	r := &p.req
@@ -746,6 +763,12 @@ func (p *Parser) query(q []byte) error {
 			}
 			r.HasSince = true
 			r.Since = p.decode(value, true)
+		case r.Route == RouteStreams && queryKeyIs(key, "stream"):
+			if n := r.NStreams; n < len(p.streams) {
+				p.streams[n] = p.decode(value, false)
+				r.Streams = p.streams[: n+1 : n+1]
+			}
+			r.NStreams++
 		case !post:
 		case queryKeyIs(key, "event"):
 			if r.HasEvent {

@@ -2,6 +2,7 @@ package sse
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -74,8 +75,30 @@ func TestParseAccepts(t *testing.T) {
 			assert.True(t, r.HasSince)
 			assert.Empty(t, r.Since)
 		}},
-		{"streams without slash is other", "GET /streams HTTP/1.1\r\nHost: x\r\n\r\n", func(t *testing.T, r *Request) {
-			assert.Equal(t, RouteOther, r.Route)
+		{"streams without slash is several streams", "GET /streams HTTP/1.1\r\nHost: x\r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, RouteStreams, r.Route)
+			assert.Empty(t, r.Streams)
+			assert.Zero(t, r.NStreams)
+		}},
+		{"stream parameters in order, plus stays plus", "GET /streams?stream=orders/42&token=t&stream=a+b%2Bc&stream=&since=0:1,,2&stream=chat%2F7 HTTP/1.1\r\nHost: x\r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, RouteStreams, r.Route)
+			require.Equal(t, 4, r.NStreams)
+			var got []string
+			for _, s := range r.Streams {
+				got = append(got, string(s))
+			}
+			assert.Equal(t, []string{"orders/42", "a+b+c", "", "chat/7"}, got)
+			assert.Equal(t, "0:1,,2", string(r.Since))
+			assert.Equal(t, "t", string(r.Token))
+		}},
+		{"stream parameters only on /streams", "GET /streams/s?stream=x HTTP/1.1\r\nHost: x\r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, RouteStream, r.Route)
+			assert.Zero(t, r.NStreams)
+			assert.Nil(t, r.Streams)
+		}},
+		{"one stream on /streams", "GET /streams?stream=a HTTP/1.1\r\nHost: x\r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, RouteStreams, r.Route)
+			assert.Equal(t, 1, r.NStreams)
 		}},
 		{"empty stream name", "GET /streams/ HTTP/1.1\r\nHost: x\r\n\r\n", func(t *testing.T, r *Request) {
 			assert.Equal(t, RouteStream, r.Route)
@@ -264,6 +287,25 @@ func TestParseAudienceReuse(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, req.Audience, 1)
 	assert.Equal(t, "z", string(req.Audience[0]))
+}
+
+// More stream parameters than MaxStreams are counted, not kept; the next head starts afresh.
+func TestParseStreamsBoundAndReuse(t *testing.T) {
+	var p Parser
+	target := "/streams?stream=s0"
+	for i := 1; i < MaxStreams+5; i++ {
+		target += "&stream=s" + strconv.Itoa(i)
+	}
+	req, err := p.Parse([]byte("GET "+target+" HTTP/1.1\r\nHost: x\r\n\r\n"), 16384)
+	require.NoError(t, err)
+	assert.Equal(t, MaxStreams+5, req.NStreams)
+	require.Len(t, req.Streams, MaxStreams)
+	assert.Equal(t, "s254", string(req.Streams[MaxStreams-1]))
+	assert.Equal(t, len(req.Streams), cap(req.Streams))
+	req, err = p.Parse([]byte("GET /streams?stream=z HTTP/1.1\r\nHost: x\r\n\r\n"), 8192)
+	require.NoError(t, err)
+	require.Len(t, req.Streams, 1)
+	assert.Equal(t, "z", string(req.Streams[0]))
 }
 
 // TestCursor: docs/http.md's precedence (Cursors and gaps), and nothing trimmed away: issue #11
@@ -601,6 +643,7 @@ func TestParseDoesNotAllocate(t *testing.T) {
 		[]byte(chromiumHead[:300]),
 		[]byte(publishHead),
 		[]byte("POST /publish HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Type: application/x-ndjson\r\nConnection: keep-alive\r\n\r\n"),
+		[]byte("GET /streams?stream=orders%2F42&stream=chat/7&stream=a+b&since=1:17,4,0 HTTP/1.1\r\nHost: x\r\nLast-Event-ID: 0:17,,4\r\n\r\n"),
 	}
 	_, _ = p.Parse(heads[0], 8192) // warm-up sizes the scratch
 	allocs := testing.AllocsPerRun(200, func() {

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/names"
-	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
 // listener is a plain pgconn session LISTENing on channel pgsse, recording payloads

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/names"
-	"github.com/pgsse/pgsse/scripts/pgtest"
 )
 
 func newTestReplayer(t *testing.T, dsn string, pool int) *Replayer {

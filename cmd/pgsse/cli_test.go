@@ -26,8 +26,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/names"
-	"github.com/pgsse/pgsse/scripts/pgtest"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -205,7 +205,7 @@ func TestNoDatabaseConfigured(t *testing.T) {
 	run := func(args ...string) result {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, binary, args...)
+		cmd := exec.CommandContext(ctx, binary(t), args...)
 		cmd.Env = env
 		var stdout, stderr strings.Builder
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -382,7 +382,7 @@ func TestVersion(t *testing.T) {
 	requireOK(t, r)
 	assert.Regexp(t, `^pgsse \S+ commit \S+.* `+regexp.QuoteMeta(runtime.Version())+` `+runtime.GOOS+`/`+runtime.GOARCH+"\n$", r.stdout)
 	// The commit is what the toolchain stamped into the binary (none with -buildvcs=false).
-	out, err := exec.Command("go", "version", "-m", binary).Output()
+	out, err := exec.Command("go", "version", "-m", binary(t)).Output()
 	require.NoError(t, err)
 	if m := regexp.MustCompile(`(?m)^\s*build\s+vcs\.revision=([0-9a-f]+)$`).FindSubmatch(out); m != nil {
 		assert.Contains(t, r.stdout, " commit "+string(m[1]))
@@ -581,6 +581,8 @@ func TestBadInput(t *testing.T) {
 		{"size too small", nil, append([]string{"--hub-worker-buffer", "1KiB"}, key...), "--hub-worker-buffer: must be between 131080 (two maximum frames) and 1GiB"},
 		{"heartbeat too short", nil, append([]string{"--heartbeat", "10ms"}, key...), "--heartbeat: must be at least 100ms"},
 		{"header size", nil, append([]string{"--max-header-bytes", "10"}, key...), "--max-header-bytes: must be between 1024 and 1048576"},
+		{"streams per connection", nil, append([]string{"--max-streams-per-connection", "0"}, key...), "--max-streams-per-connection: must be between 1 and 255"},
+		{"streams per connection from env", []string{"PGSSE_MAX_STREAMS_PER_CONNECTION=256"}, key, "--max-streams-per-connection (from PGSSE_MAX_STREAMS_PER_CONNECTION): must be between 1 and 255"},
 		{"publish size", []string{"PGSSE_MAX_PUBLISH_BYTES=2GiB"}, key, "--max-publish-bytes (from PGSSE_MAX_PUBLISH_BYTES): must be between 1 and 1GiB"},
 		{"outbound memory", []string{"PGSSE_MAX_OUTBOUND_MEMORY=64KiB"}, key, "--max-outbound-memory (from PGSSE_MAX_OUTBOUND_MEMORY): must be between 1MiB and 1024GiB"},
 		{"mode", nil, []string{"--hub-socket-mode", "rw-------"}, `--hub-socket-mode: invalid mode "rw-------" (octal, e.g. 0600)`},
@@ -674,7 +676,8 @@ func TestHelp(t *testing.T) {
 		"hub-socket-mode": "0600", "hub-worker-buffer": "1MiB", "jwt-secret": "", "jwt-secret-file": "",
 		"jwt-public-key-file": "", "jwt-issuer": "", "jwt-audience": "", "jwt-allow-no-exp": "",
 		"public-streams": "", "cors-origins": "", "max-connections": "", "max-header-bytes": "8192",
-		"heartbeat": "15s", "retry": "2s", "retention": "24h", "pprof": "", "log-level": "",
+		"max-streams-per-connection": "64",
+		"heartbeat":                  "15s", "retry": "2s", "retention": "24h", "pprof": "", "log-level": "",
 		"log-format": "text", "procs": "1",
 	} {
 		line := regexp.MustCompile(`(?m)^  --` + flag + `\b.*$`).FindString(r.stdout)

@@ -2,12 +2,10 @@ package main
 
 import (
 	"bufio"
-	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,83 +16,32 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
 )
 
-// servedProcess is a `pgsse serve` child with the addresses from its start-up line.
-type servedProcess struct {
-	cmd    *exec.Cmd
-	stderr *pgtest.SyncBuffer
-	exited chan error
-	listen string
-	admin  string
+// startServe runs `pgsse serve` (internal/testkit/servetest) with RLIMIT_NOFILE nofile (0 = the
+// test's own limit), env and args, and waits for "pgsse serving" (not /readyz: some tests
+// start it against a database that is not there).
+func startServe(t *testing.T, nofile int, env []string, args ...string) *servetest.Server {
+	t.Helper()
+	return servetest.Start(t, servetest.Options{Bin: binary(t), NoFile: nofile, Env: env, Args: args, Wait: servetest.WaitServing})
 }
 
-// startServe runs `pgsse serve` through `sh -c 'ulimit -n N; exec …'` (nofile 0 = the test's
-// own limit) with args after the common ones, and waits for "pgsse serving".
-func startServe(t *testing.T, nofile int, env []string, args ...string) *servedProcess {
+// openFDs counts a process's open descriptors.
+func openFDs(t *testing.T, pid int) int {
 	t.Helper()
-	script := `exec "$0" "$@"`
-	if nofile > 0 {
-		script = "ulimit -n " + itoa(nofile) + " && " + script
-	}
-	argv := append([]string{"-c", script, binary, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--log-format", "json"}, args...)
-	p := &servedProcess{cmd: exec.Command("/bin/sh", argv...), stderr: new(pgtest.SyncBuffer), exited: make(chan error, 1)}
-	p.cmd.Env = append(cleanEnv(), env...)
-	p.cmd.Stderr = p.stderr
-	require.NoError(t, p.cmd.Start())
-	go func() { p.exited <- p.cmd.Wait() }()
-	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-	})
-	waitFor(t, "the start-up line", 30*time.Second, func() bool {
-		select {
-		case err := <-p.exited:
-			p.exited <- err
-			t.Fatalf("pgsse serve exited (%v) before serving:\n%s", err, p.stderr.String())
-		default:
-		}
-		for _, line := range strings.Split(p.stderr.String(), "\n") {
-			if strings.Contains(line, `"msg":"pgsse serving"`) {
-				var start struct{ Listen, Admin string }
-				require.NoError(t, json.Unmarshal([]byte(line), &start))
-				p.listen, p.admin = start.Listen, start.Admin
-				return true
-			}
-		}
-		return false
-	})
-	return p
-}
-
-// alive fails the test if the process has exited.
-func (p *servedProcess) alive(t *testing.T, when string) {
-	t.Helper()
-	select {
-	case err := <-p.exited:
-		p.exited <- err
-		t.Fatalf("pgsse serve exited %s (%v); stderr:\n%s", when, err, p.stderr.String())
-	default:
-	}
-}
-
-// openFDs counts the process's open descriptors.
-func (p *servedProcess) openFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/" + itoa(p.cmd.Process.Pid) + "/fd")
+	ents, err := os.ReadDir("/proc/" + itoa(pid) + "/fd")
 	require.NoError(t, err)
 	return len(ents)
 }
 
-// lowestFreeFD is the descriptor number the process's next open would get: with the soft
+// lowestFreeFD is the descriptor number a process's next open would get: with the soft
 // limit set to it, the next accept fails with EMFILE.
-func (p *servedProcess) lowestFreeFD(t *testing.T) int {
+func lowestFreeFD(t *testing.T, pid int) int {
 	t.Helper()
-	ents, err := os.ReadDir("/proc/" + itoa(p.cmd.Process.Pid) + "/fd")
+	ents, err := os.ReadDir("/proc/" + itoa(pid) + "/fd")
 	require.NoError(t, err)
 	used := map[int]bool{}
 	for _, e := range ents {
@@ -109,30 +56,12 @@ func (p *servedProcess) lowestFreeFD(t *testing.T) int {
 	return n
 }
 
-// metric returns the value of one sample line of /metrics, e.g.
-// `pgsse_accept_errors_total{reason="emfile"}`, or "" if absent.
-func (p *servedProcess) metric(t *testing.T, sample string) string {
-	t.Helper()
-	client := http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Get("http://" + p.admin + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, sample+" "); ok {
-			return v
-		}
-	}
-	return ""
-}
-
 func itoa(n int) string { return strconv.Itoa(n) }
 
 // subscriber is an SSE client past its response head.
 type subscriber struct {
-	conn net.Conn
-	rd   *bufio.Reader
+	conn   net.Conn
+	stream *ssetest.Stream
 }
 
 // subscribe opens an SSE subscription and reads the response head.
@@ -145,27 +74,21 @@ func subscribe(t *testing.T, addr, path, token string) *subscriber {
 	_, err = io.WriteString(conn, "GET "+path+" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+token+"\r\n\r\n")
 	require.NoError(t, err)
 	rd := bufio.NewReader(conn)
-	status, err := rd.ReadString('\n')
+	resp, err := http.ReadResponse(rd, nil)
 	require.NoError(t, err)
-	require.Equal(t, "HTTP/1.1 200 OK\r\n", status)
-	for {
-		line, err := rd.ReadString('\n')
-		require.NoError(t, err)
-		if line == "\r\n" {
-			break
-		}
-	}
-	return &subscriber{conn, rd}
+	require.Equal(t, 200, resp.StatusCode)
+	require.NoError(t, conn.SetDeadline(time.Time{}))
+	return &subscriber{conn, &ssetest.Stream{R: rd, Conn: conn}}
 }
 
-// readUntilData reads SSE lines until "data: want".
+// readUntilData reads SSE events until one whose data is want.
 func (s *subscriber) readUntilData(t *testing.T, want string) {
 	t.Helper()
-	require.NoError(t, s.conn.SetReadDeadline(time.Now().Add(30*time.Second)))
+	deadline := time.Now().Add(30 * time.Second)
 	for {
-		line, err := s.rd.ReadString('\n')
+		ev, err := s.stream.NextEvent(time.Until(deadline))
 		require.NoError(t, err, "waiting for data %q", want)
-		if line == "data: "+want+"\n" {
+		if ev.Data == want {
 			return
 		}
 	}
@@ -209,19 +132,19 @@ func TestServeSurvivesDescriptorExhaustion(t *testing.T) {
 		t.Helper()
 		requireOK(t, pgsse(t, []string{"DATABASE_URL=" + dsn}, "publish", "fd", data))
 	}
-	first := subscribe(t, p.listen, "/streams/fd", token)
+	first := subscribe(t, p.Listen, "/streams/fd", token)
 
 	// 1. Floods on every port, each larger than the whole limit: the caps hold them (the admin
 	// port stops accepting at --admin-max-connections, the hub and SSE ports close what is
 	// over their caps at once).
-	_, closeAdmin := flood("tcp", p.admin, 2*nofile)
+	_, closeAdmin := flood("tcp", p.Admin, 2*nofile)
 	defer closeAdmin()
 	_, closeHub := flood("unix", hubPath, nofile)
 	defer closeHub()
-	_, closeSSE := flood("tcp", p.listen, 2*nofile)
+	_, closeSSE := flood("tcp", p.Listen, 2*nofile)
 	defer closeSSE()
-	p.alive(t, "under the floods")
-	assert.LessOrEqual(t, p.openFDs(t), nofile)
+	p.Alive("under the floods")
+	assert.LessOrEqual(t, openFDs(t, p.PID()), nofile)
 	publish("during the floods")
 	first.readUntilData(t, "during the floods")
 
@@ -232,7 +155,7 @@ func TestServeSurvivesDescriptorExhaustion(t *testing.T) {
 	// the floods above still being closed, the periodic schema check) frees a slot below
 	// the new limit, and accept may then never fail; so while no EMFILE has been seen, the
 	// limit is lowered to the lowest free descriptor again and more clients arrive.
-	pid := p.cmd.Process.Pid
+	pid := p.PID()
 	var lim unix.Rlimit
 	require.NoError(t, unix.Prlimit(pid, unix.RLIMIT_NOFILE, nil, &lim))
 	var closers []func()
@@ -242,16 +165,16 @@ func TestServeSurvivesDescriptorExhaustion(t *testing.T) {
 		}
 	}()
 	exhaust := func() {
-		low := unix.Rlimit{Cur: uint64(p.lowestFreeFD(t)), Max: lim.Max}
+		low := unix.Rlimit{Cur: uint64(lowestFreeFD(t, pid)), Max: lim.Max}
 		require.NoError(t, unix.Prlimit(pid, unix.RLIMIT_NOFILE, &low, nil))
-		_, closeSSE2 := flood("tcp", p.listen, 200)
+		_, closeSSE2 := flood("tcp", p.Listen, 200)
 		_, closeHub2 := flood("unix", hubPath, 50)
 		closers = append(closers, closeSSE2, closeHub2)
 	}
 	exhaust()
 	lastTry := time.Now()
-	waitFor(t, "an accept to fail with EMFILE", 30*time.Second, func() bool {
-		if strings.Contains(p.stderr.String(), "out of file descriptors") {
+	waitFor(t, 30*time.Second, "an accept to fail with EMFILE", func() bool {
+		if strings.Contains(p.Log(), "out of file descriptors") {
 			return true
 		}
 		if time.Since(lastTry) > 3*time.Second {
@@ -260,7 +183,7 @@ func TestServeSurvivesDescriptorExhaustion(t *testing.T) {
 		}
 		return false
 	})
-	p.alive(t, "out of descriptors")
+	p.Alive("out of descriptors")
 	publish("while out of descriptors")
 	first.readUntilData(t, "while out of descriptors")
 
@@ -274,33 +197,31 @@ func TestServeSurvivesDescriptorExhaustion(t *testing.T) {
 	closers = nil
 	closeHub()
 	closeAdmin()
-	waitFor(t, "a new subscriber to be accepted", 30*time.Second, func() bool {
-		conn, err := net.DialTimeout("tcp", p.listen, 2*time.Second)
+	waitFor(t, 30*time.Second, "a new subscriber to be accepted", func() bool {
+		conn, err := net.DialTimeout("tcp", p.Listen, 2*time.Second)
 		if err != nil {
 			return false
 		}
 		conn.Close()
 		return true
 	})
-	second := subscribe(t, p.listen, "/streams/fd", token)
+	second := subscribe(t, p.Listen, "/streams/fd", token)
 	publish("after")
 	first.readUntilData(t, "after")
 	second.readUntilData(t, "after")
-	var emfile string
-	waitFor(t, "the admin port to answer again", 30*time.Second, func() bool {
+	waitFor(t, 30*time.Second, "the admin port to answer again", func() bool {
 		client := http.Client{Timeout: 2 * time.Second}
-		resp, err := client.Get("http://" + p.admin + "/healthz")
+		resp, err := client.Get(p.AdminURL("/healthz"))
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return true
 	})
-	emfile = p.metric(t, `pgsse_accept_errors_total{reason="emfile"}`)
-	assert.NotEqual(t, "", emfile)
-	assert.NotEqual(t, "0", emfile, "accept errors are counted")
-	p.alive(t, "at the end")
-	t.Logf("emfile %s; stderr:\n%s", emfile, p.stderr.String())
-	logged := strings.Count(p.stderr.String(), "out of file descriptors")
-	assert.LessOrEqual(t, logged, 4, "at most one line per 10 s per listener:\n%s", p.stderr.String())
+	emfile := p.Metric(`pgsse_accept_errors_total{reason="emfile"}`)
+	assert.Positive(t, emfile, "accept errors are counted")
+	p.Alive("at the end")
+	t.Logf("emfile %v; log:\n%s", emfile, p.Log())
+	logged := strings.Count(p.Log(), "out of file descriptors")
+	assert.LessOrEqual(t, logged, 4, "at most one line per 10 s per listener:\n%s", p.Log())
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 )
 
 // Issue 11 / docs/operations.md, Configuration: failures that say what happened. One test per bad
@@ -30,7 +30,7 @@ func serveOnce(t *testing.T, env []string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...)...)
+	cmd := exec.CommandContext(ctx, binary(t), append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(cleanEnv(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -47,7 +47,7 @@ func serveExactly(t *testing.T, env []string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, append([]string{"serve"}, args...)...)
+	cmd := exec.CommandContext(ctx, binary(t), append([]string{"serve"}, args...)...)
 	cmd.Env = append(cleanEnv(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -133,8 +133,8 @@ func TestServeShortSecret(t *testing.T) {
 	assert.Contains(t, line, "(SQLSTATE 3D000)")
 
 	p := startServe(t, 0, []string{"PGSSE_JWT_SECRET=short", "DATABASE_URL=" + dsn})
-	waitFor(t, "the warning", 10*time.Second, func() bool {
-		return strings.Contains(p.stderr.String(), "the HS256 secret is short; use at least 32 random bytes")
+	p.WaitLog(10*time.Second, "the warning", func(l map[string]any) bool {
+		return l["msg"] == "the HS256 secret is short; use at least 32 random bytes"
 	})
 }
 
@@ -147,17 +147,17 @@ func TestServeDatabaseUnreachable(t *testing.T) {
 	probe.Close() // nothing listens here now
 	p := startServe(t, 0, []string{"PGSSE_JWT_SECRET=" + failSecret,
 		"PGSSE_DATABASE_URL=postgres://postgres@" + closed + "/pgsse?sslmode=disable&connect_timeout=2"})
-	code, body := getURL(t, "http://"+p.admin+"/readyz")
+	code, body := getURL(t, p.AdminURL("/readyz"))
 	assert.Equal(t, 503, code)
 	assert.Contains(t, body, "not ready: ")
 	// Watch the reconnect attempts for a while (pglisten backs off from 100 ms to 5 s).
 	start := time.Now()
-	waitFor(t, "a few reconnect attempts", 20*time.Second, func() bool { return time.Since(start) > 6*time.Second })
-	p.alive(t, "while PostgreSQL is unreachable")
-	logs := p.stderr.String()
+	waitFor(t, 20*time.Second, "a few reconnect attempts", func() bool { return time.Since(start) > 6*time.Second })
+	p.Alive("while PostgreSQL is unreachable")
+	logs := p.Log()
 	assert.Contains(t, logs, "PostgreSQL unreachable at start; retrying with backoff, /readyz answers 503 until it is back")
 	assert.LessOrEqual(t, strings.Count(logs, "connection refused"), 3, "logged once per cause, not per attempt:\n%s", logs)
-	code, _ = getURL(t, "http://"+p.admin+"/readyz")
+	code, _ = getURL(t, p.AdminURL("/readyz"))
 	assert.Equal(t, 503, code)
 }
 
@@ -166,19 +166,19 @@ func TestServeDatabaseUnreachable(t *testing.T) {
 func TestServeUnmigrated(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	p := startServe(t, 0, []string{"DATABASE_URL=" + dsn}, "--public-streams", "*")
-	waitFor(t, "/readyz to name the missing schema", 20*time.Second, func() bool {
-		code, body := getURL(t, "http://"+p.admin+"/readyz")
+	waitFor(t, 20*time.Second, "/readyz to name the missing schema", func() bool {
+		code, body := getURL(t, p.AdminURL("/readyz"))
 		return code == 503 && body == "not ready: schema pgsse missing: run `pgsse migrate`\n"
 	})
 	// One client that wants history: every read fails.
-	conn, err := net.DialTimeout("tcp", p.listen, 5*time.Second)
+	conn, err := net.DialTimeout("tcp", p.Listen, 5*time.Second)
 	require.NoError(t, err)
 	defer conn.Close()
 	_, err = io.WriteString(conn, "GET /streams/s?since=0 HTTP/1.1\r\nHost: x\r\n\r\n")
 	require.NoError(t, err)
 	start := time.Now()
-	waitFor(t, "history reads to fail a while", 20*time.Second, func() bool { return time.Since(start) > 6*time.Second })
-	logs := p.stderr.String()
+	waitFor(t, 20*time.Second, "history reads to fail a while", func() bool { return time.Since(start) > 6*time.Second })
+	logs := p.Log()
 	assert.Contains(t, logs, "schema pgsse missing: run `pgsse migrate`")
 	assert.LessOrEqual(t, strings.Count(logs, "does not exist"), 3, "once per cause:\n%s", logs)
 }
@@ -204,14 +204,14 @@ func TestServeRedactsSecrets(t *testing.T) {
 	u.User = url.UserPassword(u.User.Username(), password)
 	secret := "jwt-s3cret-" + failSecret
 	p := startServe(t, 0, nil, "--pprof", "--jwt-secret", secret, "--database-url", u.String(), "--log-level", "debug")
-	code, cmdline := getURL(t, "http://"+p.admin+"/debug/pprof/cmdline")
+	code, cmdline := getURL(t, p.AdminURL("/debug/pprof/cmdline"))
 	require.Equal(t, 200, code)
 	assert.Contains(t, cmdline, "--jwt-secret\x00REDACTED")
 	assert.Contains(t, cmdline, ":REDACTED@")
 	assert.NotContains(t, cmdline, secret)
 	assert.NotContains(t, cmdline, password)
-	assert.NotContains(t, p.stderr.String(), secret)
-	assert.NotContains(t, p.stderr.String(), password)
+	assert.NotContains(t, p.Log(), secret)
+	assert.NotContains(t, p.Log(), password)
 }
 
 // The redacting log handler scrubs messages, string attributes, errors and groups.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,27 +13,23 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/pgsse/pgsse/internal/testkit"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
 )
 
-// binary is the pgsse command built once for the package's tests.
-var binary string
+// binary is the pgsse command, built once for the package's tests (internal/testkit/servetest).
+func binary(t testing.TB) string {
+	t.Helper()
+	return servetest.Binary(t, false)
+}
+
+// waitFor polls cond (internal/testkit: one polling helper, one argument order).
+var waitFor = testkit.WaitFor
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "pgsse-cmd-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "pgsse")
-	build := exec.Command("go", "build", "-o", binary, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build pgsse:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	servetest.RemoveBinaries()
 	if code == 0 {
 		// gnet's process-wide ants pool (started when engine is linked in) is not ours to stop.
 		if err := goleak.Find(
@@ -57,18 +52,7 @@ type result struct {
 
 // cleanEnv is the test process's environment without anything that configures pgsse
 // or libpq, so each test states exactly what the command sees.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "PGSSE_") || strings.HasPrefix(k, "PG") || k == "DATABASE_URL" {
-			continue
-		}
-		env = append(env, kv)
-	}
-	// No libpq defaults that could reach a real server by accident.
-	return append(env, "PGHOST=/nonexistent", "PGCONNECT_TIMEOUT=5")
-}
+var cleanEnv = servetest.CleanEnv
 
 // pgsse runs the binary with extra environment entries ("K=V") and arguments.
 func pgsse(t *testing.T, env []string, args ...string) result {
@@ -81,7 +65,7 @@ func pgsseIn(t *testing.T, env []string, stdin string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd := exec.CommandContext(ctx, binary(t), args...)
 	cmd.Env = append(cleanEnv(), env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer

@@ -66,6 +66,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	limit := engine.FDLimit()
 	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: what RLIMIT_NOFILE leaves after the other consumers, pgsse doctor shows the budget; now %d)", engine.MaxConnectionsFor(limit)))
 	perSubject := c.Int("max-connections-per-subject", engine.DefaultMaxConnectionsPerSubject, "SSE connections one token subject (sub, else the token) may hold at once (0 = no limit)")
+	maxStreams := c.Int("max-streams-per-connection", engine.DefaultMaxStreamsPerConnection, fmt.Sprintf("streams one GET /streams?stream=…&stream=… may follow (1-%d)", engine.MaxMaxStreamsPerConnection))
 	maxHeader := c.Size("max-header-bytes", engine.DefaultMaxHeaderBytes, "request head limit")
 	maxPublish := c.Size("max-publish-bytes", engine.DefaultMaxPublishBytes, "request body limit of POST /streams/… and POST /publish")
 	maxOutbound := c.Size("max-outbound-memory", engine.DefaultMaxOutboundMemory, "bytes queued for all SSE connections together; per-connection limits shrink as it fills")
@@ -148,6 +149,9 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	}
 	if *maxOutbound < engine.MinMaxOutboundMemory || *maxOutbound > engine.MaxMaxOutboundMemory {
 		return nil, configErrorf("%s: must be between %s and %s", c.source("max-outbound-memory"), formatSize(engine.MinMaxOutboundMemory), formatSize(engine.MaxMaxOutboundMemory))
+	}
+	if *maxStreams < 1 || *maxStreams > engine.MaxMaxStreamsPerConnection {
+		return nil, configErrorf("%s: must be between 1 and %d", c.source("max-streams-per-connection"), engine.MaxMaxStreamsPerConnection)
 	}
 	if *maxHeader < engine.MinMaxHeaderBytes || *maxHeader > engine.MaxMaxHeaderBytes {
 		return nil, configErrorf("%s: must be between %d and %d", c.source("max-header-bytes"), engine.MinMaxHeaderBytes, engine.MaxMaxHeaderBytes)
@@ -259,6 +263,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		MaxConnections:           conns,
 		MaxConnectionsPerSubject: *perSubject,
 		AdminMaxConnections:      *adminMax,
+		MaxStreamsPerConnection:  *maxStreams,
 		MaxHeaderBytes:           int(*maxHeader),
 		MaxPublishBytes:          *maxPublish,
 		// The Go heap follows the budget unless the operator chose a memory limit.

@@ -17,21 +17,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/engine"
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
 )
-
-// waitFor polls cond until it holds or the deadline passes (there is no signal to wait on
-// in another process).
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // TestServeEndToEnd starts `pgsse serve`, checks the start-up log line and the admin
 // endpoints, delivers one event published with `pgsse publish` to a client holding a
@@ -41,21 +30,8 @@ func TestServeEndToEnd(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	requireOK(t, pgsse(t, nil, "migrate", "--database-url", dsn))
 	secret := "0123456789abcdef0123456789abcdef"
-
-	var stderr pgtest.SyncBuffer
-	cmd := exec.Command(binary, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--log-format", "json", "--heartbeat", "1s")
-	cmd.Env = append(cleanEnv(), "DATABASE_URL="+dsn, "PGSSE_JWT_SECRET="+secret)
-	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}()
+	p := servetest.Start(t, servetest.Options{Bin: binary(t), Env: []string{"DATABASE_URL=" + dsn, "PGSSE_JWT_SECRET=" + secret},
+		Args: []string{"--heartbeat", "1s"}, Wait: servetest.WaitServing})
 
 	// The one start-up line names the bound addresses and the limits.
 	var start struct {
@@ -67,22 +43,20 @@ func TestServeEndToEnd(t *testing.T) {
 		Heartbeat      string `json:"heartbeat"`
 		JWT            string `json:"jwt"`
 	}
-	waitFor(t, "the start-up log line", 20*time.Second, func() bool {
-		for _, line := range strings.Split(stderr.String(), "\n") {
-			// cmd/pgsse's line is the one that also names the admin address.
-			if strings.Contains(line, `"msg":"pgsse serving"`) && strings.Contains(line, `"admin":`) {
-				require.NoError(t, json.Unmarshal([]byte(line), &start))
-				return true
-			}
-		}
-		return false
+	line := p.WaitLog(20*time.Second, "the start-up log line", func(l map[string]any) bool {
+		// cmd/pgsse's line is the one that also names the admin address.
+		_, admin := l["admin"]
+		return l["msg"] == "pgsse serving" && admin
 	})
+	b, err := json.Marshal(line)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &start))
 	assert.Equal(t, engine.MaxConnectionsFor(engine.FDLimit()), start.MaxConnections)
 	assert.Equal(t, 8192, start.MaxHeaderBytes)
 	assert.Equal(t, "HS256", start.JWT)
 	assert.Equal(t, "1s", start.Heartbeat)
-	require.NotEmpty(t, start.Listen)
-	require.NotEmpty(t, start.Admin)
+	assert.Equal(t, p.Listen, start.Listen)
+	assert.Equal(t, p.Admin, start.Admin)
 
 	get := func(path string) (int, string) {
 		resp, err := http.Get("http://" + start.Admin + path)
@@ -95,7 +69,7 @@ func TestServeEndToEnd(t *testing.T) {
 	code, body := get("/healthz")
 	assert.Equal(t, 200, code)
 	assert.Equal(t, "ok\n", body)
-	waitFor(t, "/readyz 200", 20*time.Second, func() bool { c, _ := get("/readyz"); return c == 200 })
+	waitFor(t, 20*time.Second, "/readyz 200", func() bool { c, _ := get("/readyz"); return c == 200 })
 	code, body = get("/metrics")
 	assert.Equal(t, 200, code)
 	assert.Contains(t, body, "pgsse_")
@@ -115,24 +89,22 @@ func TestServeEndToEnd(t *testing.T) {
 	_, err = io.WriteString(conn, "GET /streams/orders/1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+token+"\r\n\r\n")
 	require.NoError(t, err)
 	rd := bufio.NewReader(conn)
-	status, err := rd.ReadString('\n')
+	resp, err := http.ReadResponse(rd, nil)
 	require.NoError(t, err)
-	require.Equal(t, "HTTP/1.1 200 OK\r\n", status)
-	readUntil := func(want string) string {
-		var seen strings.Builder
-		for !strings.Contains(seen.String(), want) {
-			line, err := rd.ReadString('\n')
-			seen.WriteString(line)
-			require.NoError(t, err, "reading until %q; got %q", want, seen.String())
-		}
-		return seen.String()
-	}
-	readUntil("retry: 2000\n")
+	require.Equal(t, 200, resp.StatusCode)
+	events := &ssetest.Stream{R: rd, Eager: true} // the preamble's retry comes at once
+	ev, err := events.Next(0)
+	require.NoError(t, err)
+	require.Equal(t, "2000", ev.Retry, "the preamble: retry: first")
 
 	r = pgsse(t, []string{"DATABASE_URL=" + dsn}, "publish", "orders/1", "hello from the CLI", "--event", "note")
 	requireOK(t, r)
 	assert.Equal(t, "1\n", r.stdout)
-	assert.Contains(t, readUntil("data: hello from the CLI\n"), "id: 1\nevent: note\ndata: hello from the CLI\n")
+	ev, err = events.NextEvent(0)
+	require.NoError(t, err)
+	assert.Equal(t, "1", ev.ID)
+	assert.Equal(t, "note", ev.Type)
+	assert.Equal(t, "hello from the CLI", ev.Data)
 
 	// A request without a token is refused.
 	noTok, err := net.DialTimeout("tcp", start.Listen, 5*time.Second)
@@ -141,22 +113,24 @@ func TestServeEndToEnd(t *testing.T) {
 	require.NoError(t, noTok.SetDeadline(time.Now().Add(10*time.Second)))
 	_, err = io.WriteString(noTok, "GET /streams/orders/1 HTTP/1.1\r\nHost: x\r\n\r\n")
 	require.NoError(t, err)
-	status, err = bufio.NewReader(noTok).ReadString('\n')
+	status, err := bufio.NewReader(noTok).ReadString('\n')
 	require.NoError(t, err)
 	assert.Equal(t, "HTTP/1.1 401 Unauthorized\r\n", status)
 
 	// SIGTERM: the client gets a retry: and EOF, the process exits 0.
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	rest, err := io.ReadAll(rd)
-	require.NoError(t, err, "EOF, not a reset")
-	assert.Contains(t, string(rest), "retry: ")
-	select {
-	case err := <-exited:
-		require.NoError(t, err, "exit status; stderr:\n%s", stderr.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("pgsse serve did not exit after SIGTERM; stderr:\n%s", stderr.String())
+	p.Signal(syscall.SIGTERM)
+	retried := false
+	for {
+		ev, err := events.Next(0)
+		if err != nil {
+			require.ErrorIs(t, err, io.EOF, "EOF, not a reset")
+			break
+		}
+		retried = retried || ev.Retry != ""
 	}
-	assert.NotContains(t, stderr.String(), `"level":"ERROR"`)
+	assert.True(t, retried, "a retry: before the close")
+	assert.Equal(t, 0, p.WaitExit(30*time.Second), "exit status; log:\n%s", p.Log())
+	assert.NotContains(t, p.Log(), `"level":"ERROR"`)
 	_, err = http.Get("http://" + start.Admin + "/healthz")
 	assert.Error(t, err, "admin server closed")
 }
@@ -169,7 +143,7 @@ func TestServeAdminListenBusy(t *testing.T) {
 	defer ln.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "serve", "--listen", "127.0.0.1:0", "--admin-listen", ln.Addr().String(),
+	cmd := exec.CommandContext(ctx, binary(t), "serve", "--listen", "127.0.0.1:0", "--admin-listen", ln.Addr().String(),
 		"--jwt-secret", "0123456789abcdef0123456789abcdef", "--database-url", pgtest.NewDatabase(t))
 	cmd.Env = cleanEnv()
 	out, err := cmd.CombinedOutput()
@@ -196,8 +170,8 @@ func TestAdminIdleConnectionsDoNotLockOut(t *testing.T) {
 		t.Helper()
 		client := http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 		start := time.Now()
-		resp, err := client.Get("http://" + p.admin + "/healthz")
-		require.NoError(t, err, "%s; log:\n%s", what, p.stderr.String())
+		resp, err := client.Get(p.AdminURL("/healthz"))
+		require.NoError(t, err, "%s; log:\n%s", what, p.Log())
 		resp.Body.Close()
 		assert.Equal(t, 200, resp.StatusCode, what)
 		assert.Less(t, time.Since(start), time.Second, "/healthz %s", what)
@@ -206,7 +180,7 @@ func TestAdminIdleConnectionsDoNotLockOut(t *testing.T) {
 		t.Helper()
 		var conns []net.Conn
 		for range cap {
-			c, err := net.DialTimeout("tcp", p.admin, 5*time.Second)
+			c, err := net.DialTimeout("tcp", p.Admin, 5*time.Second)
 			require.NoError(t, err)
 			t.Cleanup(func() { c.Close() })
 			if request { // one request, answered, and the connection kept alive
@@ -233,5 +207,5 @@ func TestAdminIdleConnectionsDoNotLockOut(t *testing.T) {
 
 	dialAll(true)
 	probe("behind 64 kept-alive connections")
-	p.alive(t, "at the end")
+	p.Alive("at the end")
 }

@@ -118,12 +118,13 @@ func TestParseServeConfig(t *testing.T) {
 	secretFile := filepath.Join(t.TempDir(), "secret")
 	require.NoError(t, os.WriteFile(secretFile, []byte("file-secret-0123456789abcdef0123\r\n"), 0o600))
 	env := envMap(map[string]string{
-		"PGSSE_JWT_SECRET":       "env-secret-is-masked-by-the-file-flag",
-		"PGSSE_HEARTBEAT":        "30s",
-		"PGSSE_CORS_ORIGINS":     "https://a.example, https://b.example",
-		"PGSSE_JWT_ALLOW_NO_EXP": "1",
-		"DATABASE_URL":           "postgres://u@db.example:5433/app",
-		"PGSSE_HUB_SOCKET_MODE":  "0660",
+		"PGSSE_JWT_SECRET":                 "env-secret-is-masked-by-the-file-flag",
+		"PGSSE_HEARTBEAT":                  "30s",
+		"PGSSE_CORS_ORIGINS":               "https://a.example, https://b.example",
+		"PGSSE_JWT_ALLOW_NO_EXP":           "1",
+		"DATABASE_URL":                     "postgres://u@db.example:5433/app",
+		"PGSSE_HUB_SOCKET_MODE":            "0660",
+		"PGSSE_MAX_STREAMS_PER_CONNECTION": "20",
 	})
 	var stderr bytes.Buffer
 	s, err := parseServe([]string{
@@ -148,6 +149,7 @@ func TestParseServeConfig(t *testing.T) {
 	assert.Equal(t, []string{"https://a.example", "https://b.example"}, c.CORSOrigins)
 	assert.Equal(t, 1000, c.MaxConnections)
 	assert.Equal(t, 16384, c.MaxHeaderBytes)
+	assert.Equal(t, 20, c.MaxStreamsPerConnection, "from PGSSE_MAX_STREAMS_PER_CONNECTION")
 	assert.Equal(t, int64(4<<20), c.MaxPublishBytes)
 	assert.Equal(t, 64<<20, c.MaxOutboundMemory)
 	assert.Equal(t, 30*time.Second, c.Heartbeat)
@@ -171,6 +173,7 @@ func TestParseServeConfig(t *testing.T) {
 	assert.Equal(t, os.FileMode(0o600), c.HubSocketMode)
 	assert.Equal(t, 1<<20, c.HubWorkerBuffer)
 	assert.Equal(t, 8192, c.MaxHeaderBytes)
+	assert.Equal(t, 64, c.MaxStreamsPerConnection)
 	assert.Equal(t, int64(1<<20), c.MaxPublishBytes)
 	assert.Equal(t, 256<<20, c.MaxOutboundMemory)
 	assert.Equal(t, os.Getenv("GOMEMLIMIT") == "", c.GoMemoryLimit, "the engine sets the Go memory limit unless GOMEMLIMIT is set")

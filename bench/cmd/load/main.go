@@ -11,6 +11,7 @@
 //	    --conns 10000 --outbound-budget 64MiB     # memory against the budget, before/after
 //	go run ./bench/cmd/load --scenarios 9         # publishing: HTTP (group commit) vs pgsse.publish
 //	go run ./bench/cmd/load --scenarios 10        # --procs: 30,000 connections, fan-out with 1 and 2 processes
+//	go run ./bench/cmd/load --scenarios 11        # 10,000 connections following 8 streams each against 10,000 following one
 //
 // PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
 // throwaway cluster started with scripts/pg.sh and stopped at exit. Each scenario and server
@@ -45,7 +46,7 @@ func main() {
 		baseBin    = flag.String("baseline-bin", "", "baseline binary (default: go build ./bench/baseline)")
 		oldBin     = flag.String("pgsse-old-bin", "", "an older pgsse build (server pgsse-old), e.g. main's, for before/after")
 		servers    = flag.String("servers", "pgsse,baseline", "servers to compare, in table order: pgsse, baseline, pgsse-old")
-		scenarios  = flag.String("scenarios", "1,2,3,4,5,6,9", "scenarios to run (7 stalled and 8 large event: pgsse builds only; 9 publishing measures its own baseline; 10 --procs: pgsse against itself)")
+		scenarios  = flag.String("scenarios", "1,2,3,4,5,6,9", "scenarios to run (7 stalled and 8 large event: pgsse builds only; 9 publishing measures its own baseline; 10 --procs and 11 streams per connection: pgsse against itself)")
 		budget     = flag.String("outbound-budget", "", "pgsse --max-outbound-memory in 4, 7, 8 (e.g. 64MiB; default: the server's)")
 		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
 		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4 and 6 here")
@@ -81,6 +82,9 @@ func main() {
 	flag.IntVar(&p.Memory.LargeSubscribers, "large-subscribers", p.Memory.LargeSubscribers, "8: subscribers")
 	flag.IntVar(&p.ProcsConns, "procs-conns", p.ProcsConns, "10: idle connections through one port with --procs 2")
 	flag.IntVar(&p.HolderConns, "holder-conns", bench.HolderConns, "10: at most this many per load process holding them")
+	flag.IntVar(&p.MultiConns, "multi-conns", p.MultiConns, "11: connections of each kind (at most 15000)")
+	flag.IntVar(&p.MultiStreams, "multi-streams", p.MultiStreams, "11: streams per connection of the several-streams kind")
+	flag.IntVar(&p.MultiRounds, "multi-rounds", p.MultiRounds, "11: fan-out rounds of each kind, alternating")
 	flag.Parse()
 	if *hold != "" {
 		raiseFDLimit()
@@ -118,6 +122,9 @@ func main() {
 			"large-subscribers": func(q *bench.Params) any { return &q.Memory.LargeSubscribers },
 			"procs-conns":       func(q *bench.Params) any { return &q.ProcsConns },
 			"holder-conns":      func(q *bench.Params) any { return &q.HolderConns },
+			"multi-conns":       func(q *bench.Params) any { return &q.MultiConns },
+			"multi-streams":     func(q *bench.Params) any { return &q.MultiStreams },
+			"multi-rounds":      func(q *bench.Params) any { return &q.MultiRounds },
 		} {
 			if set[name] {
 				copyField(field(&p), field(&explicit))
@@ -132,8 +139,8 @@ func main() {
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || id < 1 || id > 10 {
-			log.Fatalf("load: --scenarios: %q is not one of 1-10", s)
+		if err != nil || id < 1 || id > 11 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-11", s)
 		}
 		ids = append(ids, id)
 	}
@@ -224,7 +231,10 @@ func main() {
 	}
 	started := time.Now()
 	loadStart := loadAvg()
-	var results, procsResults []*bench.Result
+	if p.MultiConns < 1 || p.MultiConns > 15000 {
+		log.Fatalf("load: --multi-conns must be 1-15000 (the 20,000-fd limit per process), not %d", p.MultiConns)
+	}
+	var results, procsResults, multiResults []*bench.Result
 	failed := false
 	for _, id := range ids {
 		if id == 10 {
@@ -240,6 +250,22 @@ func main() {
 			procsResults = append(procsResults, rs...)
 			if err != nil {
 				log.Printf("load: scenario 10: %v", err)
+				failed = true
+			}
+			continue
+		}
+		if id == 11 {
+			// Several streams per connection against one, on pgsse, in the same run.
+			log.Printf("load: scenario 11 (streams per connection)")
+			rs, err := bench.MultiStream(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, p)
+			for _, r := range rs {
+				for _, m := range r.Metrics {
+					log.Printf("  %-26s %-44s %12s %s", r.Target, m.Name, bench.FormatValue(m.Value), m.Unit)
+				}
+			}
+			multiResults = append(multiResults, rs...)
+			if err != nil {
+				log.Printf("load: scenario 11: %v", err)
 				failed = true
 			}
 			continue
@@ -304,6 +330,12 @@ func main() {
 			fmt.Fprintln(&b)
 		}
 		bench.WriteTable(&b, []string{"pgsse --procs 2", "pgsse --procs 1"}, procsResults)
+	}
+	if len(multiResults) > 0 {
+		if b.Len() > 0 && (len(results) > 0 || len(procsResults) > 0) {
+			fmt.Fprintln(&b)
+		}
+		bench.WriteTable(&b, []string{bench.MultiLabel(p.MultiStreams), bench.SingleLabel}, multiResults)
 	}
 	fmt.Print(b.String())
 	if *out != "" {

@@ -1,4 +1,4 @@
-package pgtest
+package testkit
 
 import (
 	"bytes"
@@ -6,7 +6,7 @@ import (
 )
 
 // SyncBuffer is a bytes.Buffer that a child process (or any goroutine) can write while
-// a test reads it, e.g. a server's stderr.
+// a test reads it, e.g. a worker's stderr.
 type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer

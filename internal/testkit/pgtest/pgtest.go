@@ -1,8 +1,10 @@
 // Package pgtest gives tests a real PostgreSQL: a fresh database on the shared test
-// cluster named by PGSSE_TEST_DATABASE_URL (which `make test` starts), or a private
+// cluster named by PGSSE_TEST_DATABASE_URL (which `make test` starts) — empty, or migrated
+// to pgsse's schema —, connections and queries that fail the test on error, or a private
 // throwaway cluster for tests that restart or reconfigure the server.
 //
 // A test that needs PostgreSQL and finds none fails, saying how to run it; it never skips.
+// A query helper that expects a row fails when there is none, rather than answering "".
 package pgtest
 
 import (
@@ -77,6 +79,34 @@ func WithDatabase(t testing.TB, dsn, name string) string {
 	return u.String()
 }
 
+// Migrator installs pgsse's schema on a connection: store.Migrate. It is a parameter, not
+// an import, so that store's own tests can use this package too.
+type Migrator func(ctx context.Context, conn *pgconn.PgConn) (from, to int, err error)
+
+// Migrated creates a database on the shared cluster (as NewDatabase), migrates it with
+// migrate (store.Migrate) and returns its DSN.
+func Migrated(t testing.TB, migrate Migrator) string {
+	t.Helper()
+	return Migrate(t, NewDatabase(t), migrate)
+}
+
+// Migrate migrates the database at dsn (one of a private Cluster, say) with migrate and
+// returns dsn.
+func Migrate(t testing.TB, dsn string, migrate Migrator) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := pgconn.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("pgtest: connect to migrate: %v", err)
+	}
+	defer c.Close(context.Background())
+	if _, _, err := migrate(ctx, c); err != nil {
+		t.Fatalf("pgtest: migrate: %v", err)
+	}
+	return dsn
+}
+
 // Connect opens a connection to dsn, closed when the test ends; it fails the test if
 // PostgreSQL cannot be reached within 30 s.
 func Connect(t testing.TB, dsn string) *pgconn.PgConn {
@@ -101,6 +131,20 @@ func Exec(t testing.TB, dsn, sql string) []*pgconn.Result {
 		t.Fatalf("pgtest: connect: %v", err)
 	}
 	defer c.Close(context.Background())
+	return run(ctx, t, c, sql)
+}
+
+// ExecOn is Exec on an open connection (one whose session the test keeps: a NOTIFY
+// sender, a transaction held open).
+func ExecOn(t testing.TB, c *pgconn.PgConn, sql string) []*pgconn.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return run(ctx, t, c, sql)
+}
+
+func run(ctx context.Context, t testing.TB, c *pgconn.PgConn, sql string) []*pgconn.Result {
+	t.Helper()
 	res, err := c.Exec(ctx, sql).ReadAll()
 	if err != nil {
 		t.Fatalf("pgtest: %s: %v", firstLine(sql), err)
@@ -109,10 +153,20 @@ func Exec(t testing.TB, dsn, sql string) []*pgconn.Result {
 }
 
 // QueryValue runs a query returning one row with one column and returns it as text
-// ("" for NULL).
+// ("" for NULL); no row, or more than one, fails the test.
 func QueryValue(t testing.TB, dsn, sql string) string {
 	t.Helper()
-	res := Exec(t, dsn, sql)
+	return oneValue(t, sql, Exec(t, dsn, sql))
+}
+
+// QueryValueOn is QueryValue on an open connection.
+func QueryValueOn(t testing.TB, c *pgconn.PgConn, sql string) string {
+	t.Helper()
+	return oneValue(t, sql, ExecOn(t, c, sql))
+}
+
+func oneValue(t testing.TB, sql string, res []*pgconn.Result) string {
+	t.Helper()
 	last := res[len(res)-1]
 	if len(last.Rows) != 1 || len(last.Rows[0]) != 1 {
 		t.Fatalf("pgtest: %s: want one value, got %d rows", firstLine(sql), len(last.Rows))
@@ -226,5 +280,5 @@ func (c *Cluster) pgctl(args ...string) {
 // Script is the absolute path of scripts/pg.sh.
 func Script() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "pg.sh")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "scripts", "pg.sh")
 }

@@ -1,21 +1,11 @@
-// Package ssetest gives tests an EventSource-like client that outlives the server it talks to:
-// a Reader reads the durable events of one stream and, whenever its connection ends, connects
-// again with Last-Event-ID — wherever a load balancer or the kernel (SO_REUSEPORT) sends it.
-// Tests of process and host failures use it to check docs/http.md's durable delivery guarantee
-// end to end: every event once, in id order, across reconnects.
-//
-// Events published with PublishRange carry Data(id) as their data, so that a Reader can tell
-// an event from another one that merely has its id.
 package ssetest
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,30 +13,76 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgsse/pgsse/scripts/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 )
 
-// reconnectDelay is how long a Reader waits before connecting again (a browser waits for the
+// A ResumingReader is an EventSource-like client that outlives the server it talks to: it
+// reads the durable events of one stream and, whenever its connection ends, connects again
+// with Last-Event-ID — wherever a load balancer or the kernel (SO_REUSEPORT) sends it. Tests
+// of process and host failures use it to check docs/http.md's durable delivery guarantee end
+// to end: every event once, in id order, across reconnects.
+//
+// Events published with PublishRange carry Data(id) as their data, so that a reader can tell
+// an event from another one that merely has its id.
+
+// reconnectDelay is how long a ResumingReader waits before connecting again (a browser waits for the
 // retry: value; tests need not).
 const reconnectDelay = 50 * time.Millisecond
 
 // Data is the data PublishRange gives event id.
 func Data(id int) string { return "e" + strconv.Itoa(id) }
 
-// Reader is one resuming subscriber. Its URL should ask for the history it needs on the first
-// connection (e.g. ?since=0); later connections send Last-Event-ID, which wins over since.
-type Reader struct {
+// ResumingReader is one resuming subscriber. Its URL should ask for the history it needs on
+// the first connection (e.g. ?since=0); later connections send Last-Event-ID, which wins over
+// since.
+type ResumingReader struct {
 	URL, Token string
 
 	mu       sync.Mutex
-	ids      []int64  // every durable id received, in order
-	bad      []string // events whose data is not Data(id)
-	connects int      // connections that got a 200 response head
-	live     bool     // the current connection has its response head
+	lastID   string        // the last event ID, as a browser keeps it across connections
+	ids      []int64       // every durable id received, in order
+	bad      []string      // events whose data is not Data(id)
+	connects int           // connections that got a 200 response head
+	live     bool          // the current connection has its response head
+	changed  chan struct{} // closed (and replaced) whenever one of the above changes
+}
+
+// changedLocked signals a change; r.mu is held.
+func (r *ResumingReader) changedLocked() {
+	if r.changed != nil {
+		close(r.changed)
+	}
+	r.changed = make(chan struct{})
+}
+
+// waitUntil waits until cond (called with r.mu held) holds or deadline passes, woken by the
+// reader's own changes rather than by polling.
+func (r *ResumingReader) waitUntil(deadline time.Time, cond func() bool) bool {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		if cond() {
+			r.mu.Unlock()
+			return true
+		}
+		if r.changed == nil {
+			r.changed = make(chan struct{})
+		}
+		ch := r.changed
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timer.C:
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return cond()
+		}
+	}
 }
 
 // Run connects, reads and reconnects until ctx ends.
-func (r *Reader) Run(ctx context.Context, client *http.Client) {
+func (r *ResumingReader) Run(ctx context.Context, client *http.Client) {
 	for ctx.Err() == nil {
 		req, err := http.NewRequestWithContext(ctx, "GET", r.URL, nil)
 		if err != nil {
@@ -56,8 +92,8 @@ func (r *Reader) Run(ctx context.Context, client *http.Client) {
 			req.Header.Set("Authorization", "Bearer "+r.Token)
 		}
 		r.mu.Lock()
-		if n := len(r.ids); n > 0 {
-			req.Header.Set("Last-Event-ID", strconv.FormatInt(r.ids[n-1], 10))
+		if r.lastID != "" {
+			req.Header.Set("Last-Event-ID", r.lastID)
 		}
 		r.mu.Unlock()
 		if resp, err := client.Do(req); err == nil {
@@ -65,6 +101,7 @@ func (r *Reader) Run(ctx context.Context, client *http.Client) {
 				r.mu.Lock()
 				r.connects++
 				r.live = true
+				r.changedLocked()
 				r.mu.Unlock()
 				r.read(resp.Body)
 			}
@@ -72,6 +109,7 @@ func (r *Reader) Run(ctx context.Context, client *http.Client) {
 		}
 		r.mu.Lock()
 		r.live = false
+		r.changedLocked()
 		r.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -81,72 +119,68 @@ func (r *Reader) Run(ctx context.Context, client *http.Client) {
 }
 
 // read records the durable events of one response body until it ends.
-func (r *Reader) read(body io.Reader) {
-	sc := bufio.NewScanner(body)
-	id, data := "", ""
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "id: "):
-			id = line[len("id: "):]
-		case strings.HasPrefix(line, "data: "):
-			data = line[len("data: "):]
-		case line == "" && id != "":
-			n, err := strconv.ParseInt(id, 10, 64)
-			r.mu.Lock()
-			if err != nil || data != Data(int(n)) {
-				r.bad = append(r.bad, fmt.Sprintf("id %q data %q", id, data))
-			}
-			r.ids = append(r.ids, n)
-			r.mu.Unlock()
-			id, data = "", ""
+func (r *ResumingReader) read(body io.Reader) {
+	s := NewStream(body, nil)
+	for {
+		ev, err := s.Next(0)
+		if err != nil {
+			return
 		}
+		if !ev.HasID {
+			continue
+		}
+		n, err := strconv.ParseInt(ev.ID, 10, 64)
+		r.mu.Lock()
+		if err != nil || ev.Data != Data(int(n)) {
+			r.bad = append(r.bad, fmt.Sprintf("id %q data %q", ev.ID, ev.Data))
+		}
+		r.ids = append(r.ids, n)
+		r.lastID = ev.LastEventID
+		r.changedLocked()
+		r.mu.Unlock()
 	}
 }
 
 // Count is the number of events received so far.
-func (r *Reader) Count() int {
+func (r *ResumingReader) Count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.ids)
 }
 
 // Connects is the number of connections that got a response head.
-func (r *Reader) Connects() int {
+func (r *ResumingReader) Connects() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.connects
 }
 
 // Live reports whether the current connection has its response head.
-func (r *Reader) Live() bool {
+func (r *ResumingReader) Live() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.live
 }
 
-// Start runs n Readers of url (with token, if not empty) until the test ends, and returns
-// once every one of them is connected.
-func Start(t testing.TB, url, token string, n int, timeout time.Duration) []*Reader {
+// StartResuming runs n ResumingReaders of url (with token, if not empty) until the test
+// ends, and returns once every one of them is connected.
+func StartResuming(t testing.TB, url, token string, n int, timeout time.Duration) []*ResumingReader {
 	t.Helper()
 	tr := &http.Transport{DisableKeepAlives: true, MaxConnsPerHost: 0}
 	client := &http.Client{Transport: tr}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	rs := make([]*Reader, n)
+	rs := make([]*ResumingReader, n)
 	for i := range rs {
-		rs[i] = &Reader{URL: url, Token: token}
+		rs[i] = &ResumingReader{URL: url, Token: token}
 		wg.Add(1)
 		go func() { defer wg.Done(); rs[i].Run(ctx, client) }()
 	}
 	t.Cleanup(func() { cancel(); wg.Wait(); tr.CloseIdleConnections() })
 	deadline := time.Now().Add(timeout)
-	for _, r := range rs {
-		for !r.Live() {
-			if time.Now().After(deadline) {
-				t.Fatalf("not every reader connected within %s", timeout)
-			}
-			time.Sleep(10 * time.Millisecond) // polling: a reader has no signal for "connected"
+	for i, r := range rs {
+		if !r.waitUntil(deadline, func() bool { return r.live }) {
+			t.Fatalf("reader %d of %d not connected within %s", i, n, timeout)
 		}
 	}
 	return rs
@@ -171,13 +205,11 @@ func PublishRange(t testing.TB, dsn, stream string, first, last int, after func(
 
 // RequireAll waits until every reader has n events, then checks that each has events 1 … n,
 // once each, in order, with the data PublishRange gave them.
-func RequireAll(t testing.TB, rs []*Reader, n int, timeout time.Duration) {
+func RequireAll(t testing.TB, rs []*ResumingReader, n int, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for _, r := range rs {
-		for r.Count() < n && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond) // polling: events arrive on the readers' goroutines
-		}
+		r.waitUntil(deadline, func() bool { return len(r.ids) >= n })
 	}
 	for i, r := range rs {
 		r.mu.Lock()
