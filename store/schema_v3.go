@@ -481,11 +481,13 @@ BEGIN
     END IF;
 
     -- 9. Renew the lease from now, the end of the write, so that it lasts lease_ms after
-    --    the changes became visible (at commit, a moment later).
+    --    the changes became visible (at commit, a moment later). One reading of the clock
+    --    for both columns: two would make the lease a microsecond longer now and then.
     IF v_status = 'ok' THEN
+        v_now := clock_timestamp();
         UPDATE pgsse.presence_processes p
-        SET interval_ms = presence_flush.interval_ms, renewed_at = clock_timestamp(),
-            expires_at = clock_timestamp() + presence_flush.lease_ms * interval '1 millisecond'
+        SET interval_ms = presence_flush.interval_ms, renewed_at = v_now,
+            expires_at = v_now + presence_flush.lease_ms * interval '1 millisecond'
         WHERE p.incarnation = presence_flush.incarnation;
     END IF;
 
