@@ -155,14 +155,18 @@ func BenchmarkScenario11MultiStream(b *testing.B) {
 	})
 }
 
-// BenchmarkScenarioStorm runs the reconnect storm (issue 11) against this build's pgsse;
-// bench/cmd/storm compares two builds in one run.
+// BenchmarkScenarioStorm runs the reconnect storm (issue 11) against this build's pgsse:
+// SmallStorm, issue 24's QuietStorm with PGSSE_BENCH_STORM=quiet, FullStorm with
+// PGSSE_BENCH_FULL=1; bench/cmd/storm compares two builds in one run.
 func BenchmarkScenarioStorm(b *testing.B) {
 	targets := servers(b)
 	env := &Env{Cluster: UseCluster(pgtest.URL(b)), Dir: b.TempDir(), Logf: b.Logf}
 	sp := SmallStorm()
-	if os.Getenv("PGSSE_BENCH_FULL") == "1" {
+	switch {
+	case os.Getenv("PGSSE_BENCH_FULL") == "1":
 		sp = FullStorm()
+	case os.Getenv("PGSSE_BENCH_STORM") == "quiet":
+		sp = QuietStorm()
 	}
 	reportMeans(b, false, func() []*Result {
 		r, err := Storm(context.Background(), env, targets[0], sp)

@@ -47,6 +47,16 @@ func FullStorm() StormParams {
 		Data: 64, Timeout: 120 * time.Second, Heartbeat: 15 * time.Second, Sources: 8, Readers: 1}
 }
 
+// QuietStorm is issue 24's case: 500 subscribers on a quiet baseline (50 events/s, 25,000
+// deliveries a second: the loop is far from saturated before the storm), then 2,000 new
+// connections with distinct ES256 tokens at once. Goal: delivery p99 during the storm ≤ 3 ×
+// p99 before + 20 ms (SPEC §3b: a storm delays only the reconnecting clients).
+func QuietStorm() StormParams {
+	p := FullStorm()
+	p.Subs, p.Conns, p.Timeout = 500, 2000, 60*time.Second
+	return p
+}
+
 // SmallStorm runs in seconds.
 func SmallStorm() StormParams {
 	p := FullStorm()
@@ -59,7 +69,7 @@ func SmallStorm() StormParams {
 // its response (the response head and the preamble, which says whether it was admitted or
 // shed), and one ES256 verification measured in the same run, for the goals of issue 11:
 // p99 during ≤ 2 × p99 before + 10 ms, and all responses within 1.5 × Conns × one
-// verification ÷ cores.
+// verification ÷ cores; and issue 24's (QuietStorm): p99 during ≤ 3 × p99 before + 20 ms.
 func Storm(ctx context.Context, e *Env, t Target, sp StormParams) (*Result, error) {
 	key, err := newES256Key(e.Dir)
 	if err != nil {
@@ -163,6 +173,14 @@ func Storm(ctx context.Context, e *Env, t Target, sp StormParams) (*Result, erro
 	}
 	defer st.close()
 	cpu1, _ := r.srv.CPU()
+	// Tokens the lowered verifier threads left for the rescue at the process's priority
+	// (issue 24; absent from builds before it).
+	rescued := -1.0
+	if m, err := r.srv.Metrics(ctx); err == nil {
+		if v, err := m.Lookup("pgsse_token_rescued_total"); err == nil {
+			rescued = v
+		}
+	}
 	c.SetPhase(3, nextSeq()) // phase 3: after
 	time.Sleep(sp.After)
 	close(stopPub)
@@ -186,6 +204,11 @@ func Storm(ctx context.Context, e *Env, t Target, sp StormParams) (*Result, erro
 	res.add("delivery during max", "ms", ms(during.Quantile(1)), true)
 	goalP99 := 2*ms(before.Quantile(0.99)) + 10
 	res.add("p99 during ÷ goal (2 × before + 10 ms)", "", ms(during.Quantile(0.99))/goalP99, true)
+	quietGoal := 3*ms(before.Quantile(0.99)) + 20
+	res.add("p99 during ÷ goal (3 × before + 20 ms)", "", ms(during.Quantile(0.99))/quietGoal, true)
+	if rescued >= 0 {
+		res.add("storm tokens verified at normal priority (rescued after 1 s)", "", rescued, true)
+	}
 	res.add("storm connections answered 200", "", float64(st.ok), false)
 	res.add("storm connections shed", "", float64(st.shed), true)
 	res.add("storm connections failed", "", float64(st.failed), true)

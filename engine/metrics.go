@@ -170,6 +170,9 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pgsse_token_queue_full_total",
 			Help: "Requests shed because the verifier pool's queue was full."},
 			stat(func(st *auth.Stats) uint64 { return st.QueueFull.Load() })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pgsse_token_rescued_total",
+			Help: "Tokens verified at the process's priority because they waited over 1 s for the lowered verifier threads (the host's CPU is busy with more than pgsse)."},
+			stat(func(st *auth.Stats) uint64 { return st.Rescued.Load() })),
 	}
 	m.outboundBudget.Set(float64(s.cfg.MaxOutboundMemory))
 	collectors := append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"runtime"
 	"time"
 
 	"github.com/pgsse/pgsse/auth"
@@ -27,11 +26,17 @@ const (
 // core is verified in turn; beyond it a client is better told to come back (over capacity).
 const verifyQueuePerCPU = 8192
 
-// verifyWorkers is how many goroutines check signatures: one per CPU but one, so that the
-// loop always finds a free P (GOMAXPROCS) when it wakes — with every P busy verifying, the
-// loop would wait for the scheduler to preempt one (≈10 ms) each time it came back from
-// epoll_wait, and every delivery with it.
-func verifyWorkers() int { return max(1, runtime.GOMAXPROCS(0)-1) }
+// verifyWorkers is how many goroutines check signatures: one per CPU but one (auth.Procs: the
+// Ps the process had before the pool added its own), so that a burst of verifications never
+// takes every core even where the kernel cannot be told to prefer the loop.
+func verifyWorkers() int { return max(1, auth.Procs()-1) }
+
+// verifyNice is how much nicer than the rest of the process the verifier threads run
+// (auth.PoolConfig.Nice, on Ps of their own): during a reconnect storm the kernel gives the
+// loop, the LISTEN session's reader and the replay reads the CPU whenever they want it, and
+// verification the rest — SPEC §3b's promise that a storm delays only the clients in it, on a
+// host whose cores the load shares. Measured in the storm of issue 24 (bench/RESULTS.md).
+const verifyNice = 19
 
 // tokens is the loop's part for token checks: the verifier (nil without a token key) and
 // its pool, from Run.
@@ -46,7 +51,10 @@ func (t *tokens) start() {
 	if t.verifier == nil {
 		return
 	}
-	t.pool = auth.NewPool(t.verifier, auth.PoolConfig{Workers: verifyWorkers(), Queue: verifyQueuePerCPU * runtime.GOMAXPROCS(0)})
+	t.pool = auth.NewPool(t.verifier, auth.PoolConfig{Workers: verifyWorkers(), Queue: verifyQueuePerCPU * auth.Procs(),
+		Nice: verifyNice, OnPriorityError: func(err error) {
+			t.log.Warn("token verifier threads run at the process's priority (a reconnect storm will slow deliveries more)", "err", err)
+		}})
 	t.metrics.verifyStats.Store(t.pool.Stats())
 }
 

@@ -6,6 +6,7 @@
 //	git worktree add /tmp/pgsse-main main
 //	go run ./bench/cmd/storm --other-root /tmp/pgsse-main          # 5,000 + 10,000, ES256
 //	go run ./bench/cmd/storm --other-root /tmp/pgsse-main --scale small
+//	go run ./bench/cmd/storm --other-root /tmp/pgsse-main --scale quiet --runs 3   # issue 24: 500 + 2,000
 //
 // Each run: Subs subscribers receive events at Rate; after Before, Conns connections with
 // distinct ES256 tokens are opened at once. Reported: the subscribers' per-delivery latency
@@ -34,7 +35,7 @@ func main() {
 		root      = flag.String("root", ".", "this tree, built as the first server")
 		otherRoot = flag.String("other-root", "", "another tree (e.g. a worktree of main), built as the second server; empty = only this tree")
 		otherName = flag.String("other-name", "main", "how the table names the second server")
-		scale     = flag.String("scale", "full", "full (issue 11) or small (seconds)")
+		scale     = flag.String("scale", "full", "full (issue 11: 5,000 + 10,000), quiet (issue 24: 500 + 2,000) or small (seconds)")
 		runs      = flag.Int("runs", 1, "runs per server, alternating")
 		out       = flag.String("out", "", "also write the table to this file")
 		profDir   = flag.String("profile-dir", "", "write a CPU profile of each server (10 s from the storm's start) here")
@@ -44,10 +45,21 @@ func main() {
 	flag.IntVar(&sp.Conns, "conns", sp.Conns, "connections opened at once")
 	flag.Float64Var(&sp.Rate, "rate", sp.Rate, "events per second")
 	flag.Parse()
-	if *scale == "small" {
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch *scale {
+	case "full":
+	case "quiet":
+		q := bench.QuietStorm()
+		if !set["subs"] {
+			sp.Subs = q.Subs
+		}
+		if !set["conns"] {
+			sp.Conns = q.Conns
+		}
+		sp.Timeout = q.Timeout
+	case "small":
 		small := bench.SmallStorm()
-		set := map[string]bool{}
-		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["subs"] {
 			sp.Subs = small.Subs
 		}
@@ -55,6 +67,8 @@ func main() {
 			sp.Conns = small.Conns
 		}
 		sp.Before, sp.After = small.Before, small.After
+	default:
+		log.Fatalf("storm: --scale %q: want full, quiet or small", *scale)
 	}
 	if limit := bench.RaiseFDLimit(); uint64(sp.Subs+sp.Conns+200) > limit {
 		log.Fatalf("storm: %d subscribers + %d connections need more descriptors than RLIMIT_NOFILE %d", sp.Subs, sp.Conns, limit)
