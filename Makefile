@@ -7,7 +7,7 @@ FUZZTIME ?= 3s
 # Packages holding Fuzz targets.
 FUZZ_PKGS ?= $(shell grep -rl --include='*_test.go' '^func Fuzz' . | xargs -r -n1 dirname | sort -u)
 
-.PHONY: all build run test lint unit fuzz bench e2e docs-check rules image release go-install-check clean
+.PHONY: all build run test lint unit fuzz chaos-short chaos soak bench e2e docs-check rules image release go-install-check clean
 
 all: build
 
@@ -23,8 +23,9 @@ run: build
 	@scripts/run.sh
 
 # The whole suite: formatting, vet, every test with -race against a throwaway PostgreSQL
-# (or the one PGSSE_TEST_DATABASE_URL names), then each fuzz target briefly.
-test: lint unit fuzz
+# (or the one PGSSE_TEST_DATABASE_URL names), each fuzz target briefly, then two short fault
+# runs with the exactly-once checker (chaos-short).
+test: lint unit fuzz chaos-short
 
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -47,6 +48,30 @@ fuzz:
 	    fi; rm -f $$log; \
 	  done; \
 	done; echo "fuzz: all targets passed"
+
+# Fault runs (bench/chaos; docs/operations.md, Fault runs and the soak): `pgsse serve --procs 2`
+# on a PostgreSQL of the run's own, a workload of every kind of client, faults at moments drawn
+# from the seed, then the exactly-once checker. Each run prints the fault counts per kind and,
+# on failure, the seed and a one-line reproduction. chaos-short (part of make test) runs
+# CHAOS_SHORT with seed 1 and with a random seed (printed); chaos runs CHAOS_DURATION once per
+# seed of CHAOS_SEEDS; soak runs SOAK_DURATION of steady load with churn and fails on growth.
+CHAOS_SHORT ?= 60s
+CHAOS_DURATION ?= 30m
+CHAOS_SEEDS ?= 1 2 3
+SOAK_DURATION ?= 30m
+CHAOS_ARGS ?=
+
+chaos-short:
+	$(GO) run ./bench/cmd/chaos --duration $(CHAOS_SHORT) --seed 1 $(CHAOS_ARGS)
+	$(GO) run ./bench/cmd/chaos --duration $(CHAOS_SHORT) --seed 0 $(CHAOS_ARGS)
+
+chaos:
+	@set -e; for seed in $(CHAOS_SEEDS); do \
+	  $(GO) run ./bench/cmd/chaos --duration $(CHAOS_DURATION) --seed $$seed $(CHAOS_ARGS); \
+	done
+
+soak:
+	$(GO) run ./bench/cmd/chaos --soak --duration $(SOAK_DURATION) $(CHAOS_ARGS)
 
 # Only the real-client suite (Chromium, npm eventsource, curl, nginx); part of `make test`.
 e2e:

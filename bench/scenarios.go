@@ -51,9 +51,10 @@ type Params struct {
 	ProcsConns  int // scenario 10: idle connections through one port with --procs 2
 	HolderConns int // scenario 10: at most this many per load process holding them (0 = HolderConns)
 
-	MultiConns   int // scenario 11: connections of each kind (several streams each, one stream each)
-	MultiStreams int // scenario 11: streams per connection of the first kind
-	MultiRounds  int // scenario 11: fan-out rounds of each kind, alternating
+	MultiConns   int            // scenario 11: connections of each kind (several streams each, one stream each)
+	MultiStreams int            // scenario 11: streams per connection of the first kind
+	MultiRounds  int            // scenario 11: fan-out rounds of each kind, alternating
+	Presence     PresenceParams // scenarios 12 and 13 (presence.go)
 	// OutboundBudget is pgsse's --max-outbound-memory in scenarios 4, 7 and 8 (0 = the
 	// server's default); RSS is reported against it.
 	OutboundBudget int64
@@ -78,6 +79,8 @@ func Full() Params {
 			LargeBytes: 50 << 20, LargeSubscribers: 10},
 		ProcsConns: 30000,
 		MultiConns: 10000, MultiStreams: 8, MultiRounds: 2,
+		Presence: PresenceParams{Interval: time.Second, Churn: 10000, Others: 1000, Rate: 50,
+			HoldSubjects: 1000, HoldStreams: 100, Hold: 60 * time.Second},
 	}
 }
 
@@ -95,6 +98,8 @@ func Small() Params {
 	p.Hub = HubParams{Workers: 8, Rate: 1000, Duration: time.Second}
 	p.ProcsConns = 400
 	p.MultiConns = 200
+	p.Presence = PresenceParams{Interval: 200 * time.Millisecond, Churn: 500, Others: 100, Rate: 50,
+		HoldSubjects: 50, HoldStreams: 20, Hold: 5 * time.Second}
 	p.Memory = MemoryParams{StalledConns: 50, StalledDuration: 2 * time.Second, StalledData: 1024,
 		LargeBytes: 16 << 20, LargeSubscribers: 10}
 	p.Publish = smallPublish()

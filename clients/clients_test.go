@@ -82,6 +82,15 @@ var suites = []suite{
 		passed: regexp.MustCompile(`(?ms)^# fail 0$.*^# skipped 0$`),
 		ran:    regexp.MustCompile(`(?m)^# tests (\d+)$`),
 	},
+	{
+		// The browser client's unit tests (no browser: composite ids, routing, cursors, URLs,
+		// tokens, the npm package, the declarations); e2e/ runs it in Chromium.
+		name:   "js",
+		dir:    "clients/js",
+		argv:   []string{"node", "--test", "test/"},
+		passed: regexp.MustCompile(`(?ms)^# fail 0$.*^# skipped 0$`),
+		ran:    regexp.MustCompile(`(?m)^# tests (\d+)$`),
+	},
 }
 
 // TestClients runs the Python, Ruby and Node hub clients' own test suites against a real

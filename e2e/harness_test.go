@@ -217,6 +217,13 @@ type obs struct {
 	Status       int               `json:"status"`
 	Text         string            `json:"text"`
 
+	// chromium: the tab (pages of one browser context) that reported it; the browser client's
+	// test page (browser_client_test.go) also reports these.
+	Page   int    `json:"page"`
+	Stream string `json:"stream"`
+	Seq    string `json:"seq"`  // the event's id in its stream
+	Role   string `json:"role"` // holder, follower, alone
+
 	ID    int             `json:"id"`
 	OK    bool            `json:"ok"`
 	Value json.RawMessage `json:"value"`
@@ -235,6 +242,8 @@ func (o obs) String() string {
 		return fmt.Sprintf("response(%d %s)", o.Status, o.URL)
 	case "reply":
 		return fmt.Sprintf("reply(%d ok=%v %s%s)", o.ID, o.OK, o.Value, o.Error)
+	case "client-event", "client-gap", "client-state", "client-open", "client-error", "client-presence":
+		return fmt.Sprintf("tab %d %s(%s %s#%s %q rs=%d %s)", o.Page, o.Kind, o.Role, o.Stream, o.Seq, o.Data, o.ReadyState, o.Message)
 	default:
 		return fmt.Sprintf("%s(%s%s)", o.Kind, o.Text, o.URL)
 	}

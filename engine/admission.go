@@ -66,6 +66,7 @@ type admission struct {
 	subs  *subscriptions
 	pub   *publishing
 	lsn   *listenState
+	pres  *presenceTable
 
 	q        connFIFO         // authorised connections waiting to be admitted
 	subjects map[string]int32 // connections per subject (--max-connections-per-subject)
@@ -96,6 +97,7 @@ func (a *admission) round(budget time.Duration) bool {
 			continue
 		}
 		a.conns.admit(sc)
+		a.pres.opened(sc, sc.setup) // counted before its response head: its first presence event counts it
 		a.subs.subscribe(sc, sc.setup)
 	}
 	return a.q.len() > 0

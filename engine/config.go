@@ -55,6 +55,19 @@ type Config struct {
 	Retention       time.Duration // prune events older than this; 0 = keep forever (the CLI's default is DefaultRetention)
 	Demo            bool          // serve the demo page at /
 
+	// Presence (docs/http.md, Presence; presence.go): the streams it is kept for
+	// (--presence-streams, patterns as in a token; none = off), how often this process writes
+	// its changes and sends presence events (--presence-interval, default
+	// DefaultPresenceInterval), the most subjects GET /presence lists (--presence-max-list,
+	// default DefaultPresenceMaxList), and this process's place in its key
+	// (store.PresenceKey(host, bound --listen, PresenceIndex)): 0 for the first process of
+	// --procs, the slot for a sibling. PresenceHost "" = os.Hostname().
+	PresenceStreams  []string
+	PresenceInterval time.Duration
+	PresenceMaxList  int
+	PresenceIndex    int
+	PresenceHost     string
+
 	ReplayPoolSize int // replay connections (application_name pgsse-replay), default DefaultReplayPoolSize
 
 	// AdminMaxConnections caps the admin endpoint's connections (AdminListener), default
@@ -102,6 +115,11 @@ const (
 	DefaultAdminMaxConnections      = 64
 	DefaultMaxStreamsPerConnection  = 64 // streams on one connection (GET /streams?stream=…)
 	DefaultProcs                    = 1  // --procs: processes serving the port; "auto" = ProcsAuto()
+	// DefaultPresenceInterval is --presence-interval: how often a process writes its presence
+	// changes (one statement) and sends each presence stream's join/leave event.
+	DefaultPresenceInterval = time.Second
+	// DefaultPresenceMaxList is --presence-max-list: the most subjects GET /presence lists.
+	DefaultPresenceMaxList = 1000
 )
 
 // NoLimit in a Config limit field means "no limit" (the zero value means "the default").
@@ -122,6 +140,11 @@ const (
 	MinMaxPublishBytes   = 1
 	MaxMaxPublishBytes   = 1 << 30 // a batch of 1,000 events of 1 MiB
 	MaxProcs             = 256     // the most --procs
+	// MinPresenceInterval and MaxPresenceInterval bound --presence-interval.
+	MinPresenceInterval = 10 * time.Millisecond
+	MaxPresenceInterval = time.Hour
+	// MaxPresenceMaxList is the highest --presence-max-list.
+	MaxPresenceMaxList = 100_000
 	// MaxMaxStreamsPerConnection is the highest --max-streams-per-connection: what a request's
 	// parsed stream list holds (sse.MaxStreams).
 	MaxMaxStreamsPerConnection = sse.MaxStreams
@@ -256,6 +279,8 @@ func (cfg Config) withDefaults() (Config, error) {
 	orDefault(&cfg.MaxConnectionsPerSubject, DefaultMaxConnectionsPerSubject)
 	orDefault(&cfg.AdminMaxConnections, DefaultAdminMaxConnections)
 	orDefault(&cfg.MaxStreamsPerConnection, DefaultMaxStreamsPerConnection)
+	orDefault(&cfg.PresenceInterval, DefaultPresenceInterval)
+	orDefault(&cfg.PresenceMaxList, DefaultPresenceMaxList)
 	budget := cfg.FDBudget(FDLimit())
 	orDefault(&cfg.MaxOutboundMemory, DefaultMaxOutboundMemory)
 	orDefault(&cfg.MaxPublishBytes, DefaultMaxPublishBytes)
@@ -290,6 +315,10 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, errors.New("--max-publish-bytes: must be between " + strconv.Itoa(MinMaxPublishBytes) + " and " + strconv.Itoa(MaxMaxPublishBytes))
 	case cfg.MaxOutboundMemory < MinMaxOutboundMemory || cfg.MaxOutboundMemory > MaxMaxOutboundMemory:
 		return cfg, errors.New("--max-outbound-memory: must be between 1MiB and 1TiB")
+	case cfg.PresenceInterval < MinPresenceInterval || cfg.PresenceInterval > MaxPresenceInterval:
+		return cfg, errors.New("--presence-interval: must be between " + MinPresenceInterval.String() + " and " + MaxPresenceInterval.String())
+	case cfg.PresenceMaxList < 1 || cfg.PresenceMaxList > MaxPresenceMaxList:
+		return cfg, errors.New("--presence-max-list: must be between 1 and " + strconv.Itoa(MaxPresenceMaxList))
 	case cfg.Retention < 0:
 		return cfg, errors.New("--retention: must not be negative")
 	case cfg.HubWorkerBuffer < MinHubWorkerBuffer || cfg.HubWorkerBuffer > MaxHubWorkerBuffer:

@@ -55,6 +55,9 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 	assert.Equal(t, int64(DefaultMaxPublishBytes), cfg.MaxPublishBytes)
 	assert.Equal(t, DefaultMaxOutboundMemory, cfg.MaxOutboundMemory)
 	assert.Equal(t, 64, cfg.MaxStreamsPerConnection, "docs/http.md: 64 streams per connection by default")
+	assert.Equal(t, time.Second, cfg.PresenceInterval, "SPEC §3d: --presence-interval 1s")
+	assert.Equal(t, 1000, cfg.PresenceMaxList, "SPEC §3d: --presence-max-list 1000")
+	assert.Empty(t, cfg.PresenceStreams, "no presence unless asked for")
 	assert.Equal(t, MaxConnectionsFor(FDLimit()), cfg.MaxConnections)
 	assert.Zero(t, cfg.Retention, "zero keeps events forever")
 	assert.NotNil(t, cfg.Logger)
@@ -73,6 +76,10 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 		{func(c *Config) { c.Heartbeat = MaxInterval + 1 }, "--heartbeat"},
 		{func(c *Config) { c.Retry = -time.Second }, "--retry"},
 		{func(c *Config) { c.Retention = -time.Second }, "--retention"},
+		{func(c *Config) { c.PresenceInterval = MinPresenceInterval - 1 }, "--presence-interval"},
+		{func(c *Config) { c.PresenceInterval = MaxPresenceInterval + 1 }, "--presence-interval"},
+		{func(c *Config) { c.PresenceMaxList = -1 }, "--presence-max-list"},
+		{func(c *Config) { c.PresenceMaxList = MaxPresenceMaxList + 1 }, "--presence-max-list"},
 		{func(c *Config) { c.HubWorkerBuffer = MinHubWorkerBuffer - 1 }, "--hub-worker-buffer"},
 		{func(c *Config) { c.MaxPublishBytes = -1 }, "--max-publish-bytes"},
 		{func(c *Config) { c.MaxPublishBytes = MaxMaxPublishBytes + 1 }, "--max-publish-bytes"},

@@ -1,6 +1,14 @@
 package engine
 
-import "strconv"
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+
+	"github.com/pgsse/pgsse/clients/js"
+	"github.com/pgsse/pgsse/sse"
+)
 
 // demoPage is served at / with --demo: a page that opens an EventSource on a stream — or on
 // several over one connection (GET /streams?stream=…, docs/http.md: Several streams on one
@@ -160,3 +168,31 @@ if (q.has('stream')) connect();
 
 var demoResponse = []byte("HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: " +
 	strconv.Itoa(len(demoPage)) + "\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n" + demoPage)
+
+// The browser client (clients/js/pgsse.js) at GET /pgsse.js, on every server (docs/http.md, The
+// browser client): public code, so any origin may load it as a module script
+// (Access-Control-Allow-Origin: *), cached for 5 minutes and then revalidated by its ETag.
+var (
+	clientScriptETag = func() string {
+		sum := sha256.Sum256([]byte(js.Script))
+		return `"` + hex.EncodeToString(sum[:8]) + `"`
+	}()
+	clientScriptHeaders = "Cache-Control: public, max-age=300\r\nETag: " + clientScriptETag +
+		"\r\nAccess-Control-Allow-Origin: *\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n"
+	clientScriptHead = []byte("HTTP/1.1 200 OK\r\nContent-Type: text/javascript; charset=utf-8\r\nContent-Length: " +
+		strconv.Itoa(len(js.Script)) + "\r\n" + clientScriptHeaders + "\r\n")
+	clientScriptResponse    = append(append([]byte(nil), clientScriptHead...), js.Script...)
+	clientScriptNotModified = []byte("HTTP/1.1 304 Not Modified\r\n" + clientScriptHeaders + "\r\n")
+)
+
+// clientScriptAnswer is the answer to a GET or HEAD of /pgsse.js: 304 when If-None-Match
+// names the current ETag (or is *), the head alone for HEAD.
+func clientScriptAnswer(req *sse.Request) []byte {
+	if inm := req.IfNoneMatch; len(inm) > 0 && (string(inm) == "*" || bytes.Contains(inm, []byte(clientScriptETag))) {
+		return clientScriptNotModified
+	}
+	if req.Method == sse.MethodHEAD {
+		return clientScriptHead
+	}
+	return clientScriptResponse
+}

@@ -40,6 +40,11 @@
 //	                                             routing its notifications
 //	siblingSource   siblingsource.go             a --procs sibling's LISTEN source: the first process's hub, with failover
 //	hubServer       hubserver.go                 the hub server: workers, their subscriptions and rings
+//	presenceTable   presence.go                  presence (docs/http.md, Presence): local counts per (stream, subject) as
+//	                                             connections open and close, the views fed by P notifications, the
+//	                                             pgsse:presence events (one per stream and interval, shared), GET /presence
+//	                presencewriter.go            its writer: a goroutine with its own PostgreSQL connection that writes the
+//	                                             changed counts once per interval (store.Presence) and answers reads
 //	outbound        outbound.go                  the write path: one writev per connection, the queues of what sockets
 //	                                             did not take (shared bytes by reference), their writable callback
 //	                budget.go                    --max-outbound-memory: the limits that shrink with the queued total,

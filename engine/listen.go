@@ -40,6 +40,7 @@ type listenState struct {
 	fan   *fanout
 	chans *channelTable
 	hub   *hubServer
+	pres  *presenceTable
 
 	src listenSource // from Run (open); nil before: nothing is LISTENed
 	// up: the session is up with every channel LISTENed (Resynced, no Down since); everUp:
@@ -52,8 +53,8 @@ type listenState struct {
 	stopping    chan struct{} // closed when Run stops the goroutines beside the loop
 }
 
-func newListenState(env *loopEnv, fan *fanout, chans *channelTable, hub *hubServer) listenState {
-	return listenState{loopEnv: env, fan: fan, chans: chans, hub: hub,
+func newListenState(env *loopEnv, fan *fanout, chans *channelTable, hub *hubServer, pres *presenceTable) listenState {
+	return listenState{loopEnv: env, fan: fan, chans: chans, hub: hub, pres: pres,
 		batchSlots: make(chan struct{}, listenBatchesQueued), stopping: make(chan struct{})}
 }
 
@@ -191,6 +192,8 @@ func (l *listenState) onNotification(channel []byte, pid uint32, payload []byte)
 		if err := store.ParsePayload(payload, &l.payload); err != nil {
 			l.metrics.droppedBadPayload.Inc()
 			l.log.Debug("ignoring a payload on the stream channel that is not pgsse's", "err", err, "pid", pid)
+		} else if l.payload.Kind == store.KindPresence {
+			l.pres.onPayload(&l.payload)
 		} else {
 			l.fan.onPayload(&l.payload)
 		}
@@ -207,6 +210,7 @@ func (l *listenState) onDown(err error) {
 	l.log.Warn("LISTEN session lost; clients keep their connections and will be caught up", "err", err)
 	l.chans.down()
 	l.hub.listenerDown()
+	l.pres.listenDown()
 }
 
 // onResynced: the session is (back) up with every channel LISTENed again. Raw channels go
@@ -222,6 +226,7 @@ func (l *listenState) onResynced() {
 	}
 	l.chans.resynced()
 	l.fan.resync()
+	l.pres.listenResynced()
 	if wasUp {
 		l.hub.resync()
 	}

@@ -111,6 +111,7 @@ func (s *Server) tick() {
 	}
 	s.subs.resumeLagging()
 	s.hub.tick()
+	s.pres.tick()
 	s.out.observe()
 	if s.nowMS-s.lastSweepMS < sweepIntervalMS {
 		return

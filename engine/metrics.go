@@ -68,6 +68,12 @@ type metrics struct {
 	publishCommit        prometheus.Histogram // seconds from sending a transaction to its COMMIT's answer
 	// pgsse_publish_stage_seconds{stage}: the publish path's stages (stages.go).
 	publishStages *prometheus.HistogramVec
+
+	// Presence (presence.go): the (stream, subject) pairs this process counts, its writer's
+	// statements, and the processes whose lapsed lease its writes removed.
+	presenceSubjects     prometheus.Gauge
+	presenceWrites       prometheus.Counter
+	presenceLeaseExpired prometheus.Counter
 }
 
 // rejectedStatuses are the error statuses the SSE port answers (docs/http.md's status table).
@@ -149,6 +155,12 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Help:    "The publish path's stages, each from the boundary before it: head (request head parsed), body (complete), queued (for commit), sent (transaction sent), committed (COMMIT answered), answered (publisher's answer written), notified (commit answered → notification received), written (notification received → first subscriber written).",
 		Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	}, []string{"stage"})
+	m.presenceSubjects = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_presence_subjects",
+		Help: "Subjects this process counts on presence streams (one per stream and sub claim; anonymous connections not included)."})
+	m.presenceWrites = prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_presence_writes_total",
+		Help: "Statements this process's presence writer sent to PostgreSQL (one per --presence-interval; two when its lease had been lost)."})
+	m.presenceLeaseExpired = prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_presence_lease_expiries_total",
+		Help: "Other pgsse processes whose presence lease lapsed (died without cleaning up) and whose entries this process removed, announcing their subjects as leaves."})
 	stat := func(read func(*auth.Stats) uint64) func() float64 {
 		return func() float64 {
 			if st := m.verifyStats.Load(); st != nil {
@@ -177,7 +189,8 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	m.outboundBudget.Set(float64(s.cfg.MaxOutboundMemory))
 	collectors := append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
 		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark,
-		m.outboundBudget, m.publishConns, published, m.publishBatch, m.publishCommit, m.publishStages}, tokens...)
+		m.outboundBudget, m.publishConns, published, m.publishBatch, m.publishCommit, m.publishStages,
+		m.presenceSubjects, m.presenceWrites, m.presenceLeaseExpired}, tokens...)
 	if s.cfg.SiblingHub == nil {
 		m.notifyQueue = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_notify_queue_usage",
 			Help: "PostgreSQL's NOTIFY queue in use, 0 to 1 (pg_notification_queue_usage(), read every 10 s); at 1 every NOTIFY, and so every publish, fails at commit."})

@@ -53,6 +53,7 @@ var engineParts = map[string][]string{
 	"listenState":   {"listen.go"},
 	"outbound":      {"outbound.go", "budget.go", "writable_linux.go", "writable_other.go"},
 	"hubServer":     {"hubserver.go"},
+	"presenceTable": {"presence.go", "presencewriter.go"},
 	"siblingSource": {"siblingsource.go"},
 	"transport":     {"transport.go", "transport_sse.go"},
 	"stageClock":    {"stages.go"},

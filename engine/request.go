@@ -10,6 +10,7 @@ import (
 	"github.com/pgsse/pgsse/auth"
 	"github.com/pgsse/pgsse/names"
 	"github.com/pgsse/pgsse/sse"
+	"github.com/pgsse/pgsse/store"
 )
 
 // HTTP request handling on the SSE port (docs/http.md): a connection in state head is read
@@ -27,6 +28,7 @@ type requests struct {
 	tok    *tokens
 	pub    *publishing
 	ans    *httpAnswers
+	pres   *presenceTable
 	parser sse.Parser
 }
 
@@ -150,6 +152,15 @@ func (r *requests) route(sc *sseConn, req *sse.Request) {
 		default:
 			r.methodNotAllowed(sc, req, cors)
 		}
+	case sse.RoutePresence:
+		switch req.Method {
+		case sse.MethodGET:
+			r.presence(sc, req, cors)
+		case sse.MethodOPTIONS:
+			r.preflight(sc, req, cors)
+		default:
+			r.methodNotAllowed(sc, req, cors)
+		}
 	case sse.RoutePublish:
 		switch req.Method {
 		case sse.MethodPOST:
@@ -165,6 +176,12 @@ func (r *requests) route(sc *sseConn, req *sse.Request) {
 			return
 		}
 		r.notFound(sc, req, cors)
+	case sse.RouteScript:
+		if req.Method == sse.MethodGET || req.Method == sse.MethodHEAD {
+			r.endRequest(sc, req, clientScriptAnswer(req))
+			return
+		}
+		r.methodNotAllowed(sc, req, cors)
 	default:
 		r.notFound(sc, req, cors)
 	}
@@ -200,6 +217,8 @@ func allowedMethods(r sse.Route) (allow, use string) {
 		return sse.AllowStream, "GET or POST"
 	case sse.RoutePublish:
 		return sse.AllowPublish, "POST"
+	case sse.RouteScript:
+		return "GET, HEAD", "GET"
 	}
 	return "GET, OPTIONS", "GET"
 }
@@ -256,6 +275,10 @@ type subRequest struct {
 	// streams are the streams of GET /streams?stream=…, in request order, each with its cursor
 	// and whether --public-streams covers it; nil for /streams/{stream} and /channels/{channel}.
 	streams []streamAsk
+	// presence: ?presence=1 (presence events on its presence streams); presenceSub: the
+	// subject it counts under on them ("" = anonymous), from its token's sub claim.
+	presence    bool
+	presenceSub string
 }
 
 // streamAsk is one stream of GET /streams?stream=… and where its subscription starts.
@@ -295,7 +318,7 @@ func (r *requests) parseSubscription(req *sse.Request) (sub *subRequest, status 
 	if err := names.CheckStream(req.Name); err != nil {
 		return nil, 400, err.Error()
 	}
-	sub = &subRequest{name: string(req.Name), public: auth.MatchAny(r.cfg.PublicStreams, req.Name)}
+	sub = &subRequest{name: string(req.Name), public: auth.MatchAny(r.cfg.PublicStreams, req.Name), presence: req.Presence}
 	// Last-Event-ID wins over since; blank counts as absent; an invalid header does not fall
 	// back to since (sse.Request.Cursor). The error names the field.
 	if v, field, ok := req.Cursor(); ok {
@@ -320,7 +343,7 @@ func (r *requests) askedStreams(req *sse.Request) (*subRequest, int, string) {
 		return nil, 400, "stream: " + strconv.Itoa(k) + " streams, but one connection may follow at most " +
 			strconv.Itoa(r.cfg.MaxStreamsPerConnection) + " (--max-streams-per-connection)"
 	}
-	sub := &subRequest{streams: make([]streamAsk, k), public: true}
+	sub := &subRequest{streams: make([]streamAsk, k), public: true, presence: req.Presence}
 	for i, name := range req.Streams {
 		if err := names.CheckStream(name); err != nil {
 			return nil, 400, "stream[" + strconv.Itoa(i) + "]: " + err.Error()
@@ -440,11 +463,119 @@ func (r *requests) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims,
 			expiresMS = claims.Expires.UnixMilli()
 		}
 	}
+	if claims != nil && err == nil && claims.Subject != "" && r.onPresenceStream(sub) {
+		// SPEC §3d: on a presence stream the sub claim is a subject others see.
+		if bad := store.CheckSubject(claims.Subject); bad != nil {
+			r.unauthorized(sc, "token claim "+bad.Error())
+			return
+		}
+		sub.presenceSub = claims.Subject
+	}
 	if counted && !r.adm.countSubject(sc, subjectKey(claims, &sub.tokenKey)) {
 		r.conns.shed(sc, shedSubjectLimit)
 		return
 	}
 	r.conns.queueAdmission(sc, tags, expiresMS)
+}
+
+// onPresenceStream reports whether sub follows a stream presence is kept for.
+func (r *requests) onPresenceStream(sub *subRequest) bool {
+	switch {
+	case sub.isChan:
+		return false
+	case sub.streams == nil:
+		return r.pres.isPresenceStream([]byte(sub.name))
+	}
+	for i := range sub.streams {
+		if r.pres.isPresenceStream([]byte(sub.streams[i].name)) {
+			return true
+		}
+	}
+	return false
+}
+
+// presence answers GET /presence/{stream} (docs/http.md, Presence): 404 unless presence is kept
+// for the stream, authorised as a subscription to it (the token, or --public-streams), then
+// read off the loop (presence.go: list) while the connection waits as one whose token is
+// checked (verifying, with its time rule).
+func (r *requests) presence(sc *sseConn, req *sse.Request, cors sse.CORS) {
+	if err := names.CheckStream(req.Name); err != nil {
+		r.reject(sc, 400, err.Error(), cors)
+		return
+	}
+	name := string(req.Name)
+	if !r.pres.isPresenceStream(req.Name) {
+		r.reject(sc, 404, "presence is not kept for stream "+name+" (--presence-streams)", cors)
+		return
+	}
+	public := auth.MatchAny(r.cfg.PublicStreams, req.Name)
+	tok := requestToken(req)
+	if (tok == nil || !r.tok.configured()) && !public {
+		reason := "a bearer token is required"
+		if tok != nil {
+			reason = "token authentication is not configured"
+		}
+		r.unauthorizedCORS(sc, reason, cors)
+		return
+	}
+	if tok == nil || !r.tok.configured() {
+		r.presenceAuthorized(sc, name, true, nil, nil, cors)
+		return
+	}
+	claims, err, verdict := r.tok.check(tok, func(claims *auth.Claims, err error) {
+		if sc.closed || sc.state != stateVerifying {
+			return
+		}
+		r.presenceAuthorized(sc, name, public, claims, err, cors)
+	})
+	switch verdict {
+	case tokenChecked:
+		r.presenceAuthorized(sc, name, public, claims, err, cors)
+	case tokenPending:
+		r.conns.verify(sc)
+	case tokenBusy:
+		r.reject(sc, 503, "over capacity", cors)
+	}
+}
+
+// presenceAuthorized continues GET /presence once its token is known: 401, 403, or the read.
+func (r *requests) presenceAuthorized(sc *sseConn, name string, public bool, claims *auth.Claims, err error, cors sse.CORS) {
+	switch {
+	case public:
+	case err != nil:
+		r.unauthorizedCORS(sc, err.Error(), cors)
+		return
+	case !claims.AllowsStream([]byte(name)):
+		r.reject(sc, 403, claims.NotGranted("stream "+name), cors)
+		return
+	}
+	if claims != nil && err == nil && claims.Subject != "" {
+		if bad := store.CheckSubject(claims.Subject); bad != nil {
+			r.unauthorizedCORS(sc, "token claim "+bad.Error(), cors)
+			return
+		}
+	}
+	if sc.state == stateHead {
+		r.conns.verify(sc) // parked while the read runs
+	}
+	if !r.pres.list(name, cors, func(answer []byte) {
+		if sc.closed || sc.state != stateVerifying {
+			return
+		}
+		if answer == nil {
+			r.reject(sc, 503, "presence could not be read from the database", cors)
+			return
+		}
+		r.conns.finish(sc, answer)
+	}) {
+		r.reject(sc, 503, "over capacity", cors)
+	}
+}
+
+// unauthorizedCORS is unauthorized for a request that has no setup (GET /presence).
+func (r *requests) unauthorizedCORS(sc *sseConn, reason string, cors sse.CORS) {
+	r.metrics.rejectedFor(401).Inc()
+	r.conns.finish(sc, r.ans.unauthorized(reason, cors))
 }
 
 // notGranted is the position of the first of streams that is neither public nor granted by

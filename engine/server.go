@@ -50,6 +50,7 @@ type Server struct {
 	hub   hubServer     // the hub server (hubserver.go)
 	tr    sseTransport  // how events become bytes (transport_sse.go)
 	ans   httpAnswers   // the port's HTTP answers (transport_sse.go)
+	pres  presenceTable // presence: counts, views, events, the writer (presence.go, presencewriter.go)
 
 	hubSocket hubSocket // the hub's Unix socket file (hubsocket.go)
 
@@ -104,15 +105,16 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.tr = newSSETransport()
 	s.ans = newHTTPAnswers()
-	s.conns = connTable{loopEnv: env, out: &s.out, tr: &s.tr, adm: &s.adm, pub: &s.pub, subs: &s.subs, lsn: &s.lsn}
-	s.req = requests{loopEnv: env, conns: &s.conns, adm: &s.adm, tok: &s.tok, pub: &s.pub, ans: &s.ans}
+	s.conns = connTable{loopEnv: env, out: &s.out, tr: &s.tr, adm: &s.adm, pub: &s.pub, subs: &s.subs, lsn: &s.lsn, pres: &s.pres}
+	s.req = requests{loopEnv: env, conns: &s.conns, adm: &s.adm, tok: &s.tok, pub: &s.pub, ans: &s.ans, pres: &s.pres}
 	s.tok = tokens{loopEnv: env, verifier: verifier}
-	s.adm = admission{loopEnv: env, conns: &s.conns, subs: &s.subs, pub: &s.pub, lsn: &s.lsn, subjects: make(map[string]int32)}
+	s.adm = admission{loopEnv: env, conns: &s.conns, subs: &s.subs, pub: &s.pub, lsn: &s.lsn, pres: &s.pres, subjects: make(map[string]int32)}
 	s.pub = newPublishing(env, &s.conns, &s.req, &s.tok, &s.adm, &s.ans)
 	s.subs = subscriptions{loopEnv: env, conns: &s.conns, out: &s.out, fan: &s.fan, chans: &s.chans, lsn: &s.lsn, tr: &s.tr}
 	s.fan = fanout{loopEnv: env, subs: &s.subs, chans: &s.chans, out: &s.out, tr: &s.tr, streams: make(map[string]*stream)}
 	s.chans = channelTable{loopEnv: env, lsn: &s.lsn, fan: &s.fan, hub: &s.hub, byName: make(map[string]*channel)}
-	s.lsn = newListenState(env, &s.fan, &s.chans, &s.hub)
+	s.lsn = newListenState(env, &s.fan, &s.chans, &s.hub, &s.pres)
+	s.pres = newPresenceTable(env, &s.conns, &s.tr, &s.ans)
 	s.out = newOutbound(env, &s.conns)
 	s.hub = newHubServer(env, &s.chans, &s.lsn)
 	s.tasks.enter, s.tasks.leave = s.enter, s.leave
@@ -167,6 +169,12 @@ func (s *Server) Run(ctx context.Context) error {
 	s.tok.start()
 	defer s.tok.stop()
 	s.replayer = store.NewReplayer(s.cfg.DatabaseURL, s.cfg.ReplayPoolSize, s.log)
+	if s.pres.enabled() {
+		if err := s.pres.newWriter(sseLn.Addr()); err != nil {
+			s.replayer.Close()
+			return fmt.Errorf("--presence-streams: %w", err)
+		}
+	}
 	s.lsn.open()
 	abort := func(err error) error {
 		s.lsn.close()
@@ -222,6 +230,10 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); s.checkSchema(bg) }()
 	go func() { defer wg.Done(); s.out.keepMemory(bg) }()
 	go func() { defer wg.Done(); s.out.watchWritable(bg) }()
+	if s.pres.writing() {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.pres.runWriter(bg) }()
+	}
 	if s.cfg.Retention > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); store.RunRetention(bg, s.cfg.DatabaseURL, s.cfg.Retention, s.log) }()

@@ -183,6 +183,7 @@ type connTable struct {
 	pub  *publishing
 	subs *subscriptions
 	lsn  *listenState
+	pres *presenceTable
 
 	list   []*sseConn
 	reap   []*sseConn
@@ -249,6 +250,7 @@ func (t *connTable) respond(sc *sseConn) {
 	t.write(sc, t.tr.streamHead(sc.cors(), t.cfg.Retry.Milliseconds()))
 	sc.setup = nil
 	sc.to(stateStreaming, t.nowMS)
+	t.pres.responded(sc)
 }
 
 // finish writes a connection's last bytes (if any) and closes it: → closing. Of what the
@@ -424,6 +426,7 @@ func (t *connTable) remove(sc *sseConn) {
 	t.pub.uncountConn(sc)
 	t.pub.release(sc)
 	t.subs.unsubscribeAll(sc)
+	t.pres.closed(sc)
 	t.list = swapRemove(t.list, sc, connIndex)
 	t.opened.Store(int64(len(t.list)))
 	t.out.unwatch(sc)

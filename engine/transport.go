@@ -7,8 +7,8 @@ import "github.com/pgsse/pgsse/sse"
 // the response head — and the transport says how it looks on the wire; the loop code holds no
 // wire literals of its own. SSE (transport_sse.go, over package sse) is the one
 // implementation; another transport would be a second one, chosen by the request routing
-// (request.go). A presence event (docs/http.md, Presence) will be one more method here, made
-// once per stream and interval and shared like an event.
+// (request.go). A presence event (docs/http.md, Presence) is made once per stream and
+// interval and shared like an event (presence.go).
 //
 // Encode once, write many (docs/architecture.md, invariant 2): event's bytes are made once and
 // shared by every connection that takes the event, by reference. An encoding starts with its
@@ -44,6 +44,11 @@ type transport interface {
 	// time to come back and why, in one or more lines (docs/http.md: 200, so that EventSource
 	// retries).
 	shed(cors sse.CORS, retryMS int64, why ...string) []byte
+	// presenceFull and presenceChange are presence events (docs/http.md, Presence) in bytes of
+	// their own (shared by every watcher of the stream, like an event's encoding): who is
+	// present, or who joined and left since the last one; both with the anonymous count.
+	presenceFull(stream string, present []string, anonymous int64) []byte
+	presenceChange(stream string, joins, leaves []string, anonymous int64) []byte
 	// retry is the last bytes of a stream that ends (shutdown, token expiry, too slow):
 	// when to come back, and why (perhaps nothing).
 	retry(retryMS int64, why ...string) []byte

@@ -4,6 +4,7 @@ import (
 	"bytes"
 
 	"github.com/pgsse/pgsse/sse"
+	"github.com/pgsse/pgsse/store"
 )
 
 // The one file of engine/ that makes bytes with package sse: the SSE transport (transport.go)
@@ -15,6 +16,7 @@ const scratchBytes = 64 << 10
 // sseTransport is Server-Sent Events (docs/http.md, The event stream).
 type sseTransport struct {
 	scratch []byte
+	json    []byte                                               // a presence event's data, before it is made an event
 	encode  func(dst []byte, id int64, name, data []byte) []byte // encodeEvent, made once
 }
 
@@ -98,6 +100,18 @@ func (t *sseTransport) shed(cors sse.CORS, retryMS int64, why ...string) []byte 
 	return b
 }
 
+// presenceFull is "event: pgsse:presence" with {"stream":…,"present":[…],"anonymous":n}, no id.
+func (t *sseTransport) presenceFull(stream string, present []string, anonymous int64) []byte {
+	t.json = sse.AppendPresenceFull(t.json[:0], stream, present, anonymous)
+	return sse.AppendEvent(nil, 0, sse.PresenceEvent, t.json)
+}
+
+// presenceChange is "event: pgsse:presence" with {"stream":…,"join":[…],"leave":[…],"anonymous":n}.
+func (t *sseTransport) presenceChange(stream string, joins, leaves []string, anonymous int64) []byte {
+	t.json = sse.AppendPresenceChange(t.json[:0], stream, joins, leaves, anonymous)
+	return sse.AppendEvent(nil, 0, sse.PresenceEvent, t.json)
+}
+
 // retry is a retry field, then a comment line per why, as its own block.
 func (t *sseTransport) retry(retryMS int64, why ...string) []byte {
 	b := sse.AppendRetry(t.scratch[:0], retryMS)
@@ -158,6 +172,17 @@ func (a *httpAnswers) continue100() []byte { return a.keep(sse.AppendContinue(a.
 func (a *httpAnswers) published(stream []byte, id int64, r sse.Reply) []byte {
 	a.json = sse.AppendPublished(a.json[:0], stream, id)
 	return a.keep(sse.AppendJSON(a.scratch[:0], 200, a.json, r))
+}
+
+// presence is 200 with GET /presence/{stream}'s JSON (docs/http.md, Presence), in bytes of its
+// own (it is made off the loop's turn, by the writer's answer).
+func (a *httpAnswers) presence(snap *store.PresenceSnapshot, cors sse.CORS) []byte {
+	subs := make([]sse.PresenceSubject, len(snap.Subjects))
+	for i, s := range snap.Subjects {
+		subs[i] = sse.PresenceSubject{Sub: s.Sub, Connections: s.Connections}
+	}
+	body := sse.AppendPresenceList(nil, snap.Stream, snap.Connections, snap.Anonymous, subs, snap.Truncated)
+	return sse.AppendJSON(nil, 200, body, sse.Reply{CORS: cors})
 }
 
 // publishedBatch is 200 {"ids":[…]}.

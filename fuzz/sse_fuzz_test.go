@@ -94,6 +94,7 @@ func FuzzParseRequest(f *testing.F) {
 		"POST /streams/a HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nSec-Fetch-Site: cross-site\r\n\r\nx",
 		"GET /streams?stream=orders%2F42&stream=a+b&stream=&since=1:17,,4&token=t HTTP/1.1\r\nHost: x\r\nLast-Event-ID: 0:1,2,3\r\n\r\n",
 		"GET /streams?stream=a&stream=a&stream%3Dx HTTP/1.1\r\nHost: x\r\n\r\n",
+		"HEAD /pgsse.js?v=1 HTTP/1.1\r\nHost: x\r\nIf-None-Match: \"a\", W/\"b\"\r\nif-none-match: *\r\n\r\n",
 	} {
 		f.Add([]byte(s), uint16(8192))
 	}
@@ -150,6 +151,7 @@ func FuzzParseRequest(f *testing.F) {
 			"Since": req.Since, "LastEventID": req.LastEventID, "Authorization": req.Authorization,
 			"Cookie": req.Cookie, "Origin": req.Origin, "Host": req.Host, "ACRMethod": req.ACRMethod,
 			"ACRHeaders": req.ACRHeaders, "ContentType": req.ContentType, "Event": req.Event,
+			"IfNoneMatch": req.IfNoneMatch,
 		}
 		for i, a := range req.Audience {
 			views["Audience"+strconv.Itoa(i)] = a

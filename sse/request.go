@@ -42,16 +42,19 @@ type Route uint8
 
 // Routes. Matching is on the raw (still percent-encoded), case-sensitive
 // path: "/streams/…" and "/channels/…" need the trailing slash, the root is
-// exactly "/", the batch endpoint exactly "/publish" and several streams on
-// one connection exactly "/streams".
+// exactly "/", the batch endpoint exactly "/publish", several streams on
+// one connection exactly "/streams", the browser client exactly "/pgsse.js"
+// and presence "/presence/…".
 const (
-	RouteNone    Route = iota
-	RouteStream        // /streams/{stream}: GET subscribes, POST publishes one event
-	RouteChannel       // /channels/{channel}
-	RouteRoot          // "/", the demo page
-	RouteOther         // anything else: 404
-	RoutePublish       // /publish: POST an NDJSON batch (docs/http.md, Publishing over HTTP)
-	RouteStreams       // /streams?stream=…&stream=…: several streams on one connection (docs/http.md)
+	RouteNone     Route = iota
+	RouteStream         // /streams/{stream}: GET subscribes, POST publishes one event
+	RouteChannel        // /channels/{channel}
+	RouteRoot           // "/", the demo page
+	RouteOther          // anything else: 404
+	RoutePublish        // /publish: POST an NDJSON batch (docs/http.md, Publishing over HTTP)
+	RouteStreams        // /streams?stream=…&stream=…: several streams on one connection (docs/http.md)
+	RouteScript         // /pgsse.js: the browser client (clients/js), GET or HEAD
+	RoutePresence       // /presence/{stream}: who is on a presence stream (docs/http.md, Presence)
 )
 
 func (r Route) String() string {
@@ -68,6 +71,10 @@ func (r Route) String() string {
 		return "publish"
 	case RouteStreams:
 		return "streams"
+	case RouteScript:
+		return "script"
+	case RoutePresence:
+		return "presence"
 	}
 	return "none"
 }
@@ -105,7 +112,7 @@ type Request struct {
 	Route     Route
 	Target    []byte // the raw request target (path and query)
 
-	// Name is the rest of the path after "/streams/" or "/channels/",
+	// Name is the rest of the path after "/streams/", "/channels/" or "/presence/",
 	// percent-decoded ('+' stays '+'). It is not validated here: callers
 	// run names.CheckStream / names.CheckChannel on it.
 	Name []byte
@@ -117,9 +124,12 @@ type Request struct {
 	Streams  [][]byte
 	NStreams int
 
-	Token          []byte // ?token=, percent-decoded, '+' as space; nil if absent
-	Since          []byte // ?since=, percent-decoded, '+' as space
-	HasSince       bool   // ?since was present, even if blank
+	Token    []byte // ?token=, percent-decoded, '+' as space; nil if absent
+	Since    []byte // ?since=, percent-decoded, '+' as space
+	HasSince bool   // ?since was present, even if blank
+	// Presence: ?presence=1 (or true) on a subscription (docs/http.md, Presence); any other
+	// value than 1, true, 0 or false is refused (400 naming the parameter).
+	Presence       bool
 	LastEventID    []byte // Last-Event-ID header
 	HasLastEventID bool   // the header was present, even if blank
 	Authorization  []byte
@@ -129,6 +139,7 @@ type Request struct {
 	ACRMethod      []byte // Access-Control-Request-Method
 	ACRHeaders     []byte // Access-Control-Request-Headers
 	SecFetchSite   []byte // Sec-Fetch-Site (Fetch Metadata): where a browser says the request comes from
+	IfNoneMatch    []byte // If-None-Match (a cache revalidating /pgsse.js); several lines: the last one
 	HTTP10         bool   // the request line said HTTP/1.0
 	// HeadLen is the bytes of input the head occupied: the empty lines skipped before
 	// the request line (RFC 9112 §2.2), the head, and its final CRLFCRLF.
@@ -232,6 +243,8 @@ var (
 	errQueryEscape   = badRequest("invalid percent-escape in query")
 	errDupToken      = badRequest("duplicate token query parameter")
 	errDupSince      = badRequest("duplicate since query parameter")
+	errDupPresence   = badRequest("duplicate presence query parameter")
+	errPresence      = badRequest("presence: must be 1, true, 0 or false")
 	errVersionSyntax = badRequest("malformed HTTP version")
 	errVersion       = badRequest("HTTP version must be HTTP/1.1 or HTTP/1.0")
 	errBareCR        = badRequest("bare CR in request head: lines must end in CRLF")
@@ -664,10 +677,15 @@ func (p *Parser) target(t []byte) error {
 	case hasPrefix(path, "/channels/"):
 		r.Route = RouteChannel
 		r.Name = p.decode(path[len("/channels/"):], false)
+	case hasPrefix(path, "/presence/"):
+		r.Route = RoutePresence
+		r.Name = p.decode(path[len("/presence/"):], false)
 	case string(path) == "/publish":
 		r.Route = RoutePublish
 	case string(path) == "/streams":
 		r.Route = RouteStreams
+	case string(path) == "/pgsse.js":
+		r.Route = RouteScript
 	default:
 		r.Route = RouteOther
 	}
@@ -724,7 +742,7 @@ func checkPathEscapes(path []byte) error {
 // be valid, used or not.
 func (p *Parser) query(q []byte) error {
 	r := &p.req
-	haveToken, haveEphemeral := false, false
+	haveToken, haveEphemeral, havePresence := false, false, false
 	post := r.Method == MethodPOST
 	for len(q) > 0 {
 		param := q
@@ -763,6 +781,18 @@ func (p *Parser) query(q []byte) error {
 			}
 			r.HasSince = true
 			r.Since = p.decode(value, true)
+		case !post && queryKeyIs(key, "presence"):
+			if havePresence {
+				return errDupPresence
+			}
+			havePresence = true
+			switch v := p.decode(value, true); string(v) {
+			case "1", "true":
+				r.Presence = true
+			case "0", "false":
+			default:
+				return errPresence
+			}
 		case r.Route == RouteStreams && queryKeyIs(key, "stream"):
 			if n := r.NStreams; n < len(p.streams) {
 				p.streams[n] = p.decode(value, false)
@@ -890,6 +920,8 @@ func (p *Parser) header(name, value []byte) error {
 				return err
 			}
 			r.LastEventID, r.HasLastEventID = value, true
+		case foldEq(name, "if-none-match"):
+			r.IfNoneMatch = value
 		}
 	case 10:
 		if foldEq(name, "connection") {

@@ -56,6 +56,14 @@ func TestParseAccepts(t *testing.T) {
 			assert.Equal(t, RouteRoot, r.Route)
 			assert.Nil(t, r.Name)
 		}},
+		{"browser client", "GET /pgsse.js?v=1 HTTP/1.1\r\nHost: x\r\nIf-None-Match: \"a\", W/\"b\"\r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, RouteScript, r.Route)
+			assert.Equal(t, `"a", W/"b"`, string(r.IfNoneMatch))
+		}},
+		{"browser client path is exact", "GET /pgsse.js/x HTTP/1.1\r\nHost: x\r\n\r\n", func(t *testing.T, r *Request) {
+			assert.Equal(t, RouteOther, r.Route)
+			assert.Nil(t, r.IfNoneMatch)
+		}},
 		{"channel", "GET /channels/jobs%20queue HTTP/1.1\r\nHost: x\r\n\r\n", func(t *testing.T, r *Request) {
 			assert.Equal(t, RouteChannel, r.Route)
 			assert.Equal(t, "jobs queue", string(r.Name))

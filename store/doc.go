@@ -177,7 +177,11 @@
 // connection lost after COMMIT was sent is the one case whose outcome is not known at
 // once: the statement's answer carried the transaction's xid, so the Publisher opens a new
 // connection and asks txid_status(xid) — committed: the requests succeed with their ids;
-// aborted: nothing was published (and the group is tried once more). Only if PostgreSQL cannot be reached within 3 s to ask
+// aborted: nothing was published (and the group is tried once more). After a PostgreSQL
+// crash (or a replica's promotion) an xid of which nothing reached the WAL is handed out
+// again, so "committed" is confirmed by the group's first durable event — stored under its
+// id, by that xid (xmin), with the same data — and an xid "in the future" (none handed out
+// since the restart) counts as aborted. Only if PostgreSQL cannot be reached within 3 s to ask
 // do the requests get an UnavailableError with Unknown set (ErrOutcomeUnknown): their
 // events may or may not have been published (all or nothing per request), and a
 // subscriber resuming from Last-Event-ID sees which.

@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"crypto/md5"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -726,7 +728,7 @@ func (w *publishWorker) publishGroup(group []*pendingPublish, try attempt) {
 func (w *publishWorker) settle(g *txGroup, failure txFailure, xid int64, err error, try attempt) {
 	p, group := w.p, g.group
 	if failure == txCommitLost {
-		failure, err = w.resolve(xid, err)
+		failure, err = w.resolve(g, xid, err)
 	}
 	answered := time.Now() // the one reading of "commit answered" for the whole group
 	stats := PublishGroup{Requests: len(group), Events: len(g.events), Bytes: g.data, Commit: answered.Sub(g.start), Err: err}
@@ -783,6 +785,30 @@ func (w *publishWorker) settle(g *txGroup, failure txFailure, xid int64, err err
 	for _, pp := range group {
 		p.finish(pp, PublishResult{Err: err})
 	}
+}
+
+// ownsFirstEvent reports whether the group's first durable event is stored under the id the
+// transaction gave it, inserted by xid (xmin holds its low 32 bits), with the same data.
+// Without a durable event it reports true: nothing tells the transaction apart.
+func (w *publishWorker) ownsFirstEvent(g *txGroup, xid int64) (bool, error) {
+	for i, e := range g.events {
+		if e.Ephemeral || g.ids[i] <= 0 {
+			continue
+		}
+		sum := md5.Sum(e.Data)
+		ctx, cancel := context.WithTimeout(w.p.ctx, resolveTimeout)
+		defer cancel()
+		res := w.conn.ExecParams(ctx,
+			"SELECT count(*) FROM pgsse.events WHERE stream = $1 AND id = $2 AND xmin = $3::xid AND md5(data) = $4",
+			[][]byte{[]byte(e.Stream), []byte(strconv.FormatInt(g.ids[i], 10)),
+				[]byte(strconv.FormatInt(xid&0xffffffff, 10)), []byte(hex.EncodeToString(sum[:]))},
+			nil, nil, nil).Read()
+		if res.Err != nil {
+			return false, res.Err
+		}
+		return len(res.Rows) == 1 && string(res.Rows[0][0]) == "1", nil
+	}
+	return true, nil
 }
 
 // rejected words a PostgreSQL rejection of a single request: the Go check's error when
@@ -1045,7 +1071,13 @@ func classifyRejection(err error) txFailure {
 
 // resolve learns the outcome of a transaction whose COMMIT lost its answer, from a new
 // connection: txid_status(xid) is 'committed' or 'aborted' once the old backend is gone.
-func (w *publishWorker) resolve(xid int64, cause error) (txFailure, error) {
+//
+// 'committed' is not the whole answer: if PostgreSQL crashed (or a replica was promoted)
+// before anything of the transaction reached the WAL, recovery hands its xid out again, and
+// another transaction may have committed under it by now. So a committed xid is confirmed by
+// the group's first durable event: stored under the id it was given, by that xid, with the
+// same data (ownsFirstEvent). A group without a durable event has nothing to confirm by.
+func (w *publishWorker) resolve(g *txGroup, xid int64, cause error) (txFailure, error) {
 	deadline := time.Now().Add(resolveTimeout)
 	for time.Now().Before(deadline) {
 		if w.conn == nil {
@@ -1060,9 +1092,28 @@ func (w *publishWorker) resolve(xid int64, cause error) (txFailure, error) {
 		res := w.conn.ExecParams(ctx, "SELECT txid_status($1)", [][]byte{[]byte(strconv.FormatInt(xid, 10))},
 			[]uint32{oidInt8}, nil, nil).Read()
 		cancel()
+		var pe *pgconn.PgError
+		if errors.As(res.Err, &pe) && pe.Code == "22023" { // "transaction ID … is in the future"
+			// No transaction has had this xid since PostgreSQL restarted: it never committed.
+			w.p.log.Warn("publish: the connection was lost during COMMIT and PostgreSQL restarted without the transaction; publishing it again",
+				"cause", cause, "xid", xid)
+			return txNotSent, cause
+		}
 		if res.Err != nil {
 			w.closeConn()
 			continue
+		}
+		if len(res.Rows) == 1 && string(res.Rows[0][0]) == "committed" {
+			owns, err := w.ownsFirstEvent(g, xid)
+			if err != nil {
+				w.closeConn()
+				continue
+			}
+			if !owns {
+				w.p.log.Warn("publish: the connection was lost during COMMIT and PostgreSQL restarted: the transaction's xid was handed out again after recovery and its events are not stored; publishing them again",
+					"cause", cause, "xid", xid)
+				return txNotSent, cause
+			}
 		}
 		if len(res.Rows) == 1 {
 			switch string(res.Rows[0][0]) {

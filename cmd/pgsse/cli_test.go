@@ -443,7 +443,7 @@ func TestDoctor(t *testing.T) {
 			lines = append(lines, l)
 		}
 	}
-	checks := []string{"connectivity", "schema", "notify queue", "durability", "fd limit", "hub socket", "connection budget"}
+	checks := []string{"connectivity", "schema", "notify queue", "durability", "presence", "fd limit", "hub socket", "connection budget"}
 	require.Len(t, lines, len(checks), r.stdout)
 	for i, check := range checks {
 		assert.Regexp(t, `^(ok  |warn)  `+check+`: `, lines[i])
@@ -451,15 +451,16 @@ func TestDoctor(t *testing.T) {
 	assert.Contains(t, lines[0], "PostgreSQL ")
 	assert.Contains(t, lines[1], "version "+strconv.Itoa(store.SchemaVersion))
 	assert.Contains(t, lines[2], "0.0% in use")
-	assert.Contains(t, lines[6], "6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing); no hub configured, so 12 workers (--workers) hold 12 LISTEN sessions of their own (--hub-socket shares one)")
-	assert.Contains(t, lines[6], "max_connections")
+	assert.Contains(t, lines[4], "no pgsse process holds a presence lease")
+	assert.Contains(t, lines[7], "6 PostgreSQL connections (1 LISTEN + 4 replay + 1 publishing); no hub configured, so 12 workers (--workers) hold 12 LISTEN sessions of their own (--hub-socket shares one)")
+	assert.Contains(t, lines[7], "max_connections")
 	// docs/operations.md, pgsse doctor: doctor prints the descriptor budget, each consumer's
 	// share, after fd limit.
 	require.NotEmpty(t, table)
 	assert.Regexp(t, `^ +descriptor budget of RLIMIT_NOFILE \d+:$`, table[0])
 	assert.Regexp(t, `(?m)^ +64  admin connections \(--admin-max-connections\)$`, strings.Join(table, "\n"))
 	assert.Regexp(t, `(?m)^ +\d+  SSE connections \(--max-connections default\)$`, strings.Join(table, "\n"))
-	assert.Contains(t, r.stdout, lines[4]+"\n"+table[0]+"\n", "the table follows the fd limit check")
+	assert.Contains(t, r.stdout, lines[5]+"\n"+table[0]+"\n", "the table follows the fd limit check")
 
 	// --procs: a replay pool per process, still one LISTEN session.
 	r = pgsse(t, env, "doctor", "--procs", "3")
@@ -583,6 +584,9 @@ func TestBadInput(t *testing.T) {
 		{"header size", nil, append([]string{"--max-header-bytes", "10"}, key...), "--max-header-bytes: must be between 1024 and 1048576"},
 		{"streams per connection", nil, append([]string{"--max-streams-per-connection", "0"}, key...), "--max-streams-per-connection: must be between 1 and 255"},
 		{"streams per connection from env", []string{"PGSSE_MAX_STREAMS_PER_CONNECTION=256"}, key, "--max-streams-per-connection (from PGSSE_MAX_STREAMS_PER_CONNECTION): must be between 1 and 255"},
+		{"presence interval", nil, append([]string{"--presence-interval", "1ms"}, key...), "--presence-interval: must be between 10ms and 1h0m0s"},
+		{"presence max list from env", []string{"PGSSE_PRESENCE_MAX_LIST=0"}, key, "--presence-max-list (from PGSSE_PRESENCE_MAX_LIST): must be between 1 and 100000"},
+		{"presence stream pattern", nil, append([]string{"--presence-streams", "room/ x"}, key...), `--presence-streams: pattern "room/ x": stream name may contain only A-Z a-z 0-9 and . _ : @ / = + ~ -`},
 		{"publish size", []string{"PGSSE_MAX_PUBLISH_BYTES=2GiB"}, key, "--max-publish-bytes (from PGSSE_MAX_PUBLISH_BYTES): must be between 1 and 1GiB"},
 		{"outbound memory", []string{"PGSSE_MAX_OUTBOUND_MEMORY=64KiB"}, key, "--max-outbound-memory (from PGSSE_MAX_OUTBOUND_MEMORY): must be between 1MiB and 1024GiB"},
 		{"mode", nil, []string{"--hub-socket-mode", "rw-------"}, `--hub-socket-mode: invalid mode "rw-------" (octal, e.g. 0600)`},

@@ -83,6 +83,7 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 		d.schema(cctx, conn)
 		d.queue(cctx, conn)
 		d.durability(cctx, conn)
+		d.presence(cctx, conn)
 		server = readBudget(cctx, conn)
 	}
 
@@ -110,6 +111,38 @@ func (d *doctor) schema(ctx context.Context, conn *pgconn.PgConn) {
 		d.report("FAIL", "schema", "version %d, this pgsse needs %d: run pgsse migrate", v, store.SchemaVersion)
 	default:
 		d.report("FAIL", "schema", "version %d is newer than this pgsse (%d): upgrade pgsse", v, store.SchemaVersion)
+	}
+}
+
+// presence lists the pgsse processes holding presence leases (docs/operations.md): key, age,
+// last renewal, entries; a lapsed lease is a process that died and that no survivor has
+// removed yet (a WARN: only a survivor's next write removes it).
+func (d *doctor) presence(ctx context.Context, conn *pgconn.PgConn) {
+	procs, err := store.ReadPresenceProcesses(ctx, conn)
+	if err != nil {
+		d.report("warn", "presence", "cannot read the presence leases (schema before version 3?): %v", err)
+		return
+	}
+	if len(procs) == 0 {
+		d.report("ok", "presence", "no pgsse process holds a presence lease")
+		return
+	}
+	status, lapsed := "ok", 0
+	for _, p := range procs {
+		if !p.Live {
+			lapsed++
+			status = "warn"
+		}
+	}
+	d.report(status, "presence", "%d pgsse processes hold presence leases (%d lapsed)", len(procs), lapsed)
+	now := time.Now()
+	for _, p := range procs {
+		state := "live"
+		if !p.Live {
+			state = "LAPSED"
+		}
+		fmt.Fprintf(d.w, "      %-6s %s  age %s, renewed %s ago, interval %s, %d entries\n", state, p.Key,
+			p.Age.Round(time.Second), now.Sub(p.Renewed).Round(time.Millisecond), p.Interval, p.Entries)
 	}
 }
 

@@ -120,6 +120,7 @@ func (s *serveSetup) asSibling(m *siblingMarker) error {
 	s.cfg.HubSocket = ""
 	s.cfg.Retention = 0
 	s.cfg.SiblingHub = c
+	s.cfg.PresenceIndex = m.Slot // its own presence key and lease (docs/architecture.md, Presence)
 	return nil
 }
 

@@ -77,6 +77,9 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	logLevel := c.String("log-level", "info", "`LEVEL`: debug, info, warn or error")
 	logFormat := c.String("log-format", "text", "`FORMAT`: text or json")
 	demo := c.Bool("demo", "serve a demo page at /")
+	presenceStreams := c.List("presence-streams", "stream patterns to keep presence for (GET /presence/…, presence=1, pgsse.presence), comma-separated")
+	presenceInterval := c.Duration("presence-interval", engine.DefaultPresenceInterval, "how often each process writes its presence changes (one statement) and sends join/leave events")
+	presenceMaxList := c.Int("presence-max-list", engine.DefaultPresenceMaxList, fmt.Sprintf("the most subjects GET /presence/… lists (1-%d)", engine.MaxPresenceMaxList))
 	procs := c.Procs("processes serving --listen (SO_REUSEPORT), each with its own event loop and replay pool, sharing one LISTEN session; auto = one per CPU")
 	c.exclusive("jwt-secret", "jwt-secret-file")
 
@@ -176,6 +179,18 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		}
 	}
 
+	for _, p := range *presenceStreams {
+		if err := checkStreamPattern(p); err != nil {
+			return nil, configErrorf("%s: %v", c.source("presence-streams"), err)
+		}
+	}
+	if *presenceInterval < engine.MinPresenceInterval || *presenceInterval > engine.MaxPresenceInterval {
+		return nil, configErrorf("%s: must be between %s and %s", c.source("presence-interval"), engine.MinPresenceInterval, engine.MaxPresenceInterval)
+	}
+	if *presenceMaxList < 1 || *presenceMaxList > engine.MaxPresenceMaxList {
+		return nil, configErrorf("%s: must be between 1 and %d", c.source("presence-max-list"), engine.MaxPresenceMaxList)
+	}
+
 	if *adminMax < 1 {
 		return nil, configErrorf("%s: must be at least 1", c.source("admin-max-connections"))
 	}
@@ -273,6 +288,9 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 		Retry:             *retry,
 		Retention:         *retention,
 		Demo:              *demo,
+		PresenceStreams:   *presenceStreams,
+		PresenceInterval:  *presenceInterval,
+		PresenceMaxList:   *presenceMaxList,
 		Logger:            s.logger,
 		Registry:          s.registry,
 	}

@@ -133,7 +133,7 @@ func TestParseServeConfig(t *testing.T) {
 		"--public-streams", "news/*,status", "--max-connections", "1000", "--max-header-bytes", "16KiB", "--max-outbound-memory", "64MiB",
 		"--max-publish-bytes", "4MiB",
 		"--retry", "3s", "--retention", "0", "--pprof", "--log-format", "json", "--log-level", "debug", "--demo",
-		"--procs", "3",
+		"--procs", "3", "--presence-streams", "room/*,doc/*", "--presence-interval", "250ms", "--presence-max-list", "50",
 	}, env, io.Discard, &stderr)
 	require.NoError(t, err)
 	c := s.cfg
@@ -156,6 +156,9 @@ func TestParseServeConfig(t *testing.T) {
 	assert.Equal(t, 3*time.Second, c.Retry)
 	assert.Equal(t, time.Duration(0), c.Retention)
 	assert.True(t, c.Demo)
+	assert.Equal(t, []string{"room/*", "doc/*"}, c.PresenceStreams)
+	assert.Equal(t, 250*time.Millisecond, c.PresenceInterval)
+	assert.Equal(t, 50, c.PresenceMaxList)
 	assert.Equal(t, 3, s.procs)
 	assert.False(t, c.ShareListen, "the first process of --procs binds the port as if alone: a port another server holds is refused")
 	assert.True(t, s.pprof)
@@ -174,6 +177,9 @@ func TestParseServeConfig(t *testing.T) {
 	assert.Equal(t, 1<<20, c.HubWorkerBuffer)
 	assert.Equal(t, 8192, c.MaxHeaderBytes)
 	assert.Equal(t, 64, c.MaxStreamsPerConnection)
+	assert.Equal(t, time.Second, c.PresenceInterval)
+	assert.Equal(t, 1000, c.PresenceMaxList)
+	assert.Empty(t, c.PresenceStreams)
 	assert.Equal(t, int64(1<<20), c.MaxPublishBytes)
 	assert.Equal(t, 256<<20, c.MaxOutboundMemory)
 	assert.Equal(t, os.Getenv("GOMEMLIMIT") == "", c.GoMemoryLimit, "the engine sets the Go memory limit unless GOMEMLIMIT is set")

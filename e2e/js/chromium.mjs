@@ -8,16 +8,23 @@
 //   {"kind":"ready"}                                  the browser is up
 //   {"kind":"reply","id":N,"ok":true,"value":…}       answer to command N
 //   {"kind":"reply","id":N,"ok":false,"error":"…"}
-//   {"kind":"page", …}                                what the test page reports through
-//                                                     window.report(obj) (EventSource callbacks)
+//   {"kind":"page","page":N, …}                       what a test page reports through
+//                                                     window.report(obj) (EventSource callbacks);
+//                                                     page is the tab's number (0: the first)
 //   {"kind":"request","url":"…","headers":{…}}        requests to URLs starting with `watch`
 //   {"kind":"response","url":"…","status":200}
+//   {"kind":"requestfinished","url":"…"}              its body ended (an event stream: server closed it)
+//   {"kind":"requestfailed","url":"…","error":"…"}    it failed or the page aborted it
 //   {"kind":"console","text":"…"}, {"kind":"pageerror","text":"…"}
 // Commands on stdin, one JSON object per line, each with an "id":
 //   {"cmd":"cookies","cookies":[{name,value,url}]}    context.addCookies
-//   {"cmd":"goto","url":"…"}                           open the page (one page per session)
-//   {"cmd":"eval","expr":"…"}                          evaluate in the page, JSON result
-//   {"cmd":"screenshot","path":"…"}                    full-page PNG
+//   {"cmd":"goto","url":"…","page":N}                  open the URL in tab N (default 0)
+//   {"cmd":"eval","expr":"…","page":N}                 evaluate in tab N, JSON result
+//   {"cmd":"screenshot","path":"…","page":N}           full-page PNG of tab N
+//   {"cmd":"newPage"}                                  open another tab of the same browser
+//                                                     context (same origin rules, cookies,
+//                                                     Web Locks, BroadcastChannel); its number
+//   {"cmd":"closePage","page":N}                       close tab N as a user closing it would
 //   {"cmd":"quit"}
 // Exits when stdin ends.
 import {chromium} from 'playwright-core'
@@ -42,7 +49,10 @@ const context = await chromium.launchPersistentContext(opts.userDataDir, {
   ],
   viewport: {width: 1000, height: 700},
 })
-await context.exposeBinding('report', (_source, obj) => out({...obj, kind: 'page', what: obj.kind}))
+const pages = []
+await context.exposeBinding('report', (source, obj) =>
+  out({...obj, kind: 'page', what: obj.kind, page: pages.indexOf(source.page)}),
+)
 const watched = (url) => opts.watch && url.startsWith(opts.watch)
 context.on('request', async (req) => {
   if (!watched(req.url())) return
@@ -58,9 +68,24 @@ context.on('response', (res) => {
 context.on('requestfailed', (req) => {
   if (watched(req.url())) out({kind: 'requestfailed', url: req.url(), error: req.failure()?.errorText || ''})
 })
-let page = context.pages()[0] || (await context.newPage())
-page.on('console', (m) => out({kind: 'console', text: m.text()}))
-page.on('pageerror', (e) => out({kind: 'pageerror', text: String(e)}))
+// A response that ended (for an event stream: the server closed it), as opposed to
+// requestfailed (the page closed it, net::ERR_ABORTED).
+context.on('requestfinished', (req) => {
+  if (watched(req.url())) out({kind: 'requestfinished', url: req.url()})
+})
+function track(page) {
+  pages.push(page)
+  const n = pages.length - 1
+  page.on('console', (m) => out({kind: 'console', page: n, text: m.text()}))
+  page.on('pageerror', (e) => out({kind: 'pageerror', page: n, text: String(e)}))
+  return n
+}
+track(context.pages()[0] || (await context.newPage()))
+const pageOf = (c) => {
+  const p = pages[c.page ?? 0]
+  if (!p) throw new Error('no open tab ' + (c.page ?? 0))
+  return p
+}
 out({kind: 'ready', version: context.browser()?.version() ?? null})
 
 async function handle(c) {
@@ -68,14 +93,24 @@ async function handle(c) {
     case 'cookies':
       await context.addCookies(c.cookies)
       return null
-    case 'goto':
+    case 'goto': {
+      const page = pageOf(c)
       await page.goto(c.url, {waitUntil: 'load'})
       return page.url()
+    }
     case 'eval':
-      return await page.evaluate(c.expr)
+      return await pageOf(c).evaluate(c.expr)
     case 'screenshot':
-      await page.screenshot({path: c.path, fullPage: true})
+      await pageOf(c).screenshot({path: c.path, fullPage: true})
       return c.path
+    case 'newPage':
+      return track(await context.newPage())
+    case 'closePage': {
+      const page = pageOf(c)
+      pages[c.page] = null
+      await page.close({runBeforeUnload: false})
+      return null
+    }
     case 'quit':
       await context.close()
       out({kind: 'reply', id: c.id, ok: true, value: null})

@@ -12,6 +12,7 @@
 //	go run ./bench/cmd/load --scenarios 9         # publishing: HTTP (group commit) vs pgsse.publish
 //	go run ./bench/cmd/load --scenarios 10        # --procs: 30,000 connections, fan-out with 1 and 2 processes
 //	go run ./bench/cmd/load --scenarios 11        # 10,000 connections following 8 streams each against 10,000 following one
+//	go run ./bench/cmd/load --scenarios 12,13     # presence: 10,000 joining and leaving one stream (on and off); 100 streams × 1,000 subjects held
 //
 // PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
 // throwaway cluster started with scripts/pg.sh and stopped at exit. Each scenario and server
@@ -85,6 +86,12 @@ func main() {
 	flag.IntVar(&p.MultiConns, "multi-conns", p.MultiConns, "11: connections of each kind (at most 15000)")
 	flag.IntVar(&p.MultiStreams, "multi-streams", p.MultiStreams, "11: streams per connection of the several-streams kind")
 	flag.IntVar(&p.MultiRounds, "multi-rounds", p.MultiRounds, "11: fan-out rounds of each kind, alternating")
+	flag.DurationVar(&p.Presence.Interval, "presence-interval", p.Presence.Interval, "12, 13: --presence-interval")
+	flag.IntVar(&p.Presence.Churn, "presence-churn", p.Presence.Churn, "12: connections joining one presence stream, then leaving")
+	flag.IntVar(&p.Presence.Others, "presence-others", p.Presence.Others, "12: subscribers of another stream meanwhile")
+	flag.IntVar(&p.Presence.HoldSubjects, "presence-hold-subjects", p.Presence.HoldSubjects, "13: connections, one subject each")
+	flag.IntVar(&p.Presence.HoldStreams, "presence-hold-streams", p.Presence.HoldStreams, "13: presence streams each follows")
+	flag.DurationVar(&p.Presence.Hold, "presence-hold", p.Presence.Hold, "13: how long they are held")
 	flag.Parse()
 	if *hold != "" {
 		raiseFDLimit()
@@ -119,12 +126,18 @@ func main() {
 			"hub-duration":  func(q *bench.Params) any { return &q.Hub.Duration },
 			"stalled-conns": func(q *bench.Params) any { return &q.Memory.StalledConns }, "stalled-duration": func(q *bench.Params) any { return &q.Memory.StalledDuration },
 			"stalled-data": func(q *bench.Params) any { return &q.Memory.StalledData }, "large-bytes": func(q *bench.Params) any { return &q.Memory.LargeBytes },
-			"large-subscribers": func(q *bench.Params) any { return &q.Memory.LargeSubscribers },
-			"procs-conns":       func(q *bench.Params) any { return &q.ProcsConns },
-			"holder-conns":      func(q *bench.Params) any { return &q.HolderConns },
-			"multi-conns":       func(q *bench.Params) any { return &q.MultiConns },
-			"multi-streams":     func(q *bench.Params) any { return &q.MultiStreams },
-			"multi-rounds":      func(q *bench.Params) any { return &q.MultiRounds },
+			"large-subscribers":      func(q *bench.Params) any { return &q.Memory.LargeSubscribers },
+			"procs-conns":            func(q *bench.Params) any { return &q.ProcsConns },
+			"holder-conns":           func(q *bench.Params) any { return &q.HolderConns },
+			"multi-conns":            func(q *bench.Params) any { return &q.MultiConns },
+			"multi-streams":          func(q *bench.Params) any { return &q.MultiStreams },
+			"multi-rounds":           func(q *bench.Params) any { return &q.MultiRounds },
+			"presence-interval":      func(q *bench.Params) any { return &q.Presence.Interval },
+			"presence-churn":         func(q *bench.Params) any { return &q.Presence.Churn },
+			"presence-others":        func(q *bench.Params) any { return &q.Presence.Others },
+			"presence-hold-subjects": func(q *bench.Params) any { return &q.Presence.HoldSubjects },
+			"presence-hold-streams":  func(q *bench.Params) any { return &q.Presence.HoldStreams },
+			"presence-hold":          func(q *bench.Params) any { return &q.Presence.Hold },
 		} {
 			if set[name] {
 				copyField(field(&p), field(&explicit))
@@ -139,8 +152,8 @@ func main() {
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || id < 1 || id > 11 {
-			log.Fatalf("load: --scenarios: %q is not one of 1-11", s)
+		if err != nil || id < 1 || id > 13 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-13", s)
 		}
 		ids = append(ids, id)
 	}
@@ -279,6 +292,16 @@ func main() {
 			paired = func() ([]*bench.Result, error) { return bench.HubLoad(ctx, env, pgsseTarget, p, p.Hub) }
 		case 9:
 			paired = func() ([]*bench.Result, error) { return bench.Publish(ctx, env, pgsseTarget, p.Publish, p) }
+		case 12:
+			paired = func() ([]*bench.Result, error) { return bench.PresenceChurn(ctx, env, pgsseTarget, p) }
+		case 13:
+			paired = func() ([]*bench.Result, error) {
+				r, err := bench.PresenceHold(ctx, env, pgsseTarget, p)
+				if err != nil {
+					return nil, err
+				}
+				return []*bench.Result{r}, nil
+			}
 		}
 		if paired != nil {
 			log.Printf("load: scenario %d (pgsse and its baseline in one run)", id)
