@@ -194,6 +194,19 @@ func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) 
 	res.add(label+": POST sent → event received p99", "ms", ms(lat.received.Quantile(0.99)), true)
 	res.add(label+": POST sent → answer p50", "ms", ms(lat.answered.Quantile(0.5)), true)
 	res.add(label+": events missing", "", float64(lat.missing), true)
+	if len(lat.stages) > 0 {
+		sum := 0.0
+		for _, stage := range publishStages {
+			res.add(label+": stage "+stage+" mean (pgsse_publish_stage_seconds)", "ms", lat.stages[stage]*1e3, true)
+			sum += lat.stages[stage]
+		}
+		res.add(label+": stage answered mean (commit answered → answer written)", "ms", lat.stages["answered"]*1e3, true)
+		if n := lat.received.Count(); n > 0 {
+			mean := float64(lat.receivedSum) / float64(n) / 1e9
+			res.add(label+": POST sent → event received mean", "ms", mean*1e3, true)
+			res.add(label+": stage means summed ÷ measured mean", "", sum/mean, false)
+		}
+	}
 	for _, st := range []*phaseStats{a, b, c, d} {
 		if st.errors > 0 {
 			res.note("%d requests failed in a phase (%s)", st.errors, st.firstErr)
@@ -426,7 +439,9 @@ func readAnswer(rd *bufio.Reader) (int, error) {
 // latencyStats is phase (e).
 type latencyStats struct {
 	received, answered Histogram
+	receivedSum        int64 // ns, for the mean the stage means add up to
 	missing            int
+	stages             map[string]float64 // pgsse_publish_stage_seconds over the phase: mean seconds per stage
 }
 
 // publishLatency is phase (e): one subscriber, one keep-alive publisher POSTing
@@ -448,6 +463,7 @@ func publishLatency(ctx context.Context, r *run, tok string, pp PublishParams, p
 	rd := bufio.NewReader(conn)
 	st := &latencyStats{}
 	sent := make([]int64, n+1)
+	stages0 := publishStageTotals(ctx, r)
 	interval := time.Duration(float64(time.Second) / pp.LatencyRate)
 	next := time.Now()
 	var req, body []byte
@@ -478,16 +494,63 @@ func publishLatency(ctx context.Context, r *run, tok string, pp PublishParams, p
 	if err := r.alive(); err != nil {
 		return nil, err
 	}
+	stages1 := publishStageTotals(ctx, r)
+	st.stages = map[string]float64{}
+	for stage, t1 := range stages1 {
+		if t0 := stages0[stage]; t1.count > t0.count {
+			st.stages[stage] = (t1.sum - t0.sum) / (t1.count - t0.count)
+		}
+	}
 	c.Close()
 	cs := c.Stats()
 	for seq := 1; seq <= n; seq++ {
 		if cs.Last[seq] != 0 {
 			st.received.Add(cs.Last[seq] - sent[seq])
+			st.receivedSum += cs.Last[seq] - sent[seq]
 		} else {
 			st.missing++
 		}
 	}
 	return st, ctx.Err()
+}
+
+// publishStages are the stages of pgsse_publish_stage_seconds on the way from a POST to
+// its subscriber, in order (answered is the publisher's, beside the path).
+var publishStages = []string{"head", "body", "queued", "sent", "committed", "notified", "written"}
+
+type stageTotal struct{ sum, count float64 }
+
+// publishStageTotals reads pgsse_publish_stage_seconds' sums and counts by stage (none
+// from a server that does not export it).
+func publishStageTotals(ctx context.Context, r *run) map[string]stageTotal {
+	var m bytes.Buffer
+	t := map[string]stageTotal{}
+	if err := r.srv.Get(ctx, "/metrics", &m); err != nil {
+		return t
+	}
+	for ln := range strings.Lines(m.String()) {
+		f := strings.Fields(ln)
+		if len(f) != 2 {
+			continue
+		}
+		name, labels, ok := strings.Cut(f[0], `{stage="`)
+		if !ok {
+			continue
+		}
+		stage, _, _ := strings.Cut(labels, `"`)
+		v, _ := strconv.ParseFloat(f[1], 64)
+		tot := t[stage]
+		switch name {
+		case "pgsse_publish_stage_seconds_sum":
+			tot.sum = v
+		case "pgsse_publish_stage_seconds_count":
+			tot.count = v
+		default:
+			continue
+		}
+		t[stage] = tot
+	}
+	return t
 }
 
 // publishCounters reads the server's publish metrics (transactions and their events).

@@ -52,6 +52,8 @@
 //	                budget.go                    --max-outbound-memory: the limits that shrink with the queued total,
 //	                                             large events held at most maxLargeEvents at once, Go's memory limit
 //	                writable_linux.go            the writability set (epoll); writable_other.go without it
+//	stageClock      stages.go                    pgsse_publish_stage_seconds: the publish path's stages, from the
+//	                                             loop's readings and the Publisher's (store.PublishTimes)
 //	transport       transport.go                 the seam: how an event, a gap, a heartbeat, a shed, a retry and a
 //	                                             response head become bytes
 //	                transport_sse.go             SSE, its one implementation, and the port's HTTP answers: the only
@@ -59,7 +61,7 @@
 //
 // Each part's tests sit beside it: sseconn_test.go and sse_*_test.go (the connection, over real
 // sockets), admission_test.go (admission, tokens), publish_*_test.go, subscription_test.go,
-// sse_gap_lagging_test.go and sse_multistream_test.go (subscriptions), fanout_*_test.go, channels_test.go,
+// sse_gap_lagging_test.go and sse_multistream_test.go (subscriptions), fanout_*_test.go, stages_test.go, channels_test.go,
 // siblingsource_test.go, hubserver_*_test.go, outbound_*_test.go, transport_sse_test.go,
 // accept_test.go, config_test.go; parts_test.go keeps the parts apart.
 //

@@ -21,6 +21,7 @@ type event struct {
 	enc      []byte   // the transport's bytes, shared by every write (and by the queues that hold them)
 	audience []string // nil = everyone
 	timeUS   int64    // publisher's clock (delivery-lag metric)
+	received int64    // a live durable event: when its notification was received, unix ns (stageWritten); 0 = not measured
 	seq      uint64   // arrival order among the events of all streams (fanout.queue)
 	queued   int32    // connection queues holding (part of) enc (outbound.go)
 	// stream is set on a large event read from the table (budget.go: heldLarge): while
@@ -91,7 +92,11 @@ type fanout struct {
 	dirtyStreams  []*stream
 	dirtyChannels []*channel
 	retryFetch    []*stream // stream-level reads that failed, retried on the sweep
+	received      time.Time // when the notifications being routed were received (receiving); zero = unknown
 }
+
+// receiving says when the notifications routed next (onPayload) were received.
+func (f *fanout) receiving(at time.Time) { f.received = at }
 
 // passEvents are the events of the current loop pass for the stream's live side, in arrival
 // order (read them during the flush only).
@@ -148,6 +153,9 @@ func (f *fanout) maybeDropStream(st *stream) {
 
 // onPayload handles one notification on the pgsse channel.
 func (f *fanout) onPayload(p *store.Payload) {
+	if p.Kind == store.KindDurable || p.Kind == store.KindWake {
+		f.stages.notified(p.Stream, p.ID, f.received) // subscribed here or not
+	}
 	st := f.streams[string(p.Stream)] // no allocation: map lookup by converted key
 	if st == nil {
 		return // nobody subscribed here
@@ -179,6 +187,9 @@ func (f *fanout) onPayload(p *store.Payload) {
 			return
 		}
 		ev := &event{id: id, enc: f.tr.event(nil, id, p.Event, p.Data), audience: payloadTags(p), timeUS: p.TimeUS}
+		if !f.received.IsZero() {
+			ev.received = f.received.UnixNano()
+		}
 		if id == st.last+1 && !st.fetching && !st.check {
 			f.appendLive(st, ev)
 			return
@@ -254,7 +265,8 @@ func (f *fanout) flushStreams() {
 	if len(f.dirtyStreams) == 0 {
 		return
 	}
-	now := time.Now().UnixMicro()
+	at := time.Now()
+	now := at.UnixMicro()
 	delivered := 0
 	for _, st := range f.dirtyStreams {
 		for _, sub := range st.subs {
@@ -272,6 +284,9 @@ func (f *fanout) flushStreams() {
 			if ev.timeUS > 0 {
 				f.metrics.lag.Observe(float64(now-ev.timeUS) / 1e6)
 			}
+		}
+		if len(st.subs) > 0 {
+			f.stages.written(items, at)
 		}
 		clear(items)
 		st.out = items[:0]

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"github.com/pgsse/pgsse/pglisten"
 	"github.com/pgsse/pgsse/store"
@@ -138,9 +139,11 @@ type sessionEvents struct{ l *listenState }
 
 var _ pglisten.Events = sessionEvents{}
 
-// Notifications hands a batch to the loop (handBatch).
+// Notifications hands a batch to the loop (handBatch), stamped with when it was received
+// (pgsse_publish_stage_seconds: notified, written).
 func (e sessionEvents) Notifications(b *pglisten.Batch) {
-	if !e.l.handBatch(func() { e.l.onBatch(b) }) {
+	received := time.Now()
+	if !e.l.handBatch(func() { e.l.onBatch(b, received) }) {
 		b.Release()
 	}
 }
@@ -217,8 +220,9 @@ func (l *listenState) handBatch(run func()) bool {
 
 // onBatch routes one batch of notifications from the process's own session, then gives its
 // read buffer back and its slot (listenBatchesQueued) — later, if the hub stalls in it.
-func (l *listenState) onBatch(b *pglisten.Batch) {
+func (l *listenState) onBatch(b *pglisten.Batch, received time.Time) {
 	l.metrics.notifications.Add(float64(len(b.Notes)))
+	l.fan.receiving(received)
 	l.routeBatch(b, 0)
 }
 
@@ -239,6 +243,7 @@ func (l *listenState) routeBatch(b *pglisten.Batch, from int) {
 // then it gives the batch's slot back (later, if the hub stalls in it).
 func (l *listenState) onEvents(evs []pglisten.Event) {
 	l.metrics.notifications.Add(float64(len(evs)))
+	l.fan.receiving(time.Now()) // when the loop took them: the hub's hand-off is not measured
 	l.routeEvents(evs, 0)
 }
 

@@ -24,6 +24,7 @@ type loopEnv struct {
 	cfg      Config
 	log      *slog.Logger
 	metrics  *metrics
+	stages   *stageClock // the publish path's stages (stages.go)
 	tasks    *taskQueue
 	replayer *store.Replayer // the replay pool, from Run (nil before: no table reads)
 	nowMS    int64           // the loop clock: unix milliseconds, refreshed every tick

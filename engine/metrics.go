@@ -68,6 +68,8 @@ type metrics struct {
 	publishRequestsOther *prometheus.CounterVec
 	publishBatch         prometheus.Histogram // events per committed transaction
 	publishCommit        prometheus.Histogram // seconds from sending a transaction to its COMMIT's answer
+	// pgsse_publish_stage_seconds{stage}: the publish path's stages (stages.go).
+	publishStages *prometheus.HistogramVec
 
 	// Presence (presence.go): the (stream, subject) pairs this process counts, its writer's
 	// statements, and the processes whose lapsed lease its writes removed.
@@ -153,6 +155,11 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Help:    "Time from sending a publishing transaction to PostgreSQL to the answer to its COMMIT.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	})
+	m.publishStages = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "pgsse_publish_stage_seconds",
+		Help:    "The publish path's stages, each from the boundary before it: head (request head parsed), body (complete), queued (for commit), sent (transaction sent), committed (COMMIT answered), answered (publisher's answer written), notified (commit answered → notification received), written (notification received → first subscriber written).",
+		Buckets: []float64{.00001, .000025, .00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+	}, []string{"stage"})
 	m.presenceSubjects = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_presence_subjects",
 		Help: "Subjects this process counts on presence streams (one per stream and sub claim; anonymous connections not included)."})
 	m.presenceWrites = prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_presence_writes_total",
@@ -187,7 +194,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	m.outboundBudget.Set(float64(s.cfg.MaxOutboundMemory))
 	collectors := append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
 		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.hubStallSeconds, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark,
-		m.outboundBudget, m.publishConns, published, m.publishBatch, m.publishCommit,
+		m.outboundBudget, m.publishConns, published, m.publishBatch, m.publishCommit, m.publishStages,
 		m.presenceSubjects, m.presenceWrites, m.presenceLeaseExpired}, tokens...)
 	if s.cfg.SiblingHub == nil {
 		m.notifyQueue = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgsse_notify_queue_usage",

@@ -56,6 +56,7 @@ var engineParts = map[string][]string{
 	"presenceTable": {"presence.go", "presencewriter.go"},
 	"siblingSource": {"siblingsource.go"},
 	"transport":     {"transport.go", "transport_sse.go"},
+	"stageClock":    {"stages.go"},
 }
 
 // readAnywhere are types whose fields any part may read (never write): what every part is
@@ -92,6 +93,7 @@ var lentFields = map[string]string{
 	"event.stream":   "read",
 	"event.seq":      "read", // the arrival order a connection with several streams is written in
 	"event.queued":   "outbound",
+	"event.received": "read", // the written stage (stages.go)
 	"stream.name":    "read",
 }
 

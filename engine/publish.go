@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
@@ -75,6 +76,18 @@ type publishConn struct {
 	reason  string //
 	req     store.PublishRequest
 	one     [1]store.PublishEvent
+
+	stamps publishStamps // pgsse_publish_stage_seconds (stages.go)
+}
+
+// publishStamps are the loop's readings of one request's stages (stages.go); the
+// Publisher's follow with its result (store.PublishTimes).
+type publishStamps struct {
+	headAt time.Time // the loop saw the next request's first bytes (headSeen)
+	seen   bool      // headAt is the next request's: set by headSeen, taken by publish
+	head   time.Time // this request's headAt; zero when not measured
+	parsed time.Time // its head was parsed
+	body   time.Time // its body was complete
 }
 
 // publish starts a POST /streams/{stream} or POST /publish request: the checks that need
@@ -86,6 +99,11 @@ func (p *publishing) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	}
 	pub := sc.pub
 	pub.seq++
+	st := &pub.stamps
+	st.head, st.parsed, st.body = time.Time{}, time.Now(), time.Time{}
+	if st.seen {
+		st.head, st.seen = st.headAt, false
+	}
 	pub.batch = req.Route == sse.RoutePublish
 	pub.keepAlive, pub.expect100 = req.KeepAlive, req.Expect100
 	pub.origin = append(pub.origin[:0], cors.Origin...)
@@ -287,6 +305,30 @@ func (p *publishing) bodyRead(sc *sseConn) {
 	}
 	pub.buf = buf[:0]
 	pub.data, pub.bodyDone = body, true
+	pub.stamps.body = time.Now()
+}
+
+// headSeen notes that the loop is reading a request head of a connection that has published
+// before (requests.readHead): the head stage starts at the first such reading.
+func (p *publishing) headSeen(sc *sseConn) {
+	if pub := sc.pub; pub != nil && !pub.stamps.seen {
+		pub.stamps.headAt, pub.stamps.seen = time.Now(), true
+	}
+}
+
+// observeStages records the stages of request pub, answered at answered after res.
+func (p *publishing) observeStages(pub *publishConn, res *store.PublishResult, answered time.Time) {
+	st, t := &pub.stamps, &res.Times
+	c := p.stages
+	c.observe(stageHead, st.head, st.parsed)
+	c.observe(stageBody, st.parsed, st.body)
+	c.observe(stageQueued, st.body, t.Queued)
+	c.observe(stageSent, t.Queued, t.Sent)
+	c.observe(stageCommitted, t.Sent, t.Committed)
+	c.observe(stageAnswered, t.Committed, answered)
+	if !pub.batch && !pub.ephemeral {
+		c.committedHTTP(pub.stream, res.IDs[0], t.Committed)
+	}
 }
 
 // submitPublish hands a request whose body is read and whose token allows it to the
@@ -323,6 +365,9 @@ func (p *publishing) submitPublish(sc *sseConn) {
 		p.answerPublishError(sc, status, reason)
 		return
 	}
+	if !pub.batch && !pub.ephemeral {
+		p.stages.submitted(pub.stream)
+	}
 	p.bodies.release(pub) // the Publisher's own budget holds the data now
 	p.conns.submitted(sc)
 }
@@ -349,6 +394,7 @@ func (p *publishing) onCommitted(sc *sseConn, seq uint32, res store.PublishResul
 			b = p.ans.published([]byte(pub.stream), res.IDs[0], reply)
 		}
 		p.conns.answerPublish(sc, b, keep, false)
+		p.observeStages(pub, &res, time.Now())
 		p.endPublish(pub)
 	}
 	p.readAhead(sc)

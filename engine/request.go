@@ -84,6 +84,7 @@ func (r *requests) read(sc *sseConn) {
 // connection carries on reading (a publish request's body, or its next request).
 func (r *requests) readHead(sc *sseConn) bool {
 	c := sc.c
+	r.pub.headSeen(sc)
 	buf, _ := c.Peek(-1)
 	// Parse only once the head can be complete (or is too big): a client trickling one byte
 	// per packet must not make us re-parse a growing head each time. The empty lines the

@@ -96,6 +96,7 @@ func New(cfg Config) (*Server, error) {
 	if env.metrics, err = newMetrics(cfg.Registry, s); err != nil {
 		return nil, err
 	}
+	env.stages = newStageClock(env.metrics.publishStages)
 	var verifier *auth.Verifier
 	if len(cfg.Auth.Secret) > 0 || len(cfg.Auth.PublicKeyPEM) > 0 {
 		if verifier, err = auth.NewVerifier(cfg.Auth); err != nil {

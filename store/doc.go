@@ -24,7 +24,9 @@
 //	pgsse.events(stream text, id bigint, event text, data text NOT NULL,
 //	             audience text[], created_at timestamptz NOT NULL DEFAULT now(),
 //	             PRIMARY KEY (stream, id))
-//	    event NULL = "message"; audience NULL = everyone; index on created_at for prune
+//	    event NULL = "message"; audience NULL = everyone; no index but the primary key
+//	UNLOGGED pgsse.pruned_streams(stream text PRIMARY KEY, next_id bigint)
+//	    streams pgsse.prune left without events, and the id of each one's next event
 //	pgsse.broadcast_nonce  sequence (CYCLE) of nonces for ephemeral payloads
 //	pgsse.message          type (stream text, data text, event text, audience text[], ephemeral boolean)
 //
@@ -57,6 +59,11 @@
 // Version 3 (issue 21) added presence and made event names starting with "pgsse:"
 // reserved: pgsse.publish, pgsse.broadcast and pgsse.publish_many raise 22023 "event names
 // starting with pgsse: are reserved" (pgsse:gap and pgsse:presence are pgsse's own).
+// It also dropped pgsse.events' index on created_at (issue 20), which cost every durable
+// event a second index entry (about half the buffers and a third of the WAL records of a
+// publish) for pgsse.prune alone: pgsse.prune now probes each stream's oldest event on the
+// primary key instead, passing over the streams it left without events
+// (pgsse.pruned_streams) until they are published to again.
 //
 // Version 2 (issues 11 and 13) added pgsse.message, pgsse.publish_many and
 // pgsse.max_event_bytes, made pgsse.publish cheaper (one expression checks the common
@@ -72,10 +79,11 @@
 // characters (0x01–0x1F, 0x7F); then, for durable events, data at most pgsse.max_event_bytes bytes. An empty
 // audience is stored as NULL (everyone). pgsse.prune deletes, per stream, only the
 // oldest run of events that are all older than older_than, never the newest keep_last
-// ids, so the retained ids of a stream stay contiguous; it finds each stream's cut on
-// the (stream, id) key and deletes it as one key range, so its work grows with the old
-// events (200,000 in one stream: 1.5 s on a busy 2-core VM), not with their square as
-// in version 1.
+// ids, so the retained ids of a stream stay contiguous; it probes each stream's oldest
+// event on the (stream, id) key, finds the cut on the same key and deletes it as one key
+// range, so its work grows with the streams holding events and with the old events
+// (200,000 in one stream: 1.5 s on a busy 2-core VM), not with their square as in
+// version 1.
 // Migrations run under pg_advisory_lock(123589620884737) (0x706773736501), each in
 // one transaction; MigrationSQL is the same as a psql script.
 //

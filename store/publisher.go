@@ -96,6 +96,19 @@ type PublishRequest struct {
 type PublishResult struct {
 	IDs []int64 // per event, in order; 0 for ephemeral events. Set only when Err is nil
 	Err error
+	// Times says when the request passed the publisher's stages (pgsse_publish_stage_seconds).
+	Times PublishTimes
+}
+
+// PublishTimes are the moments a request passed the publisher's stages, as time.Now
+// read them (monotonic). Queued is read once per request (in Submit), Sent and Committed
+// once per transaction, shared by its requests: they cost nothing per event. Sent and
+// Committed are set only when Err is nil; for a group retried (a conflict, a connection
+// lost before COMMIT, a split) they are those of the transaction that committed it.
+type PublishTimes struct {
+	Queued    time.Time // Submit queued the request
+	Sent      time.Time // its transaction's statement was handed to the connection
+	Committed time.Time // PostgreSQL's answer to its COMMIT was read (or the outcome of a lost COMMIT learned)
 }
 
 // PublishGroup describes one transaction, for metrics (pgsse_publish_batch_size,
@@ -178,9 +191,10 @@ type publishShard struct {
 }
 
 type pendingPublish struct {
-	req   *PublishRequest
-	done  func(PublishResult)
-	bytes int64
+	req    *PublishRequest
+	done   func(PublishResult)
+	bytes  int64
+	queued time.Time
 }
 
 // NewPublisher starts the publisher's connections. A bad DatabaseURL is reported by
@@ -260,6 +274,7 @@ func (p *Publisher) Submit(req *PublishRequest, done func(PublishResult)) error 
 	for i := range req.Events {
 		size += req.Events[i].size()
 	}
+	queued := time.Now()
 	p.mu.Lock()
 	switch {
 	case p.closing:
@@ -275,7 +290,7 @@ func (p *Publisher) Submit(req *PublishRequest, done func(PublishResult)) error 
 		return ErrPublishQueueFull
 	}
 	sh := &p.shards[shardOf(req.Events[0].Stream, len(p.shards))]
-	sh.queue = append(sh.queue, &pendingPublish{req: req, done: done, bytes: size})
+	sh.queue = append(sh.queue, &pendingPublish{req: req, done: done, bytes: size, queued: queued})
 	p.queued++
 	p.pendingBytes += size
 	p.mu.Unlock()
@@ -377,6 +392,7 @@ func (p *Publisher) finish(pp *pendingPublish, res PublishResult) {
 	p.mu.Lock()
 	p.pendingBytes -= pp.bytes
 	p.mu.Unlock()
+	res.Times.Queued = pp.queued
 	pp.done(res)
 }
 
@@ -681,8 +697,8 @@ type txGroup struct {
 	group  []*pendingPublish
 	events []*PublishEvent
 	ids    []int64
-	data   int64 // data bytes
-	start  time.Time
+	data   int64     // data bytes
+	start  time.Time // the statement was handed to the connection (PublishTimes.Sent)
 }
 
 func newTxGroup(group []*pendingPublish) *txGroup {
@@ -714,7 +730,8 @@ func (w *publishWorker) settle(g *txGroup, failure txFailure, xid int64, err err
 	if failure == txCommitLost {
 		failure, err = w.resolve(g, xid, err)
 	}
-	stats := PublishGroup{Requests: len(group), Events: len(g.events), Bytes: g.data, Commit: time.Since(g.start), Err: err}
+	answered := time.Now() // the one reading of "commit answered" for the whole group
+	stats := PublishGroup{Requests: len(group), Events: len(g.events), Bytes: g.data, Commit: answered.Sub(g.start), Err: err}
 	observe := func() {
 		if p.cfg.Observe != nil {
 			p.cfg.Observe(stats)
@@ -726,7 +743,7 @@ func (w *publishWorker) settle(g *txGroup, failure txFailure, xid int64, err err
 		off := 0
 		for _, pp := range group {
 			n := len(pp.req.Events)
-			p.finish(pp, PublishResult{IDs: g.ids[off : off+n : off+n]})
+			p.finish(pp, PublishResult{IDs: g.ids[off : off+n : off+n], Times: PublishTimes{Sent: g.start, Committed: answered}})
 			off += n
 		}
 		return

@@ -516,3 +516,61 @@ func (w tLogWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(b), "\n"))
 	return len(b), nil
 }
+
+// Issue 20: each result says when its request was queued, when its transaction went to
+// PostgreSQL and when the COMMIT was answered (pgsse_publish_stage_seconds), in that
+// order; the requests of one transaction share the two transaction moments.
+func TestPublisherResultTimes(t *testing.T) {
+	dsn := migrated(t)
+	held, release := make(chan struct{}), make(chan struct{})
+	var first sync.Once
+	hook := func(stage string, _ int64, _ *pgconn.PgConn) {
+		if stage == "statement" {
+			first.Do(func() { close(held); <-release })
+		}
+	}
+	p := newTestPublisher(t, PublisherConfig{DatabaseURL: dsn}, testHooks{testHook: hook})
+	results := make(chan PublishResult, 4)
+	submit := func(data string) {
+		require.NoError(t, p.Submit(one("times/a", data), func(r PublishResult) { results <- r }))
+	}
+	before := time.Now()
+	submit("0")
+	<-held // the first transaction's statement has run; its COMMIT waits for release
+	for i := 1; i <= 3; i++ {
+		submit(strconv.Itoa(i))
+	}
+	require.Eventually(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.queued == 3
+	}, 10*time.Second, time.Millisecond)
+	released := time.Now()
+	close(release)
+
+	var got []PublishResult
+	for range 4 {
+		select {
+		case r := <-results:
+			require.NoError(t, r.Err)
+			got = append(got, r)
+		case <-time.After(30 * time.Second):
+			t.Fatal("no result within 30 s")
+		}
+	}
+	for i, r := range got {
+		tm := r.Times
+		require.False(t, tm.Queued.IsZero() || tm.Sent.IsZero() || tm.Committed.IsZero(), "result %d: %+v", i, tm)
+		assert.False(t, tm.Queued.Before(before), "result %d", i)
+		assert.False(t, tm.Sent.Before(tm.Queued), "result %d: sent before queued", i)
+		assert.True(t, tm.Committed.After(tm.Sent), "result %d: committed after sent", i)
+		assert.True(t, tm.Committed.After(released), "result %d: the COMMIT was answered after the hold", i)
+	}
+	assert.Equal(t, []int64{1}, got[0].IDs)
+	assert.True(t, got[0].Times.Sent.Before(released), "the first transaction went out before the hold")
+	for _, r := range got[2:] {
+		assert.Equal(t, got[1].Times.Sent, r.Times.Sent, "one transaction: one Sent")
+		assert.Equal(t, got[1].Times.Committed, r.Times.Committed, "one transaction: one Committed")
+	}
+	assert.True(t, got[1].Times.Sent.After(released), "the second transaction went out after the first statement was answered")
+}
