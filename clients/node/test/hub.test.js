@@ -1,5 +1,6 @@
 // pgsse-hub against the real hub of a real `pgsse serve` and a real PostgreSQL.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -152,9 +153,15 @@ describe("Failover to the application's own session", { skip: skipLive }, () => 
 
   test('failover on eviction', withFailover(['--hub-worker-buffer', '131080'], async (f, events, server) => {
     await f.subscribe('jobs');
-    await sql("SELECT pg_notify('jobs', repeat('x', 7000) || g) FROM generate_series(1, 400) g");
     // A worker whose event loop is blocked reads nothing: the socket and then the hub's ring fill
-    // up. Block it (without spinning) until the hub's log says it evicted us.
+    // up. The notifications are sent by a child process while this one's loop is blocked in
+    // execFileSync — sent from here, they would be read as they come (the hub writes a burst as
+    // fast as the worker reads, and awaiting the query leaves the loop free to read). Then stay
+    // blocked (without spinning) until the hub's log says it evicted us.
+    execFileSync(process.execPath, ['--input-type=module', '-e',
+      `import { sql } from ${JSON.stringify(new URL('./support.js', import.meta.url).href)};
+       await sql("SELECT pg_notify('jobs', repeat('x', 7000) || g) FROM generate_series(1, 400) g");`],
+    { env: process.env, stdio: ['ignore', 'ignore', 'inherit'] });
     const pause = new Int32Array(new SharedArrayBuffer(4));
     const deadline = Date.now() + 30000;
     while (!server.log.includes('evicting a worker')) {
