@@ -128,28 +128,36 @@ func (p *sqlPublisher) once(ctx context.Context) {
 			return
 		}
 	}
-	rollback := p.rng.IntN(5) == 0
+	if err := p.endTx(cctx, p.conn, rec, 5); err != nil {
+		if rec.Outcome == Unknown {
+			rec.Detail, rec.Acked = "COMMIT: "+err.Error(), 0
+		}
+		p.conn.Close(context.Background())
+		p.conn = nil
+	}
+}
+
+// endTx ends rec's transaction on conn — ROLLBACK one time in oneIn, else COMMIT — and records
+// when the end was sent and answered, and the outcome (Unknown for a COMMIT without an answer).
+// An error means conn is broken.
+func (p *publisher) endTx(ctx context.Context, conn *pgconn.PgConn, rec *PubRecord, oneIn int) error {
+	rollback := p.rng.IntN(oneIn) == 0
 	end := "COMMIT"
 	if rollback {
 		end = "ROLLBACK"
 	}
 	rec.Sent = p.w.now()
-	_, err := p.conn.Exec(cctx, end).ReadAll()
+	_, err := conn.Exec(ctx, end).ReadAll()
 	rec.Acked = p.w.now()
 	switch {
 	case rollback:
 		rec.Outcome, rec.Detail = NotCommitted, "rolled back"
-		if err != nil {
-			p.conn.Close(context.Background())
-			p.conn = nil
-		}
 	case err != nil:
-		rec.Outcome, rec.Detail, rec.Acked = Unknown, "COMMIT: "+err.Error(), 0
-		p.conn.Close(context.Background())
-		p.conn = nil
+		rec.Outcome = Unknown
 	default:
 		rec.Outcome = Committed
 	}
+	return err
 }
 
 // httpPublisher publishes over HTTP on one keep-alive connection: POST /streams/{stream}
@@ -367,23 +375,7 @@ func (p *sqlBroadcaster) exec(ctx context.Context, rec *PubRecord, params [][]by
 			return
 		}
 	}
-	end := "COMMIT"
-	rollback := p.rng.IntN(6) == 0
-	if rollback {
-		end = "ROLLBACK"
-	}
-	rec.Sent = p.w.now()
-	_, err := p.conn.Exec(cctx, end).ReadAll()
-	rec.Acked = p.w.now()
-	switch {
-	case rollback:
-		rec.Outcome, rec.Detail = NotCommitted, "rolled back"
-	case err != nil:
-		rec.Outcome = Unknown
-	default:
-		rec.Outcome = Committed
-	}
-	if err != nil {
+	if err := p.endTx(cctx, p.conn, rec, 6); err != nil {
 		broken(err)
 	}
 }
@@ -459,23 +451,7 @@ func (p *notifier) exec(ctx context.Context, rec *PubRecord, sql string, params 
 		broken(err)
 		return
 	}
-	end := "COMMIT"
-	rollback := p.rng.IntN(10) == 0
-	if rollback {
-		end = "ROLLBACK"
-	}
-	rec.Sent = p.w.now()
-	_, err := p.conn.Exec(cctx, end).ReadAll()
-	rec.Acked = p.w.now()
-	switch {
-	case rollback:
-		rec.Outcome, rec.Detail = NotCommitted, "rolled back"
-	case err != nil:
-		rec.Outcome = Unknown
-	default:
-		rec.Outcome = Committed
-	}
-	if err != nil {
+	if err := p.endTx(cctx, p.conn, rec, 10); err != nil {
 		broken(err)
 	}
 }
