@@ -95,22 +95,9 @@ func ParsePayload(src []byte, p *Payload) error {
 	if kind != KindDurable && kind != KindWake && kind != KindEphemeral {
 		return ErrPayloadKind
 	}
-	i := 3
-	t, i, ok := parseUint(src, i, maxTimeDigits)
-	if !ok {
-		return ErrPayloadTime
-	}
-	if i >= len(src) || src[i] != ' ' {
-		return ErrPayloadSpacing
-	}
-	i++
-	start := i
-	for i < len(src) && src[i] != ' ' && i-start <= names.MaxStream {
-		i++
-	}
-	stream := src[start:i]
-	if names.CheckStream(stream) != nil {
-		return ErrPayloadStream
+	t, stream, i, err := parseHead(src)
+	if err != nil {
+		return err
 	}
 	if i >= len(src) {
 		return ErrPayloadSpacing
@@ -124,7 +111,7 @@ func ParsePayload(src []byte, p *Payload) error {
 		return ErrPayloadSpacing
 	}
 	i++
-	start = i
+	start := i
 	for i < len(src) && src[i] != ' ' && i-start <= names.MaxEvent {
 		i++
 	}
@@ -182,23 +169,11 @@ func ParsePayload(src []byte, p *Payload) error {
 //	"P1" SP time SP stream SP seq SP prev SP part SP parts SP anonymous SP njoin SP nleave
 //	     *(SP len ":" sub) LF
 func parsePresence(src []byte, p *Payload) error {
-	i := 3
-	t, i, ok := parseUint(src, i, maxTimeDigits)
-	if !ok {
-		return ErrPayloadTime
+	t, stream, i, err := parseHead(src)
+	if err != nil {
+		return err
 	}
-	if i >= len(src) || src[i] != ' ' {
-		return ErrPayloadSpacing
-	}
-	i++
-	start := i
-	for i < len(src) && src[i] != ' ' && i-start <= names.MaxStream {
-		i++
-	}
-	stream := src[start:i]
-	if names.CheckStream(stream) != nil {
-		return ErrPayloadStream
-	}
+	var ok bool
 	// The numbers, each after one space.
 	var f [7]uint64
 	digits := [7]int{maxIDDigits, maxIDDigits, maxPartDigits, maxPartDigits, maxIDDigits, maxNSubDigits, maxNSubDigits}
@@ -264,6 +239,28 @@ func parsePresence(src []byte, p *Payload) error {
 
 // parseUint reads a canonical decimal number (no sign, no leading zero unless the
 // number is 0) of 1..maxDigits digits at src[i:], at most 2^63-1. It returns the
+// parseHead reads what every payload kind starts with after its kind byte and space:
+// the commit time, one space and the stream; i is the index just past the stream.
+func parseHead(src []byte) (t uint64, stream []byte, i int, err error) {
+	t, i, ok := parseUint(src, 3, maxTimeDigits)
+	if !ok {
+		return 0, nil, 0, ErrPayloadTime
+	}
+	if i >= len(src) || src[i] != ' ' {
+		return 0, nil, 0, ErrPayloadSpacing
+	}
+	i++
+	start := i
+	for i < len(src) && src[i] != ' ' && i-start <= names.MaxStream {
+		i++
+	}
+	stream = src[start:i]
+	if names.CheckStream(stream) != nil {
+		return 0, nil, 0, ErrPayloadStream
+	}
+	return t, stream, i, nil
+}
+
 // value and the index after it.
 func parseUint(src []byte, i, maxDigits int) (uint64, int, bool) {
 	start := i
