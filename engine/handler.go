@@ -20,6 +20,9 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	return gnet.None
 }
 
+// Every callback but the anchor's ends with Server.hurry: the queued tasks (deliveries among
+// them) do not wait behind a storm of sockets gnet's poller handles first (loop.go).
+
 // OnOpen implements gnet.EventHandler.
 func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	switch c.Context() {
@@ -27,10 +30,12 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		c.SetContext(anchorMark{})
 		return nil, gnet.None
 	case originHub, originSibling:
+		defer s.hurry()
 		s.enter()
 		defer s.leave()
 		return s.hub.accept(c, c.Context() == originSibling)
 	case originSSE:
+		defer s.hurry()
 		s.enter()
 		defer s.leave()
 		s.conns.open(c)
@@ -44,6 +49,7 @@ func (s *Server) OnClose(c gnet.Conn, _ error) gnet.Action {
 	// gnet runs OnClose synchronously when the loop's own code closes a socket (a failed
 	// write), inside an entry; or on its own, outside any: then this is the entry, and the
 	// connection is removed from the tables on the way out.
+	defer s.hurry()
 	switch x := c.Context().(type) {
 	case *sseConn:
 		s.enter()
@@ -57,6 +63,7 @@ func (s *Server) OnClose(c gnet.Conn, _ error) gnet.Action {
 
 // OnTraffic implements gnet.EventHandler.
 func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
+	defer s.hurry()
 	switch x := c.Context().(type) {
 	case *sseConn:
 		s.enter()
