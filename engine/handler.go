@@ -20,8 +20,10 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	return gnet.None
 }
 
-// Every callback but the anchor's ends with Server.hurry: the queued tasks (deliveries among
-// them) do not wait behind a storm of sockets gnet's poller handles first (loop.go).
+// Every callback but the anchor's calls Server.hurry, so that the queued tasks (deliveries
+// among them) do not wait behind a storm of sockets gnet's poller handles first (loop.go):
+// OnTraffic and OnClose on their way out, OnOpen before the new connection is in the tables —
+// gnet goes on with it after OnOpen returns, so no task may have closed it meanwhile.
 
 // OnOpen implements gnet.EventHandler.
 func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
@@ -30,12 +32,12 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		c.SetContext(anchorMark{})
 		return nil, gnet.None
 	case originHub, originSibling:
-		defer s.hurry()
+		s.hurry()
 		s.enter()
 		defer s.leave()
 		return s.hub.accept(c, c.Context() == originSibling)
 	case originSSE:
-		defer s.hurry()
+		s.hurry()
 		s.enter()
 		defer s.leave()
 		s.conns.open(c)
