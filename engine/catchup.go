@@ -205,7 +205,7 @@ func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadR
 			waitLarge = true // too many large events held: read from here again later
 			break
 		}
-		sub.st.sawPublished(e.TimeUS)
+		sub.st.sawPublished(e.ID, e.TimeUS)
 		n++
 	}
 	if len(items) > 0 {
