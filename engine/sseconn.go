@@ -144,9 +144,13 @@ type sseConn struct {
 	// Its subscriptions (subscription.go): nsub of them, the first inline, the others in more
 	// (with what a connection following several streams needs besides).
 	nsub  uint8
-	timed bool // listed in connTable.timed (sweep)
-	more  *subSet
-	first subscription
+	timed bool  // listed in connTable.timed (sweep)
+	beat  uint8 // its slot in connTable.beats while beatPos > 0
+	// beatPos is 1 + its index in that slot, 0 when it is not in the wheel: a connection that
+	// closes leaves the wheel at once (unbeat), not when its slot comes round.
+	beatPos int32
+	more    *subSet
+	first   subscription
 }
 
 // connExt is what a token may bring a connection beyond the bare stream: its tags (audience),
@@ -567,6 +571,7 @@ func (t *connTable) remove(sc *sseConn) {
 	t.pub.release(sc)
 	t.subs.unsubscribeAll(sc)
 	delete(t.slow, sc)
+	t.unbeat(sc)
 	t.pres.closed(sc)
 	t.list = swapRemove(t.list, sc, connIndex)
 	t.opened.Store(int64(len(t.list)))
@@ -667,7 +672,25 @@ func (t *connTable) schedule(sc *sseConn) {
 		due = min(due, exp)
 	}
 	slot := min(max(due/sweepIntervalMS, now), now+beatSlots-1) % beatSlots
+	sc.beat, sc.beatPos = uint8(slot), int32(len(t.beats[slot]))+1
 	t.beats[slot] = append(t.beats[slot], sc)
+}
+
+// unbeat takes sc out of the heartbeat wheel, if it is there (remove).
+func (t *connTable) unbeat(sc *sseConn) {
+	if sc.beatPos == 0 {
+		return
+	}
+	slot, i := &t.beats[sc.beat], int(sc.beatPos)-1
+	sc.beatPos = 0
+	last := len(*slot) - 1
+	if i > last || (*slot)[i] != sc {
+		return
+	}
+	(*slot)[i] = (*slot)[last]
+	(*slot)[i].beatPos = int32(i) + 1
+	(*slot)[last] = nil
+	*slot = (*slot)[:last]
 }
 
 // sweepBeats takes the slots that fell due since the last sweep: a connection whose token
@@ -684,6 +707,9 @@ func (t *connTable) sweepBeats() {
 		slot := &t.beats[tick%beatSlots]
 		due := *slot
 		*slot = nil // schedule may append to this slot meanwhile (not due yet, or a later round)
+		for _, sc := range due {
+			sc.beatPos = 0 // out of the wheel until placed again
+		}
 		for _, sc := range due {
 			if !sc.streaming() {
 				continue

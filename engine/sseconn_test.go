@@ -203,7 +203,8 @@ func TestSweepConnsPublisherTimeRules(t *testing.T) {
 // An idle server's sweep costs what is due, not a pass over every connection (issue 25):
 // streaming connections leave the timed list at the first sweep and wait in the heartbeat
 // wheel's slot of their next heartbeat; a sweep before it looks at none of them, the one at
-// it gives each one heartbeat and places it --heartbeat later. A public stream's connection
+// it gives each one heartbeat and places it --heartbeat later; one that closes leaves the
+// wheel at once. A public stream's connection
 // holds no extension (connExt): nothing a token would bring.
 func TestIdleSweepTouchesOnlyWhatIsDue(t *testing.T) {
 	const t0, n = 1_000_000, 200
@@ -245,6 +246,20 @@ func TestIdleSweepTouchesOnlyWhatIsDue(t *testing.T) {
 	_, entries = inWheel()
 	assert.Equal(t, n, entries, "each placed again, once")
 	assert.Len(t, s.conns.beats[(t0+2000)/sweepIntervalMS%beatSlots], n, "--heartbeat later")
+
+	// A connection that closes leaves the wheel at once, not when its slot comes round.
+	closing := append([]*sseConn(nil), s.conns.all()[:n/4]...)
+	for _, sc := range closing {
+		s.conns.closed(sc)
+	}
+	s.conns.reapClosed()
+	_, entries = inWheel()
+	assert.Equal(t, n-n/4, entries)
+	for _, slot := range s.conns.beats {
+		for i, sc := range slot {
+			require.Equal(t, int32(i+1), sc.beatPos, "its place in the slot")
+		}
+	}
 
 	// A token's exp is kept beside the connection, not in it.
 	c := newRecordConn(t)
