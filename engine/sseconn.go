@@ -662,6 +662,7 @@ func (t *connTable) sweepTimed() {
 // schedule places a streaming connection in the heartbeat wheel's slot of its next heartbeat
 // (its last write + --heartbeat) or its token's exp, whichever is first.
 func (t *connTable) schedule(sc *sseConn) {
+	t.unbeat(sc) // never in two slots
 	now := t.nowMS / sweepIntervalMS
 	if t.beats == nil {
 		t.beats = make([][]*sseConn, beatSlots)
