@@ -316,6 +316,9 @@ func (r *requests) parseSubscription(req *sse.Request) (sub *subRequest, status 
 		return r.askedStreams(req)
 	}
 	if err := names.CheckStream(req.Name); err != nil {
+		if bytes.IndexByte(req.Name, ',') >= 0 { // /streams/a,b: several streams, as one name
+			return nil, 400, err.Error() + " (to follow several streams on one connection: /streams?stream=a&stream=b)"
+		}
 		return nil, 400, err.Error()
 	}
 	sub = &subRequest{name: string(req.Name), public: auth.MatchAny(r.cfg.PublicStreams, req.Name), presence: req.Presence}

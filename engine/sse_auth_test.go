@@ -271,3 +271,19 @@ func TestNotGrantedNamesTheOtherKindOfGrant(t *testing.T) {
 	require.Equal(t, 401, r.Status, r.Body)
 	assert.Contains(t, r.Body, "token is malformed: a JWT is three base64url parts, header.claims.signature")
 }
+
+// Several streams written as one path (/streams/a,b) are refused with the endpoint that
+// follows several streams; a bad name without a comma is refused as before.
+func TestCommaInStreamPathNamesTheMultiStreamEndpoint(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", nil)
+	addr := ts.Addr().String()
+	tok := token(t, auth.Claims{Streams: []string{"*"}}, time.Hour)
+	r := get(t, addr, "/streams/a,b?token="+tok)
+	require.Equal(t, 400, r.Status, r.Body)
+	assert.Contains(t, r.Body, "stream name may contain only")
+	assert.Contains(t, r.Body, "(to follow several streams on one connection: /streams?stream=a&stream=b)")
+	r = get(t, addr, "/streams/a%20b?token="+tok)
+	require.Equal(t, 400, r.Status, r.Body)
+	assert.NotContains(t, r.Body, "several streams")
+}
