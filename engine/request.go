@@ -187,14 +187,18 @@ func (r *requests) route(sc *sseConn, req *sse.Request) {
 	}
 }
 
+// errNotFound is the 404 line for a path pgsse does not serve: the paths it does, since the
+// usual cause is a guessed one (/stream/x, /events/x).
+const errNotFound = "not found: pgsse serves GET /streams/{stream}, /streams?stream=…&stream=…, /channels/{channel}, /presence/{stream}, /pgsse.js and POST /streams/{stream}, /publish (docs/http.md)"
+
 // notFound answers 404 (a HEAD request gets the head only: RFC 9110 §9.3.2).
 func (r *requests) notFound(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	r.metrics.rejectedFor(404).Inc()
 	if req.Method == sse.MethodHEAD {
-		r.conns.finish(sc, r.ans.errorHead(404, "not found", cors))
+		r.conns.finish(sc, r.ans.errorHead(404, errNotFound, cors))
 		return
 	}
-	r.endRequest(sc, req, r.ans.error(404, "not found", cors))
+	r.endRequest(sc, req, r.ans.error(404, errNotFound, cors))
 }
 
 // endRequest writes the final answer to req and closes the connection, lingering when req
