@@ -387,3 +387,9 @@ func TestUnsourcedRunEnv(t *testing.T) {
 		assert.Equal(t, tc.want, staleRunEnv(envMap(tc.env), tc.beside), tc.name)
 	}
 }
+
+// doctor's presence line counts in English: make run's one process is "1 pgsse process holds".
+func TestPresenceLeasesLine(t *testing.T) {
+	assert.Equal(t, "1 pgsse process holds a presence lease (0 lapsed)", presenceLeases(1, 0))
+	assert.Equal(t, "3 pgsse processes hold presence leases (1 lapsed)", presenceLeases(3, 1))
+}
