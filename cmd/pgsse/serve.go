@@ -196,7 +196,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	}
 
 	// The connection limit: what the fd limit allows after every other consumer's share.
-	budget := engine.Config{HubSocket: *hubSocket, AdminMaxConnections: *adminMax}.FDBudget(limit)
+	budget := engine.Config{HubSocket: *hubSocket, AdminMaxConnections: *adminMax, PresenceStreams: *presenceStreams}.FDBudget(limit)
 	allowed := budget.MaxConnections
 	conns := *maxConns
 	if c.isSet("max-connections") {

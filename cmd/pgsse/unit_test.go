@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -360,6 +361,22 @@ func TestStaleRunEnv(t *testing.T) {
 	} {
 		assert.Equal(t, tc.want, staleRunEnv(envMap(tc.env), ""), tc.name)
 	}
+}
+
+// Presence's writer session counts in the descriptor budget (engine.Config.FDBudget): the
+// --max-connections the limit leaves without --presence-streams is one too many with it.
+func TestServeBudgetCountsPresence(t *testing.T) {
+	limit := engine.FDLimit()
+	require.NotZero(t, limit, "RLIMIT_NOFILE")
+	allowed := engine.Config{}.FDBudget(limit).MaxConnections
+	require.Positive(t, allowed)
+	args := []string{"--listen=127.0.0.1:0", "--jwt-secret", "0123456789abcdef0123456789abcdef", "--max-connections", strconv.Itoa(allowed)}
+	_, err := parseServe(args, envMap(nil), io.Discard, io.Discard)
+	require.NoError(t, err)
+	_, err = parseServe(append(args, "--presence-streams", "room/*"), envMap(nil), io.Discard, io.Discard)
+	require.ErrorContains(t, err, "--max-connections: "+strconv.Itoa(allowed)+" exceeds what the file-descriptor limit allows")
+	_, err = parseServe(append(args[:len(args)-1], strconv.Itoa(allowed-1), "--presence-streams", "room/*"), envMap(nil), io.Discard, io.Discard)
+	require.NoError(t, err)
 }
 
 // A shell that never sourced bin/run.env, while make run is running beside the binary, is told
