@@ -201,6 +201,33 @@ func (f *fanout) onPayload(p *store.Payload) {
 	}
 }
 
+// committed delivers a durable event that this process's Publisher has just committed (an
+// HTTP publish: publishing.onCommitted) to the stream's subscribers here at once, without
+// waiting for its notification's round trip through PostgreSQL — when that keeps the
+// stream's order: the stream has subscriptions, its head is known, and the event is the very
+// next id the loop expects with no table read or check under way. Otherwise (concurrent
+// publishers whose commits were answered out of id order, a notification that came first, a
+// catch-up in flight) the notification delivers it as before. Either way the notification is
+// still routed (onPayload), and dropped as accounted for (id ≤ st.last): timeUS, PostgreSQL's
+// clock after the transaction's events were stored (store.PublishResult.TimeUS), is at or after
+// the notification's own time, so it is not taken for another event under a reused id. Other
+// processes (--procs siblings, other hosts) get the event from its notification alone.
+// audience is kept (the caller gives up the slice); name and data are encoded at once.
+func (f *fanout) committed(name string, id int64, evName string, data []byte, audience []string, timeUS int64, at time.Time) {
+	st := f.streams[name]
+	if st == nil || st.last < 0 || id != st.last+1 || st.fetching || st.check || st.rewindHi > 0 ||
+		timeUS <= 0 || len(data) >= largeEventBytes {
+		return
+	}
+	if len(audience) == 0 {
+		audience = nil // everyone
+	}
+	ev := &event{id: id, enc: f.tr.event(nil, id, []byte(evName), data), audience: audience, timeUS: timeUS, received: at.UnixNano()}
+	st.notified = max(st.notified, id)
+	f.metrics.earlyDeliveries.Inc()
+	f.appendLive(st, ev)
+}
+
 func payloadTags(p *store.Payload) []string {
 	if p.NTags == 0 {
 		return nil

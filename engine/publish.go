@@ -395,9 +395,30 @@ func (p *publishing) onCommitted(sc *sseConn, seq uint32, res store.PublishResul
 		}
 		p.conns.answerPublish(sc, b, keep, false)
 		p.observeStages(pub, &res, time.Now())
+		p.deliverEarly(pub, &res)
 		p.endPublish(pub)
 	}
 	p.readAhead(sc)
+}
+
+// deliverEarly hands the request's committed durable events to this process's fan-out at
+// once (fanout.committed: when that keeps each stream's order), after the publisher's answer
+// is written, so that the answer does not wait for that fan-out either.
+func (p *publishing) deliverEarly(pub *publishConn, res *store.PublishResult) {
+	if res.TimeUS <= 0 || len(res.IDs) != len(pub.req.Events) {
+		return
+	}
+	for i := range pub.req.Events {
+		e := &pub.req.Events[i]
+		if e.Ephemeral || res.IDs[i] <= 0 {
+			continue
+		}
+		var audience []string
+		if len(e.Audience) > 0 {
+			audience = append([]string(nil), e.Audience...) // pub.audience is the connection's, reused
+		}
+		p.fan.committed(e.Stream, res.IDs[i], e.Event, e.Data, audience, res.TimeUS, res.Times.Committed)
+	}
 }
 
 // readAhead reads what the client sent ahead of an answer decided off the read path — a
@@ -712,6 +733,7 @@ type publishing struct {
 	tok   *tokens
 	adm   *admission
 	ans   *httpAnswers
+	fan   *fanout // early local delivery of committed events (deliverEarly)
 
 	// Shared by the loop (publisherFor) and Run (stopPublisher).
 	pubMu      sync.Mutex
@@ -726,8 +748,8 @@ type publishing struct {
 	publishBodyTimeoutMS int64
 }
 
-func newPublishing(env *loopEnv, conns *connTable, req *requests, tok *tokens, adm *admission, ans *httpAnswers) publishing {
-	return publishing{loopEnv: env, conns: conns, req: req, tok: tok, adm: adm, ans: ans,
+func newPublishing(env *loopEnv, conns *connTable, req *requests, tok *tokens, adm *admission, ans *httpAnswers, fan *fanout) publishing {
+	return publishing{loopEnv: env, conns: conns, req: req, tok: tok, adm: adm, ans: ans, fan: fan,
 		bodies: newBodyBudget(env.cfg.MaxPublishBytes), publishBodyTimeoutMS: publishBodyTimeoutMS}
 }
 

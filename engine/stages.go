@@ -23,7 +23,9 @@ import (
 //	           notification was read first)
 //	written    notification received → the fan-out's write to its first subscriber (every live
 //	           durable event with a subscriber here, however published: for SQL publishes this
-//	           stage is all pgsse sees)
+//	           stage is all pgsse sees); for an event delivered early (fanout.committed), commit
+//	           answered → that write, so an HTTP publish's path is head … committed, written,
+//	           and notified runs beside it
 //
 // The costs stay per request, not per subscriber: a handful of clock readings per request
 // (the publisher's per transaction), a map lookup per request and per durable notification
