@@ -1,12 +1,14 @@
 package engine
 
 import (
+	"net"
 	"strconv"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -177,4 +179,85 @@ func TestEarlyDeliveryConcurrentPublishers(t *testing.T) {
 		assert.Equal(t, want, m.ids[k], "stream %d: every id once, in order", k)
 	}
 	assert.Greater(t, earlyCount(t, ts), 0.0, "some took the early path")
+}
+
+// A publisher's answer never waits for a fan-out round (docs/architecture.md, Publishing):
+// while rounds to a few thousand subscribers run back to back, the answers of the requests
+// committed meanwhile are written between slices of the round, not after it — the answered
+// stage (COMMIT answered → answer written). The same server under the same load with
+// unsliced rounds is the baseline. (The request itself is still read between rounds: the
+// whole call is bounded by a round, see bench/RESULTS.md.)
+func TestPublishAnswerDoesNotWaitForFanout(t *testing.T) {
+	subscribers := 3000
+	if testing.Short() {
+		subscribers = 1000
+	}
+	ts := startServer(t, "", func(c *Config) { c.MaxConnectionsPerSubject = NoLimit }) // one token for all
+	addr := ts.Addr().String()
+	head := request("GET", "/streams/bound/a", bearerH(allStreams(t)))
+	for i := range subscribers {
+		d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(1+i%5))}}
+		c, err := d.Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		_, err = c.Write([]byte(head)) // never read: a round is a write per subscriber
+		require.NoError(t, err)
+	}
+	waitFor(t, 60*time.Second, "every subscriber live", func() bool {
+		n := 0
+		ts.onLoop(t, func() {
+			if st := ts.fan.streams["bound/a"]; st != nil {
+				n = len(st.subs)
+			}
+		})
+		return n == subscribers
+	})
+	c := dialPub(t, addr)
+	authz := bearerH(publishToken(t, "bound/*"))
+	sql := connectPlain(ts.DSN)
+	defer sql.Close(t.Context())
+	answered := ts.metrics.publishStages.WithLabelValues("answered").(prometheus.Metric)
+	stage := func() (sum float64, n uint64) {
+		var m dto.Metric
+		require.NoError(t, answered.Write(&m))
+		return m.GetHistogram().GetSampleSum(), m.GetHistogram().GetSampleCount()
+	}
+
+	// answers is the mean answered stage of a publisher's calls while an SQL publisher keeps
+	// the fan-out busy.
+	answers := func(slice int) (mean time.Duration, calls uint64) {
+		ts.onLoop(t, func() { ts.fan.sliceSubs = slice })
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := sql.Exec(t.Context(), "SELECT pgsse.publish('bound/a', 'x')").ReadAll()
+				if !assert.NoError(t, err) {
+					return
+				}
+				time.Sleep(2 * time.Millisecond) // a steady rate, not a flood: the subscribers do not read
+			}
+		}()
+		sum0, n0 := stage()
+		for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+			r := c.do(post("/streams/bound/p", "p", authz))
+			require.Equal(t, 200, r.Status, r.Body)
+		}
+		close(stop)
+		<-done
+		sum, n := stage()
+		require.Greater(t, n, n0)
+		return time.Duration((sum - sum0) / float64(n-n0) * 1e9), n - n0
+	}
+	base, baseCalls := answers(1 << 30)
+	mean, calls := answers(flushSliceSubs)
+	t.Logf("%d subscribers: COMMIT answered → answer written, mean %v over %d calls with sliced rounds, %v over %d with whole rounds",
+		subscribers, mean, calls, base, baseCalls)
+	assert.Less(t, mean, base/3, "answers are written between slices of a round, not after it")
 }
