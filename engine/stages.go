@@ -44,11 +44,20 @@ type stageClock struct {
 }
 
 type stageMark struct {
-	committedID int64 // 0 = none waiting
-	committed   time.Time
-	noteID      int64 // 0 = none waiting
-	note        time.Time
+	// The last stageMarkCommits commits answered whose notification has not been seen
+	// (id 0 = a free slot): with early local delivery a publisher's next request can be
+	// committed before the previous one's notification comes.
+	committed [stageMarkCommits]struct {
+		id int64
+		at time.Time
+	}
+	next   int   // the slot the next commit takes
+	noteID int64 // 0 = none waiting
+	note   time.Time
 }
+
+// stageMarkCommits is how many commits per stream wait for their notification at once.
+const stageMarkCommits = 8
 
 type publishStage uint8
 
@@ -110,7 +119,8 @@ func (c *stageClock) committedHTTP(stream string, id int64, committed time.Time)
 		m.noteID = 0
 		return
 	}
-	m.committedID, m.committed = id, committed
+	m.committed[m.next].id, m.committed[m.next].at = id, committed
+	m.next = (m.next + 1) % stageMarkCommits
 }
 
 // notified takes a durable notification of stream (first id id) received at at.
@@ -122,10 +132,12 @@ func (c *stageClock) notified(stream []byte, id int64, at time.Time) {
 	if m == nil {
 		return
 	}
-	if m.committedID == id {
-		c.observe(stageNotified, m.committed, at)
-		m.committedID = 0
-		return
+	for i := range m.committed {
+		if k := &m.committed[i]; k.id == id {
+			c.observe(stageNotified, k.at, at)
+			k.id = 0
+			return
+		}
 	}
 	m.noteID, m.note = id, at
 }
