@@ -430,11 +430,14 @@ func (s *subscriptions) queueMulti(sc *sseConn) {
 // flushMulti writes what this flush pass brought the connections with several subscriptions
 // (fanout.flushStreams, after every stream's own subscriptions): one write each. It returns
 // the events written.
-func (s *subscriptions) flushMulti() int {
+func (s *subscriptions) flushMulti(slice int, between func()) int {
 	n := 0
 	for i, sc := range s.multi {
 		n += s.deliverMulti(sc)
 		s.multi[i] = nil
+		if (i+1)%slice == 0 {
+			between()
+		}
 	}
 	s.multi = s.multi[:0]
 	s.pass++
