@@ -22,6 +22,12 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 
 // OnOpen implements gnet.EventHandler.
 func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	if a, ok := c.Context().(*adoption); ok { // handed over by a predecessor (handoff.go)
+		s.enter()
+		defer s.leave()
+		s.conns.adopt(c, &a.conn)
+		return nil, gnet.None
+	}
 	switch c.Context() {
 	case originAnchor:
 		c.SetContext(anchorMark{})
