@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -17,7 +18,7 @@ import (
 // The engine's side of a handoff (docs/operations.md, Upgrading without disconnects; SPEC §6):
 // cmd/pgsse starts the successor process and carries descriptors and records between the two
 // over an inherited socketpair; the engine gives up its listeners and connections
-// (ListenerFiles, StopAcceptingAll, HandOver) and, in the successor, serves on the listeners
+// (ListenerFDs, StopAcceptingAll, HandOver) and, in the successor, serves on the listeners
 // it inherited (Config.Inherited) and takes the connections back onto its loop (Adopt) through
 // gnet.Engine.Register, the path every accepted connection takes.
 //
@@ -59,27 +60,49 @@ type handBatch struct {
 // adoption is the context of a connection Adopt registers (handler.go: OnOpen).
 type adoption struct{ conn framing.HandoffConn }
 
-// ListenerFiles returns duplicates of the listening sockets — --listen and, if any, the hub
-// socket — for a successor to inherit (os/exec ExtraFiles). Valid after Started.
-func (s *Server) ListenerFiles() (sse, hub *os.File, err error) {
+// ListenerFDs returns duplicates (close-on-exec) of the listening sockets — --listen and,
+// if any (else -1), the hub socket — for a successor to receive (SCM_RIGHTS). They are raw
+// descriptors on purpose: os.File.Fd, which os/exec's ExtraFiles calls, turns a socket
+// blocking — for the file description this process's acceptors share. Valid after Started.
+func (s *Server) ListenerFDs() (sse, hub int, err error) {
 	ln, ok := s.sseLn.Load().(net.Listener)
 	if !ok {
-		return nil, nil, errors.New("engine: not serving")
+		return -1, -1, errors.New("engine: not serving")
 	}
-	tl, ok := ln.(interface{ File() (*os.File, error) })
-	if !ok {
-		return nil, nil, errors.New("engine: --listen cannot be shared")
+	if sse, err = dupListener(ln); err != nil {
+		return -1, -1, fmt.Errorf("--listen: %w", err)
 	}
-	if sse, err = tl.File(); err != nil {
-		return nil, nil, fmt.Errorf("--listen: %w", err)
-	}
+	hub = -1
 	if hl, ok := s.hubLn.Load().(*net.UnixListener); ok {
-		if hub, err = hl.File(); err != nil {
-			_ = sse.Close()
-			return nil, nil, fmt.Errorf("--hub-socket: %w", err)
+		if hub, err = dupListener(hl); err != nil {
+			_ = unix.Close(sse)
+			return -1, -1, fmt.Errorf("--hub-socket: %w", err)
 		}
 	}
 	return sse, hub, nil
+}
+
+// dupListener duplicates ln's descriptor without touching its flags.
+func dupListener(ln net.Listener) (int, error) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return -1, errors.New("cannot be shared")
+	}
+	return DupFD(sc)
+}
+
+// DupFD duplicates c's descriptor (close-on-exec) without touching its flags.
+func DupFD(c syscall.Conn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	return fd, derr
 }
 
 // StopAcceptingAll closes this process's descriptors of --listen and the hub socket, which

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"testing"
@@ -176,9 +177,10 @@ func TestHandoffMovesEveryConnection(t *testing.T) {
 	})
 
 	// The successor: serves on the inherited --listen, accepting once the predecessor stops.
-	sseF, hubF, err := a.ListenerFiles()
+	sseFD, hubFD, err := a.ListenerFDs()
 	require.NoError(t, err)
-	require.Nil(t, hubF)
+	require.Equal(t, -1, hubFD)
+	sseF := os.NewFile(uintptr(sseFD), "inherited")
 	ln, err := net.FileListener(sseF)
 	require.NoError(t, err)
 	_ = sseF.Close()
