@@ -68,8 +68,8 @@ func readyTimeout() time.Duration {
 
 // handoffMarker is what a predecessor tells its successor (handoffEnv).
 type handoffMarker struct {
-	Version int `json:"version"` // framing.HandoffVersion of the predecessor
-	Parent  int `json:"parent"`  // the predecessor's pid
+	Version int  `json:"version"` // framing.HandoffVersion of the predecessor
+	Parent  int  `json:"parent"`  // the predecessor's pid
 	Hub     bool `json:"hub"`     // 'L' carries the hub socket's listener
 	Admin   bool `json:"admin"`   // 'L' carries the admin listener
 }
