@@ -201,6 +201,7 @@ type handoffer struct {
 	log     *slog.Logger
 	srv     *engine.Server
 	adminLn net.Listener // the admin endpoint's listener (nil: none)
+	procs   int          // --procs: the siblings are not handed over yet (they drain)
 	stdout  *os.File
 	stderr  *os.File
 	busy    atomic.Bool
@@ -225,6 +226,10 @@ func (h *handoffer) start(done chan<- bool) {
 func (h *handoffer) run() bool {
 	began := time.Now()
 	h.log.Info("SIGUSR2: starting a successor to hand everything over to")
+	if h.procs > 1 {
+		h.log.Warn("with --procs above 1 only the first process's connections and listeners are handed over; the siblings drain once it is done (their clients resume from Last-Event-ID at the successor's processes)",
+			"procs", h.procs)
+	}
 	child, ctrl, exited, err := h.spawn()
 	if err != nil {
 		h.log.Error("handoff failed, still serving everything: cannot start the successor", "err", err)

@@ -500,11 +500,9 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			}
 		}
 		var ho *handoffer
-		switch {
-		case s.sibling != nil:
-		case sup != nil:
-		default:
-			ho = &handoffer{log: log, srv: srv, adminLn: adminRaw, stdout: fileOr(stdout, os.Stdout), stderr: fileOr(stderr, os.Stderr)}
+		if s.sibling == nil {
+			ho = &handoffer{log: log, srv: srv, adminLn: adminRaw, procs: s.procs,
+				stdout: fileOr(stdout, os.Stdout), stderr: fileOr(stderr, os.Stderr)}
 		}
 		if su != nil {
 			go su.takeOver(srv, log, stop)
@@ -562,7 +560,7 @@ func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned 
 		select {
 		case <-usr2:
 			if ho == nil {
-				log.Warn("SIGUSR2 ignored: handing over is done by the first process, and not yet with --procs above 1 (docs/operations.md, Upgrading without disconnects)")
+				log.Warn("SIGUSR2 ignored: the first process of --procs hands over (docs/operations.md, Upgrading without disconnects)")
 				continue
 			}
 			ho.start(handed)
