@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+
+	"github.com/pgsse/pgsse/framing"
 )
 
 // The gnet.EventHandler: every callback finds out which kind of connection it is about — an
@@ -25,7 +27,11 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if a, ok := c.Context().(*adoption); ok { // handed over by a predecessor (handoff.go)
 		s.enter()
 		defer s.leave()
-		s.conns.adopt(c, &a.conn)
+		if a.rec.Kind == framing.HandoffWorker {
+			s.hub.adopt(c, &a.rec.Worker)
+		} else {
+			s.conns.adopt(c, &a.rec.Conn)
+		}
 		return nil, gnet.None
 	}
 	switch c.Context() {

@@ -57,8 +57,9 @@ type handBatch struct {
 	waiting int
 }
 
-// adoption is the context of a connection Adopt registers (handler.go: OnOpen).
-type adoption struct{ conn framing.HandoffConn }
+// adoption is the context of a connection Adopt registers (handler.go: OnOpen): an SSE
+// connection or a hub worker (rec.Kind).
+type adoption struct{ rec framing.HandoffRecord }
 
 // ListenerFDs returns duplicates (close-on-exec) of the listening sockets — --listen and,
 // if any (else -1), the hub socket — for a successor to receive (SCM_RIGHTS). They are raw
@@ -118,7 +119,8 @@ func (s *Server) StopAcceptingAll() {
 	s.StopAccepting()
 }
 
-// HandOver gives every streaming SSE connection to a successor, handoffBatch per loop task,
+// HandOver gives every streaming SSE connection and every hub worker (not --procs siblings)
+// to a successor, handoffBatch per loop task,
 // send carrying each batch (descriptors by SCM_RIGHTS); idle keep-alive publishers are closed
 // between requests, and a connection in the middle of a request is waited for (a publish is
 // answered here; a subscription is handed over once it streams). It returns when nothing is
@@ -131,7 +133,8 @@ func (s *Server) HandOver(ctx context.Context, send func([]HandedConn) error) (h
 		out := batch[:0]
 		if !s.tasks.push(func() {
 			conns, waiting := s.conns.handOverBatch(handoffBatch, out)
-			res <- handBatch{conns, waiting}
+			conns, more := s.hub.handOverBatch(handoffBatch, conns)
+			res <- handBatch{conns, waiting + more}
 		}) {
 			return handed, errors.New("engine: stopped")
 		}
@@ -190,8 +193,8 @@ func (s *Server) Adopt(fds []int, records [][]byte) error {
 	var results []<-chan gnet.RegisteredResult
 	for i, fd := range fds {
 		rec, err := framing.DecodeHandoff(records[i])
-		if err == nil && rec.Kind != framing.HandoffSSE {
-			err = fmt.Errorf("engine: handoff record of kind %d where an SSE connection was expected", rec.Kind)
+		if err == nil && rec.Kind == framing.HandoffWorker && rec.Worker.Sibling {
+			err = errors.New("engine: a --procs sibling cannot be handed over")
 		}
 		if err != nil {
 			_ = unix.Close(fd)
@@ -205,7 +208,7 @@ func (s *Server) Adopt(fds []int, records [][]byte) error {
 			errs = append(errs, err)
 			continue
 		}
-		ctx := gnet.NewNetConnContext(gnet.NewContext(context.Background(), &adoption{conn: rec.Conn}), c)
+		ctx := gnet.NewNetConnContext(gnet.NewContext(context.Background(), &adoption{rec: rec}), c)
 		res, err := s.eng.Register(ctx)
 		if err != nil {
 			_ = c.Close()

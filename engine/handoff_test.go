@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/pgsse/pgsse/framing"
 )
 
 // A handoff inside one test process (the processes' side is cmd/pgsse's handoff_test.go): two
@@ -118,9 +120,69 @@ func cutString(s string, sep byte) (string, string, bool) {
 	return s, "", false
 }
 
+// hubReader reads one raw hub worker's frames: each lossless notification on hjobs is the
+// previous one's number plus one, unless a RESYNC came in between; at most one RESYNC.
+type hubReader struct {
+	w *rawWorker
+
+	mu      sync.Mutex
+	last    int
+	n       int
+	resyncs int
+	err     error
+}
+
+func (r *hubReader) run(done <-chan struct{}) {
+	resynced := false
+	for {
+		f, err := r.w.read(200 * time.Millisecond)
+		select {
+		case <-done:
+			return
+		default:
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			continue
+		}
+		r.mu.Lock()
+		switch {
+		case err != nil:
+			r.err = err
+		case f.Type == framing.TypeStatus && f.Status == framing.StatusResync:
+			r.resyncs++
+			resynced = true
+			if r.resyncs > 1 {
+				r.err = errors.New("more than one RESYNC")
+			}
+		case f.Type == framing.TypeNotify:
+			v, _ := strconv.Atoi(string(f.Text))
+			if r.n > 0 && v != r.last+1 && !(resynced && v > r.last) {
+				r.err = errors.New("notification " + strconv.Itoa(v) + " after " + strconv.Itoa(r.last) + " without a RESYNC")
+			}
+			resynced = false
+			r.last = v
+			r.n++
+		default:
+			r.err = errors.New("unexpected frame " + f.Type.String())
+		}
+		failed := r.err != nil
+		r.mu.Unlock()
+		if failed {
+			return
+		}
+	}
+}
+
+func (r *hubReader) state() (int, int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n, r.resyncs, r.err
+}
+
 func TestHandoffMovesEveryConnection(t *testing.T) {
 	t.Parallel()
-	a := startServer(t, "", nil)
+	a := startHub(t, nil)
 	addr := a.Addr().String()
 	tok := bearerH(allStreams(t))
 
@@ -158,8 +220,19 @@ func TestHandoffMovesEveryConnection(t *testing.T) {
 	for range 4 {
 		readers = append(readers, &handoffReader{c: dial(t, addr, "/channels/hjobs", tok), last: make([]int64, 1)})
 	}
+	var workers []*hubReader
+	for i := range 4 {
+		w := dialHub(t, a.cfg.HubSocket)
+		w.hello("w" + strconv.Itoa(i))
+		require.Equal(t, framing.AckOK, w.sub(1, framing.ModeLossless, "hjobs").Ack)
+		workers = append(workers, &hubReader{w: w})
+	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
+	for _, w := range workers {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.run(done) }()
+	}
 	for _, r := range readers {
 		require.Equal(t, 200, r.c.Status, r.c.Body)
 		wg.Add(1)
@@ -179,16 +252,23 @@ func TestHandoffMovesEveryConnection(t *testing.T) {
 	// The successor: serves on the inherited --listen, accepting once the predecessor stops.
 	sseFD, hubFD, err := a.ListenerFDs()
 	require.NoError(t, err)
-	require.Equal(t, -1, hubFD)
-	sseF := os.NewFile(uintptr(sseFD), "inherited")
-	ln, err := net.FileListener(sseF)
-	require.NoError(t, err)
-	_ = sseF.Close()
+	inherit := func(fd int) net.Listener {
+		f := os.NewFile(uintptr(fd), "inherited")
+		ln, err := net.FileListener(f)
+		require.NoError(t, err)
+		_ = f.Close()
+		return ln
+	}
 	accept := make(chan struct{})
 	b := startServer(t, a.DSN, func(c *Config) {
 		c.Listen = addr
-		c.Inherited = &Inheritance{SSE: ln, Accept: accept}
+		c.HubSocket = a.cfg.HubSocket
+		c.Inherited = &Inheritance{SSE: inherit(sseFD), Hub: inherit(hubFD), Accept: accept}
 	})
+	hubBefore := make([]int, len(workers))
+	for i, w := range workers {
+		hubBefore[i], _, _ = w.state()
+	}
 	channelBefore := map[int]int{}
 	for i := 32; i < len(readers); i++ {
 		_, channelBefore[i], _ = readers[i].state()
@@ -210,12 +290,13 @@ func TestHandoffMovesEveryConnection(t *testing.T) {
 		return b.Adopt(fds, recs)
 	})
 	require.NoError(t, err)
-	assert.Equal(t, len(readers), handed)
+	assert.Equal(t, len(readers)+len(workers), handed)
 	a.Stop(t)
 
-	// A new client reaches the successor on the same address.
+	// A new client and a new worker reach the successor on the same sockets.
 	late := dial(t, addr, "/streams/h/1", tok)
 	require.Equal(t, 200, late.Status)
+	dialHub(t, a.cfg.HubSocket).hello("late")
 
 	time.Sleep(300 * time.Millisecond) // publishing goes on across and after the move
 	for _, p := range pubs {
@@ -254,5 +335,14 @@ func TestHandoffMovesEveryConnection(t *testing.T) {
 			assert.Greater(t, n, channelBefore[i], "channel client %d gets notifications after the move", i)
 		}
 	}
-	b.onLoop(t, func() { assert.Equal(t, len(readers)+1, b.conns.subscribers()) })
+	for i, w := range workers {
+		n, resyncs, err := w.state()
+		assert.NoError(t, err, "worker %d: its connection and its notifications", i)
+		assert.Greater(t, n, hubBefore[i], "worker %d gets notifications after the move", i)
+		assert.LessOrEqual(t, resyncs, 1, "worker %d: at most one RESYNC", i)
+	}
+	b.onLoop(t, func() {
+		assert.Equal(t, len(readers)+1, b.conns.subscribers())
+		assert.Equal(t, len(workers)+1, b.hub.count())
+	})
 }

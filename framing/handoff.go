@@ -28,7 +28,10 @@ import (
 // a hub worker (kind 2):
 //
 //	u32 pid, u8 flags (bit 0: a --procs sibling), u16 len, name,
-//	u16 n, n × (u8 mode, u16 len, channel)
+//	u16 n, n × (u8 mode, u16 len, channel),
+//	u32 partial        bytes of tail's first frame that are the rest of a frame the
+//	                   predecessor had begun writing (0: tail starts at a frame)
+//	u32 len, tail      the hub frames the predecessor had not written yet
 //
 // Nothing may follow. Decoding copies (records cross a process boundary once per connection
 // and deploy; they are not on a hot path) and never panics (fuzz: FuzzHandoffRecord).
@@ -101,6 +104,8 @@ type HandoffWorkerRec struct {
 	Sibling  bool
 	Name     string
 	Channels []HandoffChan
+	Partial  uint32
+	Tail     []byte
 }
 
 // HandoffRecord is one decoded record: Kind says which of Conn and Worker is set.
@@ -109,6 +114,8 @@ type HandoffRecord struct {
 	Conn   HandoffConn
 	Worker HandoffWorkerRec
 }
+
+func bin32(dst []byte, v uint32) []byte { return binary.BigEndian.AppendUint32(dst, v) }
 
 func appendStr16(dst []byte, s string) []byte {
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(s)))
@@ -159,7 +166,9 @@ func AppendHandoffWorker(dst []byte, w *HandoffWorkerRec) []byte {
 		dst = append(dst, c.Mode)
 		dst = appendStr16(dst, c.Name)
 	}
-	return dst
+	dst = bin32(dst, w.Partial)
+	dst = bin32(dst, uint32(len(w.Tail)))
+	return append(dst, w.Tail...)
 }
 
 // recReader reads a record's fields; the first failure sticks.
@@ -308,5 +317,14 @@ func decodeWorker(r *recReader, w *HandoffWorkerRec) {
 			return
 		}
 		w.Channels = append(w.Channels, c)
+	}
+	w.Partial = r.u32()
+	nb := r.u32()
+	if nb > HandoffMaxTail || w.Partial > nb {
+		r.bad = true
+		return
+	}
+	if tail := r.n(int(nb)); len(tail) > 0 {
+		w.Tail = append([]byte(nil), tail...)
 	}
 }

@@ -29,7 +29,8 @@ func TestHandoffConnRoundTrip(t *testing.T) {
 
 func TestHandoffWorkerRoundTrip(t *testing.T) {
 	w := HandoffWorkerRec{PID: 77, Sibling: true, Name: "pgsse sibling",
-		Channels: []HandoffChan{{Mode: 0, Name: "pgsse"}, {Mode: 1, Name: "jobs"}}}
+		Channels: []HandoffChan{{Mode: 0, Name: "pgsse"}, {Mode: 1, Name: "jobs"}},
+		Partial:  3, Tail: []byte("\x00\x00\x00\x01\x84")}
 	rec, err := DecodeHandoff(AppendHandoffWorker(nil, &w))
 	require.NoError(t, err)
 	assert.Equal(t, uint8(HandoffWorker), rec.Kind)

@@ -21,7 +21,7 @@ func FuzzHandoffRecord(f *testing.F) {
 		Tail: []byte("data: x\n"),
 	}))
 	f.Add(framing.AppendHandoffWorker(nil, &framing.HandoffWorkerRec{PID: 1, Name: "w",
-		Channels: []framing.HandoffChan{{Mode: 1, Name: "jobs"}}}))
+		Channels: []framing.HandoffChan{{Mode: 1, Name: "jobs"}}, Partial: 1, Tail: []byte{0, 0, 0, 1, 0x84}}))
 	f.Add([]byte{framing.HandoffVersion + 1, framing.HandoffSSE})
 	f.Fuzz(func(t *testing.T, src []byte) {
 		rec, err := framing.DecodeHandoff(src)
