@@ -448,6 +448,7 @@ func (s *serveSetup) asSuccessor(m *handoffMarker) (*successor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: descriptor %d: %v", handoffEnv, handoffCtrlFD, err)
 	}
+	_ = os.Unsetenv(handoffEnv) // not for our --procs siblings, nor a successor of ours
 	su := &successor{m: m, ctrl: ctrl, accept: make(chan struct{})}
 	if err := writeFrame(ctrl, 'H', []byte{framing.HandoffVersion}, nil); err != nil {
 		return nil, fmt.Errorf("%s: cannot answer the predecessor: %v", handoffEnv, err)

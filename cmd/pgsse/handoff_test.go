@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,8 @@ type hoClient struct {
 	events    int
 	headRetry bool
 	err       error
+	prevAt    time.Time     // when the last durable event arrived
+	maxGap    time.Duration // the longest wait between two durable events
 }
 
 func dialSSE(t *testing.T, addr, path, tok string) *hoClient {
@@ -96,6 +99,10 @@ func (c *hoClient) run(done <-chan struct{}) {
 			c.events++ // a channel notification
 		default:
 			c.events++
+			if !c.prevAt.IsZero() {
+				c.maxGap = max(c.maxGap, e.At.Sub(c.prevAt))
+			}
+			c.prevAt = e.At
 			pos, id := 0, int64(0)
 			if c.multi > 0 {
 				p, rest, _ := strings.Cut(e.ID, ":")
@@ -376,8 +383,19 @@ func startHandoffServer(t *testing.T, single, multi, channel, pubs int, extraEnv
 	return &hoSetup{srv: srv, bin: bin, dsn: dsn, fleet: fleet, load: load, subTok: subTok}
 }
 
+// handoffScale is how many single-stream subscribers TestHandoffSIGUSR2KeepsEveryClient runs
+// (PGSSE_TEST_HANDOFF_SUBSCRIBERS, default 150; multi-stream and channel clients are a fifth
+// and a tenth of it more).
+func handoffScale() int {
+	if n, err := strconv.Atoi(os.Getenv("PGSSE_TEST_HANDOFF_SUBSCRIBERS")); err == nil && n > 0 {
+		return n
+	}
+	return 150
+}
+
 func TestHandoffSIGUSR2KeepsEveryClient(t *testing.T) {
-	h := startHandoffServer(t, 150, 30, 20, 8)
+	n := handoffScale()
+	h := startHandoffServer(t, n, n/5, n/10, 8)
 	pred := h.srv.Process()
 	installBinary(t, binary(t), h.bin) // the new version, installed
 	before := h.fleet.events()
@@ -391,6 +409,7 @@ func TestHandoffSIGUSR2KeepsEveryClient(t *testing.T) {
 	var m struct {
 		Successor   int
 		Connections int
+		Took        string
 	}
 	require.NoError(t, json.Unmarshal(line, &m))
 	require.NotZero(t, m.Successor)
@@ -407,6 +426,19 @@ func TestHandoffSIGUSR2KeepsEveryClient(t *testing.T) {
 	h.load.Stop()
 	h.fleet.check(t, before)
 	assert.LessOrEqual(t, h.load.httpErr.Load(), int64(0), "keep-alive HTTP publishes that failed")
+	var gaps []time.Duration
+	for _, c := range h.fleet.clients {
+		c.mu.Lock()
+		if c.maxGap > 0 {
+			gaps = append(gaps, c.maxGap)
+		}
+		c.mu.Unlock()
+	}
+	slices.Sort(gaps)
+	if len(gaps) > 0 {
+		t.Logf("%d clients: the longest pause between two durable events at a client, p50 %v, p99 %v, max %v; handover took %s",
+			len(h.fleet.clients), gaps[len(gaps)/2], gaps[len(gaps)*99/100], gaps[len(gaps)-1], m.Took)
+	}
 	low := census()
 	assert.GreaterOrEqual(t, low, 1, "the census never showed 0 LISTEN sessions")
 	waitFor(t, 10*time.Second, "one LISTEN session again", func() bool { return listenSessions(t, h.dsn) == 1 })

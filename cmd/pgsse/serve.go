@@ -505,7 +505,15 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 				stdout: fileOr(stdout, os.Stdout), stderr: fileOr(stderr, os.Stderr)}
 		}
 		if su != nil {
-			go su.takeOver(srv, log, stop)
+			if ho != nil {
+				ho.busy.Store(true) // no handoff of ours while we take over
+			}
+			go func() {
+				su.takeOver(srv, log, stop)
+				if ho != nil {
+					ho.busy.Store(false)
+				}
+			}()
 		} else if s.sibling == nil {
 			handoffNotify("READY=1", log)
 		}
