@@ -205,7 +205,7 @@ func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadR
 			waitLarge = true // too many large events held: read from here again later
 			break
 		}
-		sub.st.sawPublished(e.TimeUS)
+		sub.st.sawPublished(e.ID, e.TimeUS)
 		n++
 	}
 	if len(items) > 0 {
@@ -256,6 +256,9 @@ func (s *subscriptions) wentBack(sub *subscription, to int64) {
 // the live set, bridging from its stream's ring when the live set is ahead; otherwise it
 // reads on.
 func (s *subscriptions) tryJoin(sub *subscription) {
+	if sub.conn.ending() {
+		return
+	}
 	st := sub.st
 	c := sub.cursor
 	ring, ok := st.bridge(c)
@@ -309,7 +312,9 @@ func (s *subscriptions) resumeLagging() {
 	s.lagging = s.laggingSpare[:0]
 	low := s.out.limits().low
 	for _, sub := range list {
-		if sub.conn.closed || sub.state != subLagging {
+		if sub.conn.ending() || sub.state != subLagging {
+			// A closing connection (sent away, its queue trimmed: connTable.finish) takes
+			// nothing more: catching it up would put events after its last bytes.
 			s.metrics.lagging.Dec()
 			continue
 		}

@@ -54,7 +54,15 @@ type stream struct {
 	// the event delivered (the LISTEN session came back); rewindHi is the top of the range a
 	// rewinding read searches (0 = not rewinding); backFrom/backTo is the last rewind (a
 	// reconnecting client's cursor in (backTo, backFrom] is from the lost history).
+	// lastTimeUS is the publish time of the event at last when the stream delivered it, 0
+	// when last was set without reading that event (a subscriber's cursor, the table's head,
+	// pruned or lost ids): only a known one can be compared with what the table now holds
+	// under that id — the newest event is the one published last, so an unread one would
+	// look like another event under a reused id.
 	maxTimeUS        int64
+	lastTimeUS       int64
+	readID           int64 // the newest event a subscription's catch-up read (sawPublished)
+	readTimeUS       int64 // and its publish time
 	check            bool
 	rewindHi         int64
 	backFrom, backTo int64
@@ -114,7 +122,10 @@ func (st *stream) inRing(c int64) bool { return len(st.ring) > 0 && c >= st.ring
 func (st *stream) bridge(c int64) (ring []*event, ok bool) {
 	switch {
 	case st.last < 0:
-		st.last = c
+		st.last, st.lastTimeUS = c, 0
+		if st.readID == c {
+			st.lastTimeUS = st.readTimeUS // the subscription's catch-up read the event at c
+		}
 		if c > st.notified {
 			st.notified = c
 		}
@@ -170,7 +181,7 @@ func (f *fanout) onPayload(p *store.Payload) {
 			st.notified = id
 		}
 		if st.last < 0 {
-			st.last = id - 1 // first sight of the stream: the ring starts here
+			st.last, st.lastTimeUS = id-1, 0 // first sight of the stream: the ring starts here
 		}
 		if id <= st.last {
 			if p.TimeUS > st.maxTimeUS && st.maxTimeUS > 0 && st.rewindHi == 0 {
@@ -215,7 +226,7 @@ func payloadTags(p *store.Payload) []string {
 
 // appendLive records the next contiguous durable event and queues it for the live set.
 func (f *fanout) appendLive(st *stream, ev *event) {
-	st.last = ev.id
+	st.last, st.lastTimeUS = ev.id, ev.timeUS
 	st.maxTimeUS = max(st.maxTimeUS, ev.timeUS)
 	st.ring = append(st.ring, ev)
 	st.ringSize += len(ev.enc)
@@ -316,7 +327,7 @@ func (f *fanout) startFetch(st *stream) {
 	switch {
 	case st.rewindHi > 0:
 		after, mode, limit = max(0, st.rewindHi-rewindBatchEvents), fetchRewind, rewindBatchEvents
-	case st.last > 0 && st.maxTimeUS > 0:
+	case st.last > 0 && st.lastTimeUS > 0:
 		after = st.last - 1
 	}
 	checking := st.check // a read that began before check was set does not answer it
@@ -361,7 +372,7 @@ func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool,
 		for _, sub := range st.subs {
 			f.subs.liveGap(sub, resume)
 		}
-		st.last = resume
+		st.last, st.lastTimeUS = resume, 0
 	}
 	for i := range res.Events {
 		e := &res.Events[i]
@@ -369,7 +380,7 @@ func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool,
 			continue
 		}
 		if e.ID != st.last+1 {
-			st.last = e.ID - 1 // ids missing inside a snapshot were pruned
+			st.last, st.lastTimeUS = e.ID-1, 0 // ids missing inside a snapshot were pruned
 		}
 		ev := f.out.tableEvent(st.name, e)
 		if ev == nil {
@@ -380,7 +391,7 @@ func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool,
 		f.appendLive(st, ev)
 	}
 	if res.Done && res.Head > st.last {
-		st.last = res.Head
+		st.last, st.lastTimeUS = res.Head, 0
 	}
 	// Live events that were waiting beyond the gap.
 	keep := st.pending[:0]
@@ -412,7 +423,7 @@ func (st *stream) wentBack(res store.ReadResult) bool {
 	case res.Head < st.last:
 		return true
 	}
-	return len(res.Events) > 0 && res.Events[0].ID == st.last && st.maxTimeUS > 0 && res.Events[0].TimeUS > st.maxTimeUS
+	return len(res.Events) > 0 && res.Events[0].ID == st.last && st.lastTimeUS > 0 && res.Events[0].TimeUS > st.maxTimeUS
 }
 
 // onRewindRead looks for where the table's history parts from what was delivered, in the
@@ -466,13 +477,20 @@ func (f *fanout) rewind(st *stream, to int64) {
 	}
 	clear(st.ring[keep:])
 	st.ring = st.ring[:keep]
-	st.last, st.notified, st.rewindHi = to, to, 0
+	st.last, st.lastTimeUS, st.notified, st.rewindHi = to, 0, to, 0
 	f.startFetch(st)
 }
 
 // sawPublished notes the publish time of an event delivered from the stream by a
-// subscription's own catch-up (catchup.go): what a rewind is told apart by (maxTimeUS).
-func (st *stream) sawPublished(timeUS int64) { st.maxTimeUS = max(st.maxTimeUS, timeUS) }
+// subscription's own catch-up (catchup.go): what a rewind is told apart by (maxTimeUS), and,
+// for the newest such event, what the stream knows of its last event if it starts there
+// (bridge).
+func (st *stream) sawPublished(id, timeUS int64) {
+	st.maxTimeUS = max(st.maxTimeUS, timeUS)
+	if id > st.readID {
+		st.readID, st.readTimeUS = id, timeUS
+	}
+}
 
 // lostCursor reports whether cursor c is from history the stream lost (the last rewind), and
 // where delivery then resumes.

@@ -676,6 +676,9 @@ func (t *connTable) writeEvents(sc *sseConn, evs []*event) {
 // durable ones only up to limit bytes (outbound.sendLive); it returns the index in items
 // of the first durable event not sent (its lead, if it has one), len(items) if all were.
 func (t *connTable) writeLive(sc *sseConn, items []outItem, limit int) int {
+	if sc.ending() { // after its last bytes (finish) nothing more goes out
+		return len(items)
+	}
 	n := t.out.sendLive(sc, items, limit)
 	sc.lastWriteMS = t.nowMS
 	return n
@@ -684,6 +687,9 @@ func (t *connTable) writeLive(sc *sseConn, items []outItem, limit int) int {
 // writev sends items as they are: shared (ev set), the connection's own and immutable, or
 // transient (copied if kept).
 func (t *connTable) writev(sc *sseConn, items []outItem) {
+	if sc.ending() { // after its last bytes (finish) nothing more goes out
+		return
+	}
 	t.out.send(sc, items)
 	sc.lastWriteMS = t.nowMS
 }
