@@ -375,7 +375,7 @@ func startHandoffServer(t *testing.T, single, multi, channel, pubs int, extraEnv
 	installBinary(t, binary(t), bin)
 	srv := servetest.Start(t, servetest.Options{Bin: bin,
 		Env:  append([]string{"DATABASE_URL=" + dsn, "PGSSE_JWT_SECRET=" + handoffSecret}, extraEnv...),
-		Args: []string{"--retention", "0", "--hub-socket", filepath.Join(t.TempDir(), "hub.sock")}})
+		Args: []string{"--retention", "0", "--max-connections-per-subject", "0", "--hub-socket", filepath.Join(t.TempDir(), "hub.sock")}})
 	subTok := mintHandoff(t, auth.Claims{Streams: []string{"*"}, Channels: []string{"*"}})
 	pubTok := mintHandoff(t, auth.Claims{Publish: []string{"*"}})
 	load := startLoad(t, dsn, srv.URL(""), pubTok, pubs)
