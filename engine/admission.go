@@ -143,7 +143,7 @@ func (a *admission) countSubject(sc *sseConn, key string) bool {
 		return false
 	}
 	a.subjects[key] = n + 1
-	sc.subject = key
+	sc.setSubject(key)
 	return true
 }
 
@@ -162,13 +162,14 @@ func (a *admission) adoptSubject(sc *sseConn, key string) {
 
 // uncountSubject gives back sc's place in its subject's count (connTable.remove).
 func (a *admission) uncountSubject(sc *sseConn) {
-	if sc.subject == "" {
+	key := sc.subject()
+	if key == "" {
 		return
 	}
-	if n := a.subjects[sc.subject] - 1; n > 0 {
-		a.subjects[sc.subject] = n
+	if n := a.subjects[key] - 1; n > 0 {
+		a.subjects[key] = n
 	} else {
-		delete(a.subjects, sc.subject)
+		delete(a.subjects, key)
 	}
-	sc.subject = ""
+	sc.setSubject("")
 }
