@@ -148,7 +148,7 @@ func (a *admission) countSubject(sc *sseConn, key string) bool {
 }
 
 // subjectOf is the key sc is counted under ("" = none).
-func (a *admission) subjectOf(sc *sseConn) string { return sc.subject }
+func (a *admission) subjectOf(sc *sseConn) string { return sc.subject() }
 
 // adoptSubject counts a connection handed over by a predecessor under key, as it was
 // counted there (the limit was checked when it was admitted).
@@ -157,7 +157,7 @@ func (a *admission) adoptSubject(sc *sseConn, key string) {
 		return
 	}
 	a.subjects[key]++
-	sc.subject = key
+	sc.setSubject(key)
 }
 
 // uncountSubject gives back sc's place in its subject's count (connTable.remove).

@@ -54,7 +54,7 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		if a.rec.Kind == framing.HandoffWorker {
 			s.hub.adopt(c, &a.rec.Worker)
 		} else {
-			s.conns.adopt(c, &a.rec.Conn)
+			s.conns.open(c, &a.rec.Conn)
 		}
 		return nil, gnet.None
 	}

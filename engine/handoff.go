@@ -132,7 +132,7 @@ func (s *Server) HandOver(ctx context.Context, send func([]HandedConn) error) (h
 		res := make(chan handBatch, 1)
 		out := batch[:0]
 		if !s.tasks.push(func() {
-			conns, waiting := s.conns.handOverBatch(handoffBatch, out)
+			conns, waiting := s.handOverConns(handoffBatch, out)
 			conns, more := s.hub.handOverBatch(handoffBatch, conns)
 			res <- handBatch{conns, waiting + more}
 		}) {
@@ -223,4 +223,36 @@ func (s *Server) Adopt(fds []int, records [][]byte) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// handOverBatch hands over up to max streaming connections, appending each one's record and
+// descriptor to out; idle keep-alive publishers are closed between requests (docs/operations.md:
+// they reconnect to the successor). waiting counts the connections left that may still be
+// handed over or finish here (a request in progress, a response not yet sent).
+func (s *Server) handOverConns(max int, out []HandedConn) ([]HandedConn, int) {
+	waiting := 0
+	for _, sc := range s.conns.all() {
+		if sc.closed {
+			continue
+		}
+		switch sc.state {
+		case stateStreaming:
+			if len(out) >= max {
+				waiting++
+				continue
+			}
+			rec, fd, ok := s.conns.handOver(sc, nil)
+			if !ok {
+				waiting++
+				continue
+			}
+			out = append(out, HandedConn{FD: fd, Record: rec})
+		case stateIdle:
+			s.conns.finish(sc, nil)
+		case stateHandedOver:
+		default:
+			waiting++
+		}
+	}
+	return out, waiting
 }

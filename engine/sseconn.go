@@ -309,13 +309,25 @@ func (t *connTable) openCounter() *atomic.Int64 { return &t.opened }
 
 // --- transitions --------------------------------------------------------------------------
 
-// open registers a new connection on the SSE port: → head.
-func (t *connTable) open(c gnet.Conn) *sseConn {
+// open registers a new connection on the SSE port: → head; or, with a record h, a connection a
+// predecessor handed over (handoff.go) as it stood there: → streaming, counted, its
+// subscriptions resumed at their cursors (subscriptions.adopt), the bytes the predecessor
+// had not written going out first.
+func (t *connTable) open(c gnet.Conn, handed ...*framing.HandoffConn) *sseConn {
+	var h *framing.HandoffConn
+	if len(handed) > 0 {
+		h = handed[0]
+	}
 	sc := &sseConn{c: c, all: int32(len(t.list))}
-	t.enter(sc, stateHead)
+	if h == nil {
+		t.enter(sc, stateHead)
+	}
 	t.list = append(t.list, sc)
 	t.opened.Store(int64(len(t.list)))
 	c.SetContext(sc)
+	if h != nil {
+		adoptConn(t, sc, h)
+	}
 	return sc
 }
 
@@ -490,7 +502,7 @@ func (t *connTable) handOver(sc *sseConn, dst []byte) (rec []byte, fd int, ok bo
 	if !sc.streaming() || sc.c.OutboundBuffered() > 0 {
 		return dst, -1, false
 	}
-	h := framing.HandoffConn{Composite: sc.composite(), ExpiresMS: sc.expiresMS, Subject: t.adm.subjectOf(sc), Tags: sc.tags}
+	h := framing.HandoffConn{Composite: sc.composite(), ExpiresMS: sc.expiresMS(), Subject: t.adm.subjectOf(sc), Tags: sc.tags()}
 	var subs [8]framing.HandoffSub
 	if h.Subs, ok = t.subs.record(sc, subs[:0]); !ok {
 		return dst, -1, false
@@ -500,62 +512,27 @@ func (t *connTable) handOver(sc *sseConn, dst []byte) (rec []byte, fd int, ok bo
 		return dst, -1, false
 	}
 	h.Tail = t.out.takeQueue(sc, nil)
-	sc.to(stateHandedOver, t.nowMS)
+	t.enter(sc, stateHandedOver)
 	_ = sc.c.Close()
 	return framing.AppendHandoffConn(dst, &h), fd, true
 }
 
-// adopt registers a connection a predecessor handed over (handoff.go) as it stood there:
-// → streaming, counted, its subscriptions resumed at their cursors (subscriptions.adopt).
-// The bytes the predecessor had not written go out first.
-func (t *connTable) adopt(c gnet.Conn, h *framing.HandoffConn) *sseConn {
-	sc := &sseConn{c: c, all: int32(len(t.list)), tags: h.Tags, expiresMS: h.ExpiresMS}
-	t.list = append(t.list, sc)
-	t.opened.Store(int64(len(t.list)))
-	c.SetContext(sc)
+func adoptConn(t *connTable, sc *sseConn, h *framing.HandoffConn) {
+	if h.Tags != nil || h.ExpiresMS != 0 {
+		x := sc.extended()
+		x.tags, x.expiresMS = h.Tags, h.ExpiresMS
+	}
 	sc.counted = true
 	t.active++
 	t.metrics.sseConns.Set(float64(t.active))
 	t.adm.adoptSubject(sc, h.Subject)
-	sc.to(stateStreaming, t.nowMS)
+	t.enter(sc, stateStreaming)
 	sc.wrote(t.nowMS)
+	t.schedule(sc) // heartbeats and the token's expiry, as for a connection that responded
 	if len(h.Tail) > 0 {
 		t.write(sc, h.Tail)
 	}
 	t.subs.adopt(sc, h)
-	return sc
-}
-
-// handOverBatch hands over up to max streaming connections, appending each one's record and
-// descriptor to out; idle keep-alive publishers are closed between requests (docs/operations.md:
-// they reconnect to the successor). waiting counts the connections left that may still be
-// handed over or finish here (a request in progress, a response not yet sent).
-func (t *connTable) handOverBatch(max int, out []HandedConn) ([]HandedConn, int) {
-	waiting := 0
-	for _, sc := range t.list {
-		if sc.closed {
-			continue
-		}
-		switch sc.state {
-		case stateStreaming:
-			if len(out) >= max {
-				waiting++
-				continue
-			}
-			rec, fd, ok := t.handOver(sc, nil)
-			if !ok {
-				waiting++
-				continue
-			}
-			out = append(out, HandedConn{FD: fd, Record: rec})
-		case stateIdle:
-			t.finish(sc, nil)
-		case stateHandedOver:
-		default:
-			waiting++
-		}
-	}
-	return out, waiting
 }
 
 // nextRequest starts reading a keep-alive connection's next request: idle → head.
