@@ -150,7 +150,7 @@ func (p *publishing) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	tok := requestToken(req)
 	switch {
 	case tok == nil:
-		p.refuse(sc, 401, noTokenReason(req, "a bearer token with a publish grant is required"))
+		p.refuse(sc, 401, noTokenReason(req, errNoPublishToken))
 		return
 	case !p.tok.running():
 		p.refuse(sc, 401, "token authentication is not configured")
@@ -216,7 +216,7 @@ func (p *publishing) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Clai
 		p.refuse(sc, 401, err.Error())
 		return
 	case !pub.batch && !claims.AllowsPublish([]byte(pub.stream)):
-		p.refuse(sc, 403, claims.NotGranted("publishing to stream "+pub.stream))
+		p.refuse(sc, 403, claims.NotGrantedPublish([]byte(pub.stream), "publishing to stream "+pub.stream))
 		return
 	}
 	pub.claims, pub.granted = claims, true
@@ -343,7 +343,7 @@ func (p *publishing) submitPublish(sc *sseConn) {
 		}
 		for i := range events {
 			if !pub.claims.AllowsPublish([]byte(events[i].Stream)) {
-				p.answerPublishError(sc, 403, "line "+strconv.Itoa(i+1)+": "+pub.claims.NotGranted("publishing to stream "+events[i].Stream))
+				p.answerPublishError(sc, 403, "line "+strconv.Itoa(i+1)+": "+pub.claims.NotGrantedPublish([]byte(events[i].Stream), "publishing to stream "+events[i].Stream))
 				return
 			}
 		}

@@ -117,6 +117,15 @@ func (d *doctor) schema(ctx context.Context, conn *pgconn.PgConn) {
 // presence lists the pgsse processes holding presence leases (docs/operations.md): key, age,
 // last renewal, entries; a lapsed lease is a process that died and that no survivor has
 // removed yet (a WARN: only a survivor's next write removes it).
+// presenceLeases is the presence line's count of n processes holding leases, lapsed of them
+// lapsed.
+func presenceLeases(n, lapsed int) string {
+	if n == 1 {
+		return fmt.Sprintf("1 pgsse process holds a presence lease (%d lapsed)", lapsed)
+	}
+	return fmt.Sprintf("%d pgsse processes hold presence leases (%d lapsed)", n, lapsed)
+}
+
 func (d *doctor) presence(ctx context.Context, conn *pgconn.PgConn) {
 	procs, err := store.ReadPresenceProcesses(ctx, conn)
 	if err != nil {
@@ -134,7 +143,7 @@ func (d *doctor) presence(ctx context.Context, conn *pgconn.PgConn) {
 			status = "warn"
 		}
 	}
-	d.report(status, "presence", "%d pgsse processes hold presence leases (%d lapsed)", len(procs), lapsed)
+	d.report(status, "presence", "%s", presenceLeases(len(procs), lapsed))
 	now := time.Now()
 	for _, p := range procs {
 		state := "live"
