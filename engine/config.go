@@ -92,6 +92,10 @@ type Config struct {
 	// end with AddSibling. A sibling sets ShareListen: the first process holds --listen already.
 	SiblingHub net.Conn
 
+	// Inherited makes this server a successor (handoff.go): it serves on the predecessor's
+	// listeners instead of binding its own. cmd/pgsse sets it.
+	Inherited *Inheritance
+
 	Logger   *slog.Logger          // default slog.Default()
 	Registry prometheus.Registerer // where metrics are registered; nil = a private registry
 

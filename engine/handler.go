@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+
+	"github.com/pgsse/pgsse/framing"
 )
 
 // The gnet.EventHandler: every callback finds out which kind of connection it is about — an
@@ -51,6 +53,16 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 
 // OnOpen implements gnet.EventHandler.
 func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	if a, ok := c.Context().(*adoption); ok { // handed over by a predecessor (handoff.go)
+		s.enter()
+		defer s.leave()
+		if a.rec.Kind == framing.HandoffWorker {
+			s.hub.adopt(c, &a.rec.Worker)
+		} else {
+			s.conns.open(c, &a.rec.Conn)
+		}
+		return nil, gnet.None
+	}
 	switch c.Context() {
 	case originAnchor:
 		c.SetContext(anchorMark{})
