@@ -668,3 +668,41 @@ func TestCheckerCursorOverLostHiddenEvent(t *testing.T) {
 		assert.Contains(t, classes(r), FailMalformed, "failures: %+v", r.Failures)
 	})
 }
+
+// A live-only subscriber that has received nothing yet started at a head from history a crash
+// then lost: the rewind's gap back (pg-crash-async, seed 11: "a gap (after 1279, resume 1278)
+// without a cursor") is its first item, and everything after resume is owed.
+func TestCheckerLiveOnlyToldOfARewind(t *testing.T) {
+	const s = "chaos/d0"
+	build := func(t *testing.T, crash, redelivered bool) *world {
+		w := newWorld(t)
+		w.commit(s, 0, w.key(1, nil))
+		w.commit(s, time.Second, w.key(1, nil))
+		w.rec.Pubs = append(w.rec.Pubs, &PubRecord{Via: "sql", Outcome: Committed, Sent: 2 * time.Second, Acked: 2*time.Second + time.Millisecond,
+			Events: []PubEvent{{Stream: s, Key: w.key(1, nil), ID: 3}}}) // lost
+		if crash {
+			w.rec.Crashes = []CrashWindow{{From: 1500 * time.Millisecond, To: 2500 * time.Millisecond}}
+		}
+		w.rec.RunEnd = 10 * time.Second
+		w.commit(s, 5*time.Second, w.key(1, nil)) // the new id 3
+		sl := w.sub("live", s, -1)
+		sl.HeadAt = []time.Duration{2100 * time.Millisecond} // its head: 3, the lost event
+		sl.Items = append(sl.Items, gap(1, 3, 2))
+		if redelivered {
+			w.got(sl, 1, 3)
+		}
+		return w
+	}
+	t.Run("after a crash", func(t *testing.T) {
+		r := build(t, true, true).check()
+		assert.True(t, r.OK(), "failures: %+v", r.Failures)
+	})
+	t.Run("the new event never sent", func(t *testing.T) {
+		r := build(t, true, false).check()
+		assert.Contains(t, classes(r), FailLost, "failures: %+v", r.Failures)
+	})
+	t.Run("without a crash", func(t *testing.T) {
+		r := build(t, false, true).check()
+		assert.Contains(t, classes(r), FailGap, "failures: %+v", r.Failures)
+	})
+}
