@@ -166,11 +166,15 @@ func (p *Pool) Submit(token []byte, now time.Time, done func(*Claims, error)) bo
 	}
 	*buf = append((*buf)[:0], token...)
 	queued := time.Now().UnixNano()
-	if p.wake != nil && len(p.queue) > 0 && queued-p.lastTake.Load() > int64(p.starveAfter) {
-		p.wakeRescuer() // jobs wait, and no worker has taken one for StarveAfter
-	}
+	// Jobs wait, and no worker has taken one for StarveAfter: the rescuer is woken once this
+	// job is queued too — woken before, it could empty the queue and sleep again first,
+	// leaving this one behind the stuck workers.
+	starved := p.wake != nil && len(p.queue) > 0 && queued-p.lastTake.Load() > int64(p.starveAfter)
 	select {
 	case p.queue <- poolJob{token: buf, now: now, queued: queued, done: done}:
+		if starved {
+			p.wakeRescuer()
+		}
 		return true
 	default:
 		p.bufs.Put(buf)

@@ -94,9 +94,11 @@ func TestHubAckRace(t *testing.T) {
 		return l
 	}
 	a, b := newClient("a"), newClient("b")
+	names := map[pglisten.Listener]string{a: "a", b: "b"}
 	waitNote := func(l pglisten.Listener, ch, payload string) {
 		t.Helper()
 		timeout := time.After(10 * time.Second)
+		var other []string // what came instead, for the failure message
 		for {
 			select {
 			case ev, ok := <-l.Events():
@@ -104,8 +106,9 @@ func TestHubAckRace(t *testing.T) {
 				if ev.Kind == pglisten.KindNotification && ev.Channel == ch && string(ev.Payload) == payload {
 					return
 				}
+				other = append(other, fmt.Sprintf("%v %s %q", ev.Kind, ev.Channel, ev.Payload))
 			case <-timeout:
-				t.Fatalf("NOTIFY %s %q sent right after ACK was never delivered", ch, payload)
+				t.Fatalf("NOTIFY %s %q sent right after ACK was never delivered to worker %s; it got instead: %v", ch, payload, names[l], other)
 			}
 		}
 	}
