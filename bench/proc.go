@@ -107,8 +107,14 @@ func StartServer(ctx context.Context, t Target, dsn, dir string) (*Server, error
 		if t.Pprof {
 			args = append(args, "--pprof", admin)
 		}
+	case GnetRelay:
+		args = []string{
+			"--database-url", dsn,
+			"--listen", sse.String(),
+			"--heartbeat", hb.String(),
+		}
 	default:
-		return nil, fmt.Errorf("unknown target %q (want pgsse or baseline)", t.Name)
+		return nil, fmt.Errorf("unknown target %q (want pgsse, baseline or %s)", t.Name, GnetRelay)
 	}
 	args = append(args, t.ExtraArgs...)
 	logPath := filepath.Join(dir, t.Name+"-"+randHex(3)+".log")
@@ -340,4 +346,15 @@ func Build(ctx context.Context, root, dir string) (pgsse, baseline string, err e
 		return "", "", fmt.Errorf("go build ./bench/baseline: %v\n%s", err, out)
 	}
 	return pgsse, baseline, nil
+}
+
+// BuildRelay builds bench/gnetrelay (scenario 14's floor) into dir.
+func BuildRelay(ctx context.Context, root, dir string) (string, error) {
+	bin := filepath.Join(dir, GnetRelay)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./bench/gnetrelay")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./bench/gnetrelay: %v\n%s", err, out)
+	}
+	return bin, nil
 }

@@ -5,6 +5,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
@@ -107,9 +108,12 @@ func (h *Holder) Close() {
 }
 
 // HoldMain is a holder process's work: open n idle subscribers of addr (path), print
-// "held N", and hold them until standard input closes.
+// "held N", and hold them until standard input closes. Meanwhile, each line "wait SEQ" on
+// standard input is answered "have SEQ 1" once every connection has event SEQ (sequence
+// numbers 1 … holdMaxSeq, as Publisher numbers them), "have SEQ 0" after holdWaitTimeout. At
+// the end it closes its connections and prints one line of JSON, its HoldStats.
 func HoldMain(addr netip.AddrPort, path string, n, sources int) error {
-	c, err := NewClient(ClientConfig{Addr: addr, Path: path, Sources: sources, MaxSeq: 16})
+	c, err := NewClient(ClientConfig{Addr: addr, Path: path, Sources: sources, MaxSeq: holdMaxSeq})
 	if err != nil {
 		return err
 	}
@@ -118,8 +122,70 @@ func HoldMain(addr netip.AddrPort, path string, n, sources int) error {
 		return err
 	}
 	fmt.Printf("held %d\n", c.Conns())
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	return nil
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		var seq int64
+		if _, err := fmt.Sscanf(in.Text(), "wait %d", &seq); err == nil {
+			ok := c.WaitHave(seq, c.Conns(), holdWaitTimeout)
+			fmt.Printf("have %d %d\n", seq, int(boolValue(ok)))
+		}
+	}
+	c.Close()
+	st := c.Stats()
+	return json.NewEncoder(os.Stdout).Encode(HoldStats{
+		Conns: st.Conns, Events: st.Events, Gaps: st.Gaps, Dups: st.Dups, ConnsWithGaps: st.ConnsWithGaps,
+		Closed: st.Closed, Bad: st.Bad, Last: st.Last,
+	})
+}
+
+// A holder's events: sequence numbers up to holdMaxSeq, each awaited at most holdWaitTimeout.
+const (
+	holdMaxSeq      = 64
+	holdWaitTimeout = 30 * time.Second
+)
+
+// HoldStats is what a holder process saw, printed when it ends (HoldMain).
+type HoldStats struct {
+	Conns         int
+	Events        int64 // deliveries received
+	Gaps, Dups    int64 // sequence numbers skipped, seen again
+	ConnsWithGaps int
+	Closed        int64   // connections the server closed
+	Bad           int64   // unparsable events or lines
+	Last          []int64 // per seq: the latest receive time (UnixNano) over its connections
+}
+
+// Await asks the holder to report once every one of its connections has event seq; it
+// reports whether they all had it within holdWaitTimeout.
+func (h *Holder) Await(seq int64) (bool, error) {
+	if _, err := fmt.Fprintf(h.stdin, "wait %d\n", seq); err != nil {
+		return false, err
+	}
+	line, err := h.out.ReadString('\n')
+	if err != nil {
+		return false, fmt.Errorf("holder %d: %w", h.PID, err)
+	}
+	var got int64
+	var ok int
+	if _, err := fmt.Sscanf(line, "have %d %d", &got, &ok); err != nil || got != seq {
+		return false, fmt.Errorf("holder %d: %q to wait %d", h.PID, strings.TrimSpace(line), seq)
+	}
+	return ok == 1, nil
+}
+
+// Finish closes the holder's connections and returns what it saw.
+func (h *Holder) Finish() (*HoldStats, error) {
+	_ = h.stdin.Close()
+	line, err := h.out.ReadString('\n')
+	h.Close()
+	if err != nil {
+		return nil, fmt.Errorf("holder %d: no stats: %w", h.PID, err)
+	}
+	st := &HoldStats{}
+	if err := json.Unmarshal([]byte(line), st); err != nil {
+		return nil, fmt.Errorf("holder %d: %w", h.PID, err)
+	}
+	return st, nil
 }
 
 // ProcsIdle is scenario 10's first part: p.ProcsConns idle connections to `pgsse serve

@@ -60,6 +60,8 @@ type Params struct {
 	OutboundBudget int64
 	Memory         MemoryParams // scenarios 7 and 8
 
+	Scale ScaleParams // scenario 15 (scale.go)
+
 	Sources int // loopback source addresses
 	Readers int // client epoll loops
 }
@@ -79,6 +81,7 @@ func Full() Params {
 			LargeBytes: 50 << 20, LargeSubscribers: 10},
 		ProcsConns: 30000,
 		MultiConns: 10000, MultiStreams: 8, MultiRounds: 2,
+		Scale: ScaleParams{Conns: 100000, Procs: 7, Hold: 60 * time.Second, Events: 20, OneConns: 15000},
 		Presence: PresenceParams{Interval: time.Second, Churn: 10000, Others: 1000, Rate: 50,
 			HoldSubjects: 1000, HoldStreams: 100, Hold: 60 * time.Second},
 	}
@@ -98,6 +101,7 @@ func Small() Params {
 	p.Hub = HubParams{Workers: 8, Rate: 1000, Duration: time.Second}
 	p.ProcsConns = 400
 	p.MultiConns = 200
+	p.Scale = ScaleParams{Conns: 1000, Procs: 2, Hold: 2 * time.Second, Events: 5, OneConns: 400}
 	p.Presence = PresenceParams{Interval: 200 * time.Millisecond, Churn: 500, Others: 100, Rate: 50,
 		HoldSubjects: 50, HoldStreams: 20, Hold: 5 * time.Second}
 	p.Memory = MemoryParams{StalledConns: 50, StalledDuration: 2 * time.Second, StalledData: 1024,

@@ -226,6 +226,49 @@ type acceptor struct {
 	done    sync.WaitGroup
 	// inflight: Register results not yet received, oldest first (enroll goroutine only).
 	inflight []<-chan gnet.RegisteredResult
+	burst    acceptBurst
+}
+
+// acceptBurst tells keepMemory (budget.go) when a burst of accepts is over: once at least
+// burstConns connections were accepted and none for burstQuiet, the garbage their setup left
+// (request heads, token checks, gnet's hand-over) is collected and given back to the
+// operating system (rate-limited there), instead of staying resident beside the idle
+// connections — up to twice their live heap with GOGC=100 (issue 25).
+type acceptBurst struct {
+	n      atomic.Int64 // accepted since the last notice
+	last   atomic.Int64 // when the last one was accepted, unix ns
+	timer  *time.Timer  // armed once n reaches burstConns (the accepting goroutine, then the timer's)
+	notify func()
+}
+
+const (
+	burstConns = 1000
+	burstQuiet = time.Second
+)
+
+// accepted counts one accepted connection (the accepting goroutine).
+func (b *acceptBurst) accepted() {
+	if b.notify == nil {
+		return
+	}
+	b.last.Store(time.Now().UnixNano())
+	if b.n.Add(1) == burstConns {
+		if b.timer == nil {
+			b.timer = time.AfterFunc(burstQuiet, b.check)
+		} else {
+			b.timer.Reset(burstQuiet)
+		}
+	}
+}
+
+// check runs on the timer: the burst is over once nothing was accepted for burstQuiet.
+func (b *acceptBurst) check() {
+	if wait := burstQuiet - time.Since(time.Unix(0, b.last.Load())); wait > 0 {
+		b.timer.Reset(wait)
+		return
+	}
+	b.n.Store(0)
+	b.notify()
 }
 
 // acceptQueue bounds the accepted connections waiting to be handed to the loop, per listener
@@ -239,6 +282,7 @@ func (s *Server) newAcceptor(name string, ln net.Listener, o origin, open *atomi
 		ctx:   gnet.NewContext(context.Background(), o),
 		queue: make(chan net.Conn, acceptQueue),
 		stop:  make(chan struct{}),
+		burst: acceptBurst{notify: s.out.heapToGiveBack},
 	}
 }
 
@@ -263,6 +307,7 @@ func (a *acceptor) accept() {
 			continue
 		}
 		a.guard.accepted()
+		a.burst.accepted()
 		if a.open.Load()+a.pending.Load() >= a.limit() {
 			// Far over the limit: do not even read the request; keep descriptors for others.
 			a.srv.metrics.shed[shedOverCapacity].Inc()
@@ -346,6 +391,9 @@ func (a *acceptor) close() {
 	close(a.stop)
 	_ = a.ln.Close()
 	a.done.Wait()
+	if a.burst.timer != nil {
+		a.burst.timer.Stop()
+	}
 }
 
 // listenSSE binds --listen: TCP with SO_REUSEPORT (for --procs). Unless share, an address

@@ -143,19 +143,20 @@ func (a *admission) countSubject(sc *sseConn, key string) bool {
 		return false
 	}
 	a.subjects[key] = n + 1
-	sc.subject = key
+	sc.setSubject(key)
 	return true
 }
 
 // uncountSubject gives back sc's place in its subject's count (connTable.remove).
 func (a *admission) uncountSubject(sc *sseConn) {
-	if sc.subject == "" {
+	key := sc.subject()
+	if key == "" {
 		return
 	}
-	if n := a.subjects[sc.subject] - 1; n > 0 {
-		a.subjects[sc.subject] = n
+	if n := a.subjects[key] - 1; n > 0 {
+		a.subjects[key] = n
 	} else {
-		delete(a.subjects, sc.subject)
+		delete(a.subjects, key)
 	}
-	sc.subject = ""
+	sc.setSubject("")
 }

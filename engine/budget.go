@@ -33,7 +33,8 @@ import (
 // limit is closed with retry:.
 //
 // Memory the queues gave back is returned to the operating system once the pressure has
-// passed (debug.FreeOSMemory, at most every freeOSMemoryEvery), and unless the operator set
+// passed, and so is the garbage a burst of accepts left once it is over (accept.go:
+// acceptBurst) — debug.FreeOSMemory, at most every freeOSMemoryEvery — and unless the operator set
 // GOMEMLIMIT, the Go runtime's soft memory limit follows the budget (Config.GoMemoryLimit):
 // the runtime's own memory, plus the live heap that is not queued bytes, plus the budget (or
 // half that live heap, if more) — so the garbage drained queues leave is collected before it
@@ -131,6 +132,15 @@ func (o *outbound) observe() {
 		case o.relieved <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// heapToGiveBack tells keepMemory that garbage is worth giving back now (any goroutine: a
+// burst of accepts is over, accept.go).
+func (o *outbound) heapToGiveBack() {
+	select {
+	case o.relieved <- struct{}{}:
+	default:
 	}
 }
 

@@ -130,7 +130,7 @@ func (s *subscriptions) replay(sub *subscription) {
 	// What the read may bring counts against the budget until it is written (outbound.reading).
 	reserved := s.out.limits().replayBytes()
 	after := sub.cursor
-	req := store.ReadRequest{Stream: sub.st.name, After: after, Tags: sub.conn.tags, Limit: replayBatchEvents,
+	req := store.ReadRequest{Stream: sub.st.name, After: after, Tags: sub.conn.tags(), Limit: replayBatchEvents,
 		MaxBytes: reserved, Encode: s.tr.replayEncoder()}
 	s.out.reserveRead(reserved)
 	ok := s.replayer.Read(req, func(res store.ReadResult) {

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"net"
+	"slices"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -10,6 +12,28 @@ import (
 // SSE connection (sseconn.go, request.go), a hub worker (hubserver.go) or the loop's private anchor
 // (loop.go) — from the connection's context: when OnOpen runs, that is the origin the
 // acceptor that handed it over gave it (accept.go); after that, its part's own state.
+
+// compactAddrs lets go of the two 32-byte sockaddrs each SSE connection would otherwise keep
+// for as long as it is open (issue 25: an idle connection's bytes). gnet keeps the addresses of
+// the net.TCPConn the acceptor handed it (accept.go), and the net package made each address's
+// IP a slice of the sockaddr the accept or getsockname returned. pgsse never asks a
+// connection for its addresses, but they stay readable: the local IP is one slice shared by
+// every connection with that address (local, on the loop only), the peer's a copy of its own.
+func compactAddrs(c gnet.Conn, local *net.IP) {
+	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		if !a.IP.Equal(*local) {
+			*local = slices.Clone(a.IP)
+		}
+		a.IP = *local
+	}
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		if ip4 := a.IP.To4(); ip4 != nil {
+			a.IP = slices.Clone(ip4)
+		} else {
+			a.IP = slices.Clone(a.IP)
+		}
+	}
+}
 
 // anchorMark is the context of the anchor connection.
 type anchorMark struct{}
@@ -33,6 +57,7 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	case originSSE:
 		s.enter()
 		defer s.leave()
+		compactAddrs(c, &s.sseLocalIP)
 		s.conns.open(c)
 		return nil, gnet.None
 	}

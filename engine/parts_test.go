@@ -70,17 +70,15 @@ var lentFields = map[string]string{
 	// The connection (sseconn.go): its socket and its state are read everywhere, its queue is
 	// the write path's, its publish state publishing's, its subject admission's, its
 	// subscriptions the subscriptions part's.
-	"sseConn.c":       "read",
-	"sseConn.state":   "read",
-	"sseConn.closed":  "read",
-	"sseConn.setup":   "read",
-	"sseConn.tags":    "read",
-	"sseConn.q":       "outbound",
-	"sseConn.pub":     "publishing",
-	"sseConn.subject": "admission",
-	"sseConn.nsub":    "subscriptions",
-	"sseConn.more":    "subscriptions",
-	"sseConn.first":   "subscriptions",
+	"sseConn.c":      "read",
+	"sseConn.state":  "read",
+	"sseConn.closed": "read",
+	"sseConn.setup":  "read",
+	"sseConn.q":      "outbound",
+	"sseConn.pub":    "publishing",
+	"sseConn.nsub":   "subscriptions",
+	"sseConn.more":   "subscriptions",
+	"sseConn.first":  "subscriptions",
 	// A raw channel (channels.go) has an SSE side (fanout.go) and a hub side (hubserver.go).
 	"channel.name": "read",
 	"channel.sse":  "fanout",

@@ -35,6 +35,7 @@ const (
 // (docs/architecture.md, invariant 1); other goroutines hand work over through tasks.
 type Server struct {
 	*loopEnv
+	sseLocalIP net.IP // the SSE connections' local IP, shared by them (handler.go: compactAddrs)
 
 	// The parts.
 	conns connTable     // the SSE port's connections and their state machine (sseconn.go)

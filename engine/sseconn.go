@@ -127,16 +127,14 @@ const (
 // response head is sent, a publisher's state hangs off pub, and the first subscription is
 // held inline (TestIdleConnSize pins the size).
 type sseConn struct {
-	c       gnet.Conn
-	q       *outQueue    // what the socket has not taken yet; nil when nothing (outbound.go)
-	pub     *publishConn // a publisher's request state (publish.go); kept across keep-alive requests
-	setup   *subRequest  // what it asked for, from its head until its response head is sent (request.go)
-	tags    []string     // the token's tags (audience)
-	subject string       // its key in admission.subjects while counted there ("" = not counted; admission.go)
+	c     gnet.Conn
+	q     *outQueue    // what the socket has not taken yet; nil when nothing (outbound.go)
+	pub   *publishConn // a publisher's request state (publish.go); kept across keep-alive requests
+	setup *subRequest  // what it asked for, from its head until its response head is sent (request.go)
+	ext   *connExt     // what only some tokens bring (tags, subject, exp); nil for none
 
 	enteredMS   int64 // when the connection entered its state (head and pending time rules)
 	lastWriteMS int64 // when it was last written to (heartbeats)
-	expiresMS   int64 // the token's exp, unix ms; 0 = none
 
 	all     int32 // index in connTable.list
 	state   connState
@@ -146,14 +144,86 @@ type sseConn struct {
 	// Its subscriptions (subscription.go): nsub of them, the first inline, the others in more
 	// (with what a connection following several streams needs besides).
 	nsub  uint8
-	more  *subSet
-	first subscription
+	timed bool  // listed in connTable.timed (sweep)
+	beat  uint8 // its slot in connTable.beats while beatPos > 0
+	// beatPos is 1 + its index in that slot, 0 when it is not in the wheel: a connection that
+	// closes leaves the wheel at once (unbeat), not when its slot comes round.
+	beatPos int32
+	more    *subSet
+	first   subscription
+}
+
+// connExt is what a token may bring a connection beyond the bare stream: its tags (audience),
+// its subject while counted per subject, its exp. A public stream's connection, or one whose
+// token has none of them, holds none (sseConn.ext nil): an idle connection pays for what its
+// token brought, not for what some tokens bring.
+type connExt struct {
+	tags      []string // the token's tags (audience)
+	subject   string   // its key in admission.subjects while counted there ("" = not counted; admission.go)
+	expiresMS int64    // the token's exp, unix ms; 0 = none
+}
+
+// tags is the token's tags (nil: none).
+func (sc *sseConn) tags() []string {
+	if sc.ext == nil {
+		return nil
+	}
+	return sc.ext.tags
+}
+
+// expiresMS is the token's exp in unix ms (0: none).
+func (sc *sseConn) expiresMS() int64 {
+	if sc.ext == nil {
+		return 0
+	}
+	return sc.ext.expiresMS
+}
+
+// subject is its key in admission.subjects while counted there ("": not counted).
+func (sc *sseConn) subject() string {
+	if sc.ext == nil {
+		return ""
+	}
+	return sc.ext.subject
+}
+
+// extended is sc.ext, made if it is not there yet.
+func (sc *sseConn) extended() *connExt {
+	if sc.ext == nil {
+		sc.ext = &connExt{}
+	}
+	return sc.ext
+}
+
+// setSubject records (or, with "", forgets) its key in admission.subjects; the extension goes
+// once it holds nothing.
+func (sc *sseConn) setSubject(key string) {
+	if key != "" {
+		sc.extended().subject = key
+		return
+	}
+	if sc.ext != nil {
+		sc.ext.subject = ""
+		if sc.ext.tags == nil && sc.ext.expiresMS == 0 {
+			sc.ext = nil
+		}
+	}
 }
 
 // to is the one assignment of a state; only the transition helpers below call it.
 func (sc *sseConn) to(state connState, nowMS int64) {
 	sc.state = state
 	sc.enteredMS = nowMS
+}
+
+// enter moves sc to state (the transition helpers below call it): a state other than
+// streaming has a time rule, so the connection is listed for the sweep (once).
+func (t *connTable) enter(sc *sseConn, state connState) {
+	sc.to(state, t.nowMS)
+	if state != stateStreaming && !sc.timed {
+		sc.timed = true
+		t.timed = append(t.timed, sc)
+	}
 }
 
 // streaming reports whether the response head has been sent and the connection is open
@@ -165,7 +235,7 @@ func (sc *sseConn) ending() bool { return sc.closed || sc.state == stateClosing 
 
 // sees reports whether the token lets this connection see an event for audience (nil =
 // everyone; docs/http.md, Audience).
-func (sc *sseConn) sees(audience []string) bool { return auth.InAudience(sc.tags, audience) }
+func (sc *sseConn) sees(audience []string) bool { return auth.InAudience(sc.tags(), audience) }
 
 // wrote records a write to the socket (heartbeats count from it).
 func (sc *sseConn) wrote(nowMS int64) { sc.lastWriteMS = nowMS }
@@ -198,7 +268,23 @@ type connTable struct {
 	// slow: closing connections sent away for not reading (evictSlow), aborted after
 	// slowCloseGraceMS (a set beside the connections: a flag would not fit sseConn's size)
 	slow map[*sseConn]struct{}
+
+	// The time rules' lists (sweep), so that an idle server's sweep costs what is due, not a
+	// pass over every connection: timed holds the connections that entered a state other
+	// than streaming (each once: sseConn.timed) until the sweep finds them streaming or
+	// closed; beats is a wheel of beatSlots slots of sweepIntervalMS, each the streaming
+	// connections whose heartbeat (or token exp) falls due in it, placed again as they
+	// come round (beatTick: the last slot done with; the current one is looked at again by the
+	// next sweep, for what falls due later in it).
+	timed    []*sseConn
+	beats    [][]*sseConn
+	beatTick int64
 }
+
+// beatSlots is the heartbeat wheel's size: 128 × sweepIntervalMS ≈ 31 s. A connection due
+// later (a longer --heartbeat, a token's exp) waits in the furthest slot and is placed again
+// when that comes round — once per 31 s instead of once per sweep.
+const beatSlots = 128
 
 // all is every connection on the SSE port (read it, do not keep it).
 func (t *connTable) all() []*sseConn { return t.list }
@@ -217,7 +303,7 @@ func (t *connTable) openCounter() *atomic.Int64 { return &t.opened }
 // open registers a new connection on the SSE port: → head.
 func (t *connTable) open(c gnet.Conn) *sseConn {
 	sc := &sseConn{c: c, all: int32(len(t.list))}
-	sc.to(stateHead, t.nowMS)
+	t.enter(sc, stateHead)
 	t.list = append(t.list, sc)
 	t.opened.Store(int64(len(t.list)))
 	c.SetContext(sc)
@@ -230,15 +316,17 @@ func (t *connTable) asked(sc *sseConn, req *subRequest) { sc.setup = req }
 
 // verify parks a connection whose token is being checked on the verifier pool: head →
 // verifying. The pool's answer resumes it (request.go: authorized).
-func (t *connTable) verify(sc *sseConn) { sc.to(stateVerifying, t.nowMS) }
+func (t *connTable) verify(sc *sseConn) { t.enter(sc, stateVerifying) }
 
 // queueAdmission puts an authorised connection in the admission FIFO: head or verifying →
 // queued. tags and expiresMS are what its token allows it (its audience, its exp); the FIFO
 // admits it in its turn.
 func (t *connTable) queueAdmission(sc *sseConn, tags []string, expiresMS int64) {
-	sc.tags = tags
-	sc.expiresMS = expiresMS
-	sc.to(stateQueued, t.nowMS)
+	if tags != nil || expiresMS != 0 {
+		x := sc.extended()
+		x.tags, x.expiresMS = tags, expiresMS
+	}
+	t.enter(sc, stateQueued)
 	t.adm.push(sc)
 	t.tasks.kick()
 }
@@ -250,7 +338,7 @@ func (t *connTable) admit(sc *sseConn) {
 	sc.counted = true
 	t.active++
 	t.metrics.sseConns.Set(float64(t.active))
-	sc.to(statePending, t.nowMS)
+	t.enter(sc, statePending)
 }
 
 // respond writes the response head — 200, the retry field and a comment, at once — once
@@ -258,7 +346,8 @@ func (t *connTable) admit(sc *sseConn) {
 func (t *connTable) respond(sc *sseConn) {
 	t.write(sc, t.tr.streamHead(sc.cors(), t.cfg.Retry.Milliseconds()))
 	sc.setup = nil
-	sc.to(stateStreaming, t.nowMS)
+	t.enter(sc, stateStreaming)
+	t.schedule(sc)
 	t.pres.responded(sc)
 }
 
@@ -268,7 +357,7 @@ func (t *connTable) respond(sc *sseConn) {
 // once, the close waits until the queue has drained (outbound.flushQueue) or closeLingerMS
 // has passed (sweep).
 func (t *connTable) finish(sc *sseConn, last []byte) {
-	sc.to(stateClosing, t.nowMS)
+	t.enter(sc, stateClosing)
 	t.out.trimQueue(sc)
 	if len(last) > 0 {
 		t.write(sc, last)
@@ -303,7 +392,7 @@ func (t *connTable) abort(sc *sseConn) {
 	if sc.closed {
 		return
 	}
-	sc.to(stateClosing, t.nowMS)
+	t.enter(sc, stateClosing)
 	t.out.dropQueue(sc)
 	_ = unix.SetsockoptLinger(sc.c.Fd(), unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 	_ = sc.c.Close()
@@ -347,10 +436,10 @@ func (t *connTable) linger(sc *sseConn, last []byte) {
 	}
 	if sc.pending() > 0 || unix.Shutdown(sc.c.Fd(), unix.SHUT_WR) != nil {
 		// Part of the answer waits in the queue: close once it has left, as finish does.
-		sc.to(stateClosing, t.nowMS)
+		t.enter(sc, stateClosing)
 		return
 	}
-	sc.to(stateLinger, t.nowMS)
+	t.enter(sc, stateLinger)
 	_, _ = sc.c.Discard(-1)
 }
 
@@ -359,12 +448,12 @@ func (t *connTable) linger(sc *sseConn, last []byte) {
 // publish request until it closes or turns into a subscriber (publishing.countConn).
 func (t *connTable) beginPublish(sc *sseConn) {
 	t.pub.countConn(sc)
-	sc.to(statePublishBody, t.nowMS)
+	t.enter(sc, statePublishBody)
 }
 
 // submitted records that a publish request is with the Publisher: publish-body →
 // publish-commit. Nothing more is read from the connection until it is answered.
-func (t *connTable) submitted(sc *sseConn) { sc.to(statePublishCommit, t.nowMS) }
+func (t *connTable) submitted(sc *sseConn) { t.enter(sc, statePublishCommit) }
 
 // answerPublish writes the answer to a publish request: publish-body or publish-commit →
 // idle when the connection is kept alive; otherwise it closes (lingering when the client
@@ -373,7 +462,7 @@ func (t *connTable) answerPublish(sc *sseConn, b []byte, keepAlive, bodyUnread b
 	switch {
 	case keepAlive:
 		t.write(sc, b)
-		sc.to(stateIdle, t.nowMS)
+		t.enter(sc, stateIdle)
 	case bodyUnread:
 		t.linger(sc, b)
 	default:
@@ -382,7 +471,7 @@ func (t *connTable) answerPublish(sc *sseConn, b []byte, keepAlive, bodyUnread b
 }
 
 // nextRequest starts reading a keep-alive connection's next request: idle → head.
-func (t *connTable) nextRequest(sc *sseConn) { sc.to(stateHead, t.nowMS) }
+func (t *connTable) nextRequest(sc *sseConn) { t.enter(sc, stateHead) }
 
 // shed answers 200 with a jittered retry and a comment saying why, and closes: EventSource
 // treats any non-200 as final, so load shedding must not use 503. For a connection whose
@@ -482,13 +571,14 @@ func (t *connTable) remove(sc *sseConn) {
 	t.pub.release(sc)
 	t.subs.unsubscribeAll(sc)
 	delete(t.slow, sc)
+	t.unbeat(sc)
 	t.pres.closed(sc)
 	t.list = swapRemove(t.list, sc, connIndex)
 	t.opened.Store(int64(len(t.list)))
 	t.out.unwatch(sc)
 	t.out.dropQueue(sc)
 	sc.c = nil
-	sc.tags = nil
+	sc.ext = nil
 	sc.setup = nil
 }
 
@@ -507,10 +597,19 @@ func connIndex(sc *sseConn) *int32 { return &sc.all }
 // publishBodyTimeoutMS is answered 408, a keep-alive connection idle for keepAliveIdleMS and
 // a lingering one after lingerTimeoutMS are closed.
 func (t *connTable) sweep() {
-	heartbeatMS := t.cfg.Heartbeat.Milliseconds()
+	t.sweepTimed()
+	t.sweepBeats()
+}
+
+// sweepTimed applies the time rules of the states other than streaming to the connections
+// listed in timed, and lets go of those that are streaming or closed.
+func (t *connTable) sweepTimed() {
 	dbDown := t.lsn.databaseUnavailable()
-	for _, sc := range t.list {
-		if sc.closed {
+	kept := 0
+	for i := 0; i < len(t.timed); i++ { // a rule may list another connection: len is read each time
+		sc := t.timed[i]
+		if sc.closed || sc.state == stateStreaming {
+			sc.timed = false
 			continue
 		}
 		switch sc.state {
@@ -552,16 +651,87 @@ func (t *connTable) sweep() {
 			case sc.pending() > 0 && t.nowMS-sc.enteredMS >= closeLingerMS:
 				t.abort(sc) // the client does not read: give up on the last bytes
 			}
-		case stateStreaming:
-			if sc.expiresMS > 0 && t.nowMS >= sc.expiresMS {
+		}
+		t.timed[kept] = sc
+		kept++
+	}
+	clear(t.timed[kept:])
+	t.timed = t.timed[:kept]
+}
+
+// schedule places a streaming connection in the heartbeat wheel's slot of its next heartbeat
+// (its last write + --heartbeat) or its token's exp, whichever is first.
+func (t *connTable) schedule(sc *sseConn) {
+	t.unbeat(sc) // never in two slots
+	now := t.nowMS / sweepIntervalMS
+	if t.beats == nil {
+		t.beats = make([][]*sseConn, beatSlots)
+		t.beatTick = now - 1
+	}
+	due := sc.lastWriteMS + t.cfg.Heartbeat.Milliseconds()
+	if exp := sc.expiresMS(); exp > 0 {
+		due = min(due, exp)
+	}
+	slot := min(max(due/sweepIntervalMS, now), now+beatSlots-1) % beatSlots
+	sc.beat, sc.beatPos = uint8(slot), int32(len(t.beats[slot]))+1
+	t.beats[slot] = append(t.beats[slot], sc)
+}
+
+// unbeat takes sc out of the heartbeat wheel, if it is there (remove).
+func (t *connTable) unbeat(sc *sseConn) {
+	if sc.beatPos == 0 {
+		return
+	}
+	slot, i := &t.beats[sc.beat], int(sc.beatPos)-1
+	sc.beatPos = 0
+	last := len(*slot) - 1
+	if i > last || (*slot)[i] != sc {
+		return
+	}
+	(*slot)[i] = (*slot)[last]
+	(*slot)[i].beatPos = int32(i) + 1
+	(*slot)[last] = nil
+	*slot = (*slot)[:last]
+}
+
+// sweepBeats takes the slots that fell due since the last sweep: a connection whose token
+// has expired is closed with retry:, one not written to for --heartbeat gets a heartbeat,
+// and each that still streams is placed again; a connection that no longer streams is let
+// go. A connection written to meanwhile costs one look when its old slot comes round.
+func (t *connTable) sweepBeats() {
+	if t.beats == nil {
+		return
+	}
+	heartbeatMS := t.cfg.Heartbeat.Milliseconds()
+	now := t.nowMS / sweepIntervalMS
+	for tick := max(t.beatTick+1, now-beatSlots+1); tick <= now; tick++ {
+		slot := &t.beats[tick%beatSlots]
+		due := *slot
+		*slot = nil // schedule may append to this slot meanwhile (not due yet, or a later round)
+		for _, sc := range due {
+			sc.beatPos = 0 // out of the wheel until placed again
+		}
+		for _, sc := range due {
+			if !sc.streaming() {
+				continue
+			}
+			if exp := sc.expiresMS(); exp > 0 && t.nowMS >= exp {
 				t.closeWithRetrySaying(sc, tokenExpiredComment)
 				continue
 			}
 			if t.nowMS-sc.lastWriteMS >= heartbeatMS {
 				t.write(sc, t.tr.heartbeat())
 			}
+			if sc.streaming() {
+				t.schedule(sc)
+			}
+		}
+		clear(due)
+		if *slot == nil {
+			*slot = due[:0] // keep the slot's array for its next round
 		}
 	}
+	t.beatTick = now - 1 // the current slot again next time: what is due later in it
 }
 
 // --- writes -------------------------------------------------------------------------------

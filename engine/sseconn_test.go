@@ -143,7 +143,7 @@ func TestSweepConnsTimeRules(t *testing.T) {
 		s, c, sc := openAt(t, t0)
 		admitNow(s, sc, t0+5_000)
 		s.conns.respond(sc)
-		assert.Equal(t, int64(t0+5_000), sc.expiresMS)
+		assert.Equal(t, int64(t0+5_000), sc.expiresMS())
 		head := len(c.text())
 		s.nowMS = t0 + s.cfg.Heartbeat.Milliseconds() - 1
 		s.conns.sweep()
@@ -198,4 +198,73 @@ func TestSweepConnsPublisherTimeRules(t *testing.T) {
 		assert.Equal(t, stateClosing, sc.state)
 		assert.True(t, c.closed)
 	})
+}
+
+// An idle server's sweep costs what is due, not a pass over every connection (issue 25):
+// streaming connections leave the timed list at the first sweep and wait in the heartbeat
+// wheel's slot of their next heartbeat; a sweep before it looks at none of them, the one at
+// it gives each one heartbeat and places it --heartbeat later; one that closes leaves the
+// wheel at once. A public stream's connection
+// holds no extension (connExt): nothing a token would bring.
+func TestIdleSweepTouchesOnlyWhatIsDue(t *testing.T) {
+	const t0, n = 1_000_000, 200
+	s, err := New(Config{Heartbeat: time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	s.nowMS = t0
+	conns := make([]*recordConn, n)
+	for i := range conns {
+		conns[i] = newRecordConn(t)
+		sc := s.conns.open(conns[i])
+		admitNow(s, sc, 0)
+		s.conns.respond(sc)
+		require.Nil(t, sc.ext, "a public connection holds no extension")
+	}
+	heads := len(conns[0].text())
+	inWheel := func() (slots, entries int) {
+		for _, slot := range s.conns.beats {
+			if len(slot) > 0 {
+				slots++
+				entries += len(slot)
+			}
+		}
+		return slots, entries
+	}
+	s.nowMS = t0 + 500
+	s.conns.sweep()
+	assert.Empty(t, s.conns.timed, "streaming connections leave the timed list")
+	slots, entries := inWheel()
+	assert.Equal(t, 1, slots, "all due in one slot")
+	assert.Equal(t, n, entries)
+	due := &s.conns.beats[(t0+1000)/sweepIntervalMS%beatSlots]
+	assert.Len(t, *due, n, "in the slot of their heartbeat")
+
+	s.nowMS = t0 + 1000
+	s.conns.sweep()
+	for i, c := range conns {
+		require.Equal(t, ":\n", c.text()[heads:], "connection %d: one heartbeat", i)
+	}
+	_, entries = inWheel()
+	assert.Equal(t, n, entries, "each placed again, once")
+	assert.Len(t, s.conns.beats[(t0+2000)/sweepIntervalMS%beatSlots], n, "--heartbeat later")
+
+	// A connection that closes leaves the wheel at once, not when its slot comes round.
+	closing := append([]*sseConn(nil), s.conns.all()[:n/4]...)
+	for _, sc := range closing {
+		s.conns.closed(sc)
+	}
+	s.conns.reapClosed()
+	_, entries = inWheel()
+	assert.Equal(t, n-n/4, entries)
+	for _, slot := range s.conns.beats {
+		for i, sc := range slot {
+			require.Equal(t, int32(i+1), sc.beatPos, "its place in the slot")
+		}
+	}
+
+	// A token's exp is kept beside the connection, not in it.
+	c := newRecordConn(t)
+	sc := s.conns.open(c)
+	admitNow(s, sc, t0+1500)
+	require.NotNil(t, sc.ext)
+	assert.Equal(t, int64(t0+1500), sc.expiresMS())
 }

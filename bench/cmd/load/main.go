@@ -12,6 +12,8 @@
 //	go run ./bench/cmd/load --scenarios 9         # publishing: HTTP (group commit) vs pgsse.publish
 //	go run ./bench/cmd/load --scenarios 10        # --procs: 30,000 connections, fan-out with 1 and 2 processes
 //	go run ./bench/cmd/load --scenarios 11        # 10,000 connections following 8 streams each against 10,000 following one
+//	go run ./bench/cmd/load --scenarios 14        # idle RSS per connection: pgsse (1 and 8 streams) against the floor, bench/gnetrelay
+//	go run ./bench/cmd/load --scenarios 15        # 100,000 connections to --procs 7, and 15,000 to one process
 //	go run ./bench/cmd/load --scenarios 12,13     # presence: 10,000 joining and leaving one stream (on and off); 100 streams × 1,000 subjects held
 //
 // PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
@@ -85,6 +87,11 @@ func main() {
 	flag.IntVar(&p.HolderConns, "holder-conns", bench.HolderConns, "10: at most this many per load process holding them")
 	flag.IntVar(&p.MultiConns, "multi-conns", p.MultiConns, "11: connections of each kind (at most 15000)")
 	flag.IntVar(&p.MultiStreams, "multi-streams", p.MultiStreams, "11: streams per connection of the several-streams kind")
+	flag.IntVar(&p.Scale.Conns, "scale-conns", p.Scale.Conns, "15: connections to --procs --scale-procs")
+	flag.IntVar(&p.Scale.Procs, "scale-procs", p.Scale.Procs, "15: pgsse --procs")
+	flag.DurationVar(&p.Scale.Hold, "scale-hold", p.Scale.Hold, "15: how long they are held idle")
+	flag.IntVar(&p.Scale.Events, "scale-events", p.Scale.Events, "15: durable events to every connection (at most 63)")
+	flag.IntVar(&p.Scale.OneConns, "scale-one-conns", p.Scale.OneConns, "15: connections of the same run's single-process comparison (0: none)")
 	flag.IntVar(&p.MultiRounds, "multi-rounds", p.MultiRounds, "11: fan-out rounds of each kind, alternating")
 	flag.DurationVar(&p.Presence.Interval, "presence-interval", p.Presence.Interval, "12, 13: --presence-interval")
 	flag.IntVar(&p.Presence.Churn, "presence-churn", p.Presence.Churn, "12: connections joining one presence stream, then leaving")
@@ -132,6 +139,11 @@ func main() {
 			"multi-conns":            func(q *bench.Params) any { return &q.MultiConns },
 			"multi-streams":          func(q *bench.Params) any { return &q.MultiStreams },
 			"multi-rounds":           func(q *bench.Params) any { return &q.MultiRounds },
+			"scale-conns":            func(q *bench.Params) any { return &q.Scale.Conns },
+			"scale-procs":            func(q *bench.Params) any { return &q.Scale.Procs },
+			"scale-hold":             func(q *bench.Params) any { return &q.Scale.Hold },
+			"scale-events":           func(q *bench.Params) any { return &q.Scale.Events },
+			"scale-one-conns":        func(q *bench.Params) any { return &q.Scale.OneConns },
 			"presence-interval":      func(q *bench.Params) any { return &q.Presence.Interval },
 			"presence-churn":         func(q *bench.Params) any { return &q.Presence.Churn },
 			"presence-others":        func(q *bench.Params) any { return &q.Presence.Others },
@@ -152,8 +164,8 @@ func main() {
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || id < 1 || id > 13 {
-			log.Fatalf("load: --scenarios: %q is not one of 1-13", s)
+		if err != nil || id < 1 || id > 15 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-15", s)
 		}
 		ids = append(ids, id)
 	}
@@ -247,7 +259,7 @@ func main() {
 	if p.MultiConns < 1 || p.MultiConns > 15000 {
 		log.Fatalf("load: --multi-conns must be 1-15000 (the 20,000-fd limit per process), not %d", p.MultiConns)
 	}
-	var results, procsResults, multiResults []*bench.Result
+	var results, procsResults, multiResults, floorResults, scaleResults []*bench.Result
 	failed := false
 	for _, id := range ids {
 		if id == 10 {
@@ -263,6 +275,36 @@ func main() {
 			procsResults = append(procsResults, rs...)
 			if err != nil {
 				log.Printf("load: scenario 10: %v", err)
+				failed = true
+			}
+			continue
+		}
+		if id == 14 || id == 15 {
+			var rs []*bench.Result
+			var err error
+			if id == 14 {
+				log.Printf("load: scenario 14 (idle RSS per connection against the floor, bench/gnetrelay)")
+				var relayBin string
+				if relayBin, err = bench.BuildRelay(ctx, *root, dir); err == nil {
+					built = append(built, relayBin)
+					rs, err = bench.Floor(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, bench.Target{Name: bench.GnetRelay, Bin: relayBin}, p)
+				}
+				floorResults = append(floorResults, rs...)
+			} else {
+				log.Printf("load: scenario 15 (%d connections to --procs %d, %d to one process)", p.Scale.Conns, p.Scale.Procs, p.Scale.OneConns)
+				rs, err = bench.Scale(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, p, p.Scale, holderCommand(ctx))
+				scaleResults = append(scaleResults, rs...)
+			}
+			for _, r := range rs {
+				for _, m := range r.Metrics {
+					log.Printf("  %-34s %-66s %12s %s", r.Target, m.Name, bench.FormatValue(m.Value), m.Unit)
+				}
+				for _, n := range r.Notes {
+					log.Printf("  %-34s note: %s", r.Target, n)
+				}
+			}
+			if err != nil {
+				log.Printf("load: scenario %d: %v", id, err)
 				failed = true
 			}
 			continue
@@ -360,6 +402,17 @@ func main() {
 		}
 		bench.WriteTable(&b, []string{bench.MultiLabel(p.MultiStreams), bench.SingleLabel}, multiResults)
 	}
+	for _, rs := range [][]*bench.Result{floorResults, scaleResults} {
+		if len(rs) == 0 {
+			continue
+		}
+		var labels []string
+		for _, r := range rs {
+			labels = append(labels, r.Target)
+		}
+		fmt.Fprintln(&b)
+		bench.WriteTable(&b, labels, rs) // with the results' notes
+	}
 	fmt.Print(b.String())
 	if *out != "" {
 		if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
@@ -376,19 +429,23 @@ func main() {
 // procsScenario runs scenario 10: 30,000 idle connections held by this program started again
 // as holder processes (--hold), then the fan-out with --procs 1 and 2.
 func procsScenario(ctx context.Context, env *bench.Env, t bench.Target, p bench.Params) ([]*bench.Result, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	holder := func(addr netip.AddrPort, n, sources int) *exec.Cmd {
-		return exec.CommandContext(ctx, exe, "--hold", addr.String(), "--hold-conns", strconv.Itoa(n), "--sources", strconv.Itoa(sources))
-	}
-	idle, err := bench.ProcsIdle(ctx, env, t, p, holder)
+	idle, err := bench.ProcsIdle(ctx, env, t, p, holderCommand(ctx))
 	if err != nil {
 		return nil, err
 	}
 	fan, err := bench.ProcsFanOut(ctx, env, t, p)
 	return append([]*bench.Result{idle}, fan...), err
+}
+
+// holderCommand makes holder processes (scenarios 10 and 15): this program again, with --hold.
+func holderCommand(ctx context.Context) bench.HolderCommand {
+	exe, err := os.Executable()
+	if err != nil {
+		log.Fatal(err)
+	}
+	return func(addr netip.AddrPort, n, sources int) *exec.Cmd {
+		return exec.CommandContext(ctx, exe, "--hold", addr.String(), "--hold-conns", strconv.Itoa(n), "--sources", strconv.Itoa(sources))
+	}
 }
 
 // parseSize reads a byte count with an optional KiB, MiB or GiB suffix.
