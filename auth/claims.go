@@ -35,7 +35,33 @@ type Claims struct {
 // token carries grants at its top level, that they belong under "pgsse" (docs/http.md,
 // Authorization).
 func (c *Claims) NotGranted(what string) string {
+	return c.notGranted("token does not grant " + what)
+}
+
+// NotGrantedStream is NotGranted for subscribing to stream name (what names it, e.g. "stream
+// orders/42 (stream[1])"); when the token may publish to that stream, it adds that a publish
+// grant does not allow subscribing, the mistake behind most such refusals.
+func (c *Claims) NotGrantedStream(name []byte, what string) string {
 	s := "token does not grant " + what
+	if c.AllowsPublish(name) {
+		s += ` (it grants publishing to it, not subscribing: subscribing needs "streams" under "pgsse", e.g. pgsse token --stream)`
+	}
+	return c.notGranted(s)
+}
+
+// NotGrantedPublish is NotGranted for publishing to stream name; when the token may subscribe
+// to that stream, it adds that a subscribe grant does not allow publishing.
+func (c *Claims) NotGrantedPublish(name []byte, what string) string {
+	s := "token does not grant " + what
+	if c.AllowsStream(name) {
+		s += ` (it grants subscribing to it, not publishing: publishing needs "publish" under "pgsse", e.g. pgsse token --publish)`
+	}
+	return c.notGranted(s)
+}
+
+// notGranted appends to a refusal s, when the token carries grants at its top level, that
+// they belong under "pgsse".
+func (c *Claims) notGranted(s string) string {
 	if c == nil || len(c.Misplaced) == 0 {
 		return s
 	}

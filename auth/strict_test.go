@@ -172,3 +172,19 @@ func TestVerifyStrictOrder(t *testing.T) {
 	_, err = v.Verify(forged, t0)
 	assert.ErrorIs(t, err, ErrHeader)
 }
+
+// A refusal says when the token holds the other kind of grant for the stream, and still where
+// misplaced grants belong.
+func TestNotGrantedNamesTheOtherKind(t *testing.T) {
+	pub := &Claims{Publish: []string{"orders/*"}}
+	assert.Equal(t, `token does not grant stream orders/42 (it grants publishing to it, not subscribing: subscribing needs "streams" under "pgsse", e.g. pgsse token --stream)`,
+		pub.NotGrantedStream([]byte("orders/42"), "stream orders/42"))
+	assert.Equal(t, "token does not grant stream chat/7", pub.NotGrantedStream([]byte("chat/7"), "stream chat/7"))
+	sub := &Claims{Streams: []string{"orders/42"}, Misplaced: []string{"publish"}}
+	assert.Equal(t, `token does not grant publishing to stream orders/42 (it grants subscribing to it, not publishing: publishing needs "publish" under "pgsse", e.g. pgsse token --publish)`+
+		` (the token has "publish" at its top level, but pgsse reads grants only under "pgsse": {"pgsse":{"streams":[…],"publish":[…]}})`,
+		sub.NotGrantedPublish([]byte("orders/42"), "publishing to stream orders/42"))
+	var none *Claims
+	assert.Equal(t, "token does not grant stream a", none.NotGrantedStream([]byte("a"), "stream a"))
+	assert.Equal(t, "token does not grant publishing to stream a", none.NotGrantedPublish([]byte("a"), "publishing to stream a"))
+}

@@ -15,7 +15,7 @@ import (
 // Verification errors. Each maps to HTTP 401; the messages are fit for a one-line body
 // and never echo token contents.
 var (
-	ErrMalformed   = errors.New("token is malformed")
+	ErrMalformed   = errors.New("token is malformed: a JWT is three base64url parts, header.claims.signature, the first two JSON objects")
 	ErrSignature   = errors.New("token signature is invalid")
 	ErrExpired     = errors.New("token has expired")
 	ErrNotYetValid = errors.New("token is not valid yet (nbf)")

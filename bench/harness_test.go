@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -95,6 +96,21 @@ func TestHistogramQuantiles(t *testing.T) {
 		i := bucketOf(v)
 		assert.True(t, bucketLow(i) <= v && v < bucketLow(i+1), "v=%d bucket %d", v, i)
 	}
+}
+
+// bucketQuantile (scenario 12's server-side figures): the bound of the bucket the quantile of
+// what was counted between two readings falls in.
+func TestBucketQuantile(t *testing.T) {
+	les := []float64{0.001, 0.01, 0.1, math.Inf(1)}
+	before := []float64{10, 10, 10, 10}   // ten fast ones before: not in the window
+	after := []float64{10, 108, 109, 110} // then 98 under 10 ms, one under 100 ms, one over
+	assert.Equal(t, 0.01, bucketQuantile(les, before, after, 0.5))
+	assert.Equal(t, 0.01, bucketQuantile(les, before, after, 0.98))
+	assert.Equal(t, 0.1, bucketQuantile(les, before, after, 0.99))
+	assert.True(t, math.IsInf(bucketQuantile(les, before, after, 1), 1))
+	assert.Equal(t, 0.001, bucketQuantile(les, nil, after, 0.05), "no earlier reading: from zero")
+	assert.Zero(t, bucketQuantile(les, after, after, 0.99), "nothing counted")
+	assert.Zero(t, bucketQuantile(nil, nil, nil, 0.99))
 }
 
 func TestMetricUnit(t *testing.T) {

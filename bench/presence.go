@@ -246,6 +246,58 @@ func (r *run) metric(ctx context.Context, name string) float64 {
 	return 0
 }
 
+// buckets reads a histogram of the server's /metrics (labels: its other labels, as the
+// server writes them before le, e.g. `stage="written",`): cumulative counts by upper bound
+// (seconds), in the order the server lists them (ascending; +Inf last).
+func (r *run) buckets(ctx context.Context, name, labels string) (les []float64, counts []float64) {
+	var b bytes.Buffer
+	if err := r.srv.Get(ctx, "/metrics", &b); err != nil {
+		return nil, nil
+	}
+	for ln := range strings.Lines(b.String()) {
+		rest, ok := strings.CutPrefix(ln, name+`_bucket{`+labels+`le="`)
+		if !ok {
+			continue
+		}
+		le, v, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			continue
+		}
+		bound, err := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
+		if err != nil {
+			continue
+		}
+		n, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		les, counts = append(les, bound), append(counts, n)
+	}
+	return les, counts
+}
+
+// bucketQuantile is the q-quantile of what a histogram counted between two readings (the
+// upper bound of the bucket it falls in: a bound, not an estimate), in seconds; 0 when
+// nothing was counted.
+func bucketQuantile(les, before, after []float64, q float64) float64 {
+	if len(les) == 0 || len(after) != len(les) {
+		return 0
+	}
+	base := func(i int) float64 {
+		if len(before) == len(les) {
+			return before[i]
+		}
+		return 0
+	}
+	total := after[len(les)-1] - base(len(les)-1)
+	if total <= 0 {
+		return 0
+	}
+	for i, le := range les {
+		if after[i]-base(i) >= q*total {
+			return le
+		}
+	}
+	return les[len(les)-1]
+}
+
 // PresenceChurn runs scenario 12 against t (pgsse): presence on, then off.
 func PresenceChurn(ctx context.Context, e *Env, t Target, p Params) ([]*Result, error) {
 	pp := p.Presence
@@ -328,9 +380,20 @@ func presenceChurnOnce(ctx context.Context, e *Env, t Target, p Params, on bool)
 		}
 		defer watch.conn.Close()
 	}
+	lag := func() (commit, written []float64) {
+		_, commit = r.buckets(ctx, "pgsse_delivery_lag_seconds", "")
+		_, written = r.buckets(ctx, "pgsse_publish_stage_seconds", `stage="written",`)
+		return commit, written
+	}
+	les, _ := r.buckets(ctx, "pgsse_delivery_lag_seconds", "")
+	wles, _ := r.buckets(ctx, "pgsse_publish_stage_seconds", `stage="written",`)
+	lag0, wr0 := lag()
 	time.Sleep(3 * time.Second) // phase 0: before
+	lag1, wr1 := lag()
 	writes0, t0 := r.metric(ctx, "pgsse_presence_writes_total"), time.Now()
 	phase.Store(1)
+	waitProfile := r.profile(ctx, "12-churn", 8*time.Second)
+	defer waitProfile()
 	conns, heads, err := rawJoin(r.srv.SSE.String(), p.Sources, pp.Churn, func(i int) string {
 		return "/streams/churn?token=" + tokens[i]
 	})
@@ -355,6 +418,7 @@ func presenceChurnOnce(ctx context.Context, e *Env, t Target, p Params, on bool)
 		time.Sleep(3 * pp.Interval) // the same time as presence on, about
 	}
 	writes1, t1 := r.metric(ctx, "pgsse_presence_writes_total"), time.Now()
+	lag2, wr2 := lag()
 	phase.Store(2)
 	time.Sleep(time.Second)
 	stopPub()
@@ -390,6 +454,12 @@ func presenceChurnOnce(ctx context.Context, e *Env, t Target, p Params, on bool)
 	res.add("others' delivery p99 before churn", "ms", ms(before), true)
 	res.add("others' delivery p99 during churn", "ms", ms(during), true)
 	res.add("SPEC bound (2× before + 10 ms)", "ms", 2*ms(before)+10, false)
+	// The server's share: commit to the start of the loop's write (pgsse_delivery_lag_seconds,
+	// the bucket bound the p99 falls in), before and during the churn.
+	res.add("server commit→write p99 before churn (bucket bound)", "ms", 1000*bucketQuantile(les, lag0, lag1, 0.99), true)
+	res.add("server commit→write p99 during churn (bucket bound)", "ms", 1000*bucketQuantile(les, lag1, lag2, 0.99), true)
+	res.add("server received→written p99 before churn (bucket bound)", "ms", 1000*bucketQuantile(wles, wr0, wr1, 0.99), true)
+	res.add("server received→written p99 during churn (bucket bound)", "ms", 1000*bucketQuantile(wles, wr1, wr2, 0.99), true)
 	return res, nil
 }
 

@@ -114,7 +114,7 @@ func Small() Params {
 type Env struct {
 	Cluster    *Cluster
 	Dir        string // server logs (and profiles)
-	ProfileDir string // when set, CPU profiles of the server under 3, 4 and 6 are written here
+	ProfileDir string // when set, CPU profiles of the server under 3, 4, 6 and 12 are written here
 	Logf       func(format string, args ...any)
 }
 

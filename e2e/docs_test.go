@@ -22,6 +22,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -213,6 +214,30 @@ func TestDocs_LinksStayInRepository(t *testing.T) {
 		}
 	}
 	assert.Greater(t, checked, 10, "links checked")
+}
+
+// No tracked text file keeps the markers of a merge conflict resolved by hand: Go files would
+// not build, but a Markdown page (a row of docs/http.md's error table once did), a script or a
+// rule file would ship them as text.
+func TestDocs_NoMergeConflictMarkers(t *testing.T) {
+	checked := 0
+	for _, file := range trackedFiles(t) {
+		data, err := os.ReadFile(filepath.Join(repoRoot, file))
+		require.NoError(t, err)
+		if bytes.IndexByte(data, 0) >= 0 {
+			continue // binary
+		}
+		checked++
+		for n, line := range strings.Split(string(data), "\n") {
+			line = strings.TrimSuffix(line, "\r")
+			for _, m := range []string{"<<<<<<<", "=======", ">>>>>>>"} {
+				if line == m || strings.HasPrefix(line, m+" ") {
+					t.Errorf("%s:%d: a merge conflict marker: %q", file, n+1, line)
+				}
+			}
+		}
+	}
+	assert.Greater(t, checked, 100, "files checked")
 }
 
 // The README stays one screen of introduction plus a tour: everything else is in docs/.

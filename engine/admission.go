@@ -147,6 +147,19 @@ func (a *admission) countSubject(sc *sseConn, key string) bool {
 	return true
 }
 
+// subjectOf is the key sc is counted under ("" = none).
+func (a *admission) subjectOf(sc *sseConn) string { return sc.subject() }
+
+// adoptSubject counts a connection handed over by a predecessor under key, as it was
+// counted there (the limit was checked when it was admitted).
+func (a *admission) adoptSubject(sc *sseConn, key string) {
+	if key == "" || a.cfg.MaxConnectionsPerSubject < 0 {
+		return
+	}
+	a.subjects[key]++
+	sc.setSubject(key)
+}
+
 // uncountSubject gives back sc's place in its subject's count (connTable.remove).
 func (a *admission) uncountSubject(sc *sseConn) {
 	key := sc.subject()

@@ -92,6 +92,10 @@ type Config struct {
 	// end with AddSibling. A sibling sets ShareListen: the first process holds --listen already.
 	SiblingHub net.Conn
 
+	// Inherited makes this server a successor (handoff.go): it serves on the predecessor's
+	// listeners instead of binding its own. cmd/pgsse sets it.
+	Inherited *Inheritance
+
 	Logger   *slog.Logger          // default slog.Default()
 	Registry prometheus.Registerer // where metrics are registered; nil = a private registry
 
@@ -190,6 +194,9 @@ const (
 	// fdPostgresFixed: PostgreSQL sessions besides the replay pool — the LISTEN session, the
 	// schema check, retention, the publisher (two transactions in flight and an outcome check).
 	fdPostgresFixed = 6
+	// fdPresence: presence's writer session (application_name pgsse-presence), with
+	// --presence-streams.
+	fdPresence = 1
 	// shedSlack is how many connections beyond MaxConnections may be open at once while they
 	// are told to retry elsewhere; beyond that a new connection is closed unread.
 	shedSlack = 256
@@ -259,6 +266,9 @@ func (cfg Config) FDBudget(fdLimit uint64) FDBudget {
 		{"admin connections (--admin-max-connections)", admin},
 		{"connections being handed to the loop (" + strconv.Itoa(b.AcceptWindow) + " per listener)", listeners * b.AcceptWindow},
 		{"SSE connections told to retry (over --max-connections)", shedSlack},
+	}
+	if len(cfg.PresenceStreams) > 0 {
+		b.Shares = append(b.Shares, FDShare{"PostgreSQL session for presence (--presence-streams)", fdPresence})
 	}
 	if b.HubWorkers > 0 {
 		b.Shares = append(b.Shares, FDShare{"hub workers (" + strconv.Itoa(b.HubWorkers) + ", and " + strconv.Itoa(hubShedSlack) + " being refused)", b.HubWorkers + hubShedSlack})

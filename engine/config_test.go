@@ -37,6 +37,9 @@ func TestFDBudget(t *testing.T) {
 	assert.Positive(t, small.MaxConnections)
 	assert.Equal(t, 37, small.AcceptWindow, "a thirty-second of a small limit")
 	assert.Equal(t, hubMinWorkers, Config{HubSocket: "h"}.FDBudget(100).HubWorkers)
+	presence := Config{PresenceStreams: []string{"room/*"}}.FDBudget(20000)
+	assert.Equal(t, reserved+1, presence.Reserved(), "presence's writer session is counted")
+	assert.Equal(t, 20000-reserved-1, presence.MaxConnections)
 	assert.Equal(t, acceptWindowMin, Config{}.FDBudget(100).AcceptWindow)
 }
 

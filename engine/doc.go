@@ -20,6 +20,9 @@
 //	                config.go                    Config, every default and bound, the descriptor budget (Config.FDBudget)
 //	                metrics.go                   the Prometheus series, label values bound once
 //	                hubsocket.go                 the hub's socket file (mode, stale files)
+//	                handoff.go                   SIGUSR2 (docs/operations.md, Upgrading without disconnects): listeners,
+//	                                             SSE connections and hub workers handed to a successor (HandOver) and
+//	                                             taken back onto its loop through Register (Adopt)
 //	connTable       sseconn.go                   the SSE port's connections and their state machine (subscribers and
 //	                                             publishers): states, transitions, time rules, writes
 //	requests        request.go                   HTTP request heads on the SSE port: routing, a subscription's checks

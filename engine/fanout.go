@@ -101,7 +101,16 @@ type fanout struct {
 	dirtyChannels []*channel
 	retryFetch    []*stream // stream-level reads that failed, retried on the sweep
 	received      time.Time // when the notifications being routed were received (receiving); zero = unknown
+	// between runs every flushSliceSubs subscriptions written during a flush: the publish
+	// answers committed meanwhile are written there (publishing.answerQueued), so that no
+	// publisher waits for a round to end. It must not change what the flush iterates.
+	between   func()
+	sliceSubs int // flushSliceSubs; tests raise it to measure rounds without slices
 }
+
+// flushSliceSubs is how many subscriptions a flush writes between two looks for publish
+// answers to write (at ≈ 5 µs a write, well under a millisecond).
+const flushSliceSubs = 64
 
 // receiving says when the notifications routed next (onPayload) were received.
 func (f *fanout) receiving(at time.Time) { f.received = at }
@@ -212,6 +221,45 @@ func (f *fanout) onPayload(p *store.Payload) {
 	}
 }
 
+// earlyEvent and committed deliver a durable event that this process's Publisher has just
+// committed (an HTTP publish: publishing.answerCommitted) to the stream's subscribers here at
+// once, without waiting for its notification's round trip through PostgreSQL — when that
+// keeps the stream's order: the stream has subscriptions, its head is known, and the event is
+// the very next id the loop expects with no table read or check under way. Otherwise
+// (concurrent publishers whose commits were answered out of id order, a notification that
+// came first, a catch-up in flight) the notification delivers it as before. Either way the
+// notification is still routed (onPayload), and dropped as accounted for (id ≤ st.last):
+// timeUS, PostgreSQL's clock after the transaction's events were stored
+// (store.PublishResult.TimeUS), is at or after the notification's own time, so it is not taken
+// for another event under a reused id. Other processes (--procs siblings, other hosts) get the
+// event from its notification alone.
+//
+// earlyEvent encodes it (nil when it cannot be delivered early: nobody follows the stream
+// here, it is large, its time is unknown); it only reads the fan-out's state, so it may run
+// between slices of a round (between). at is when its commit was answered (stageWritten).
+func (f *fanout) earlyEvent(name string, id int64, evName string, data []byte, audience []string, timeUS int64, at time.Time) *event {
+	if f.streams[name] == nil || timeUS <= 0 || len(data) >= largeEventBytes {
+		return nil
+	}
+	var tags []string
+	if len(audience) > 0 {
+		tags = append(tags, audience...) // the request's slice is the connection's, reused
+	}
+	return &event{id: id, enc: f.tr.event(nil, id, []byte(evName), data), audience: tags, timeUS: timeUS, received: at.UnixNano()}
+}
+
+// committed queues an event from earlyEvent for the live set when it is the next id its
+// stream expects (on the loop, not during a flush).
+func (f *fanout) committed(name string, ev *event) {
+	st := f.streams[name]
+	if st == nil || st.last < 0 || ev.id != st.last+1 || st.fetching || st.check || st.rewindHi > 0 {
+		return
+	}
+	st.notified = max(st.notified, ev.id)
+	f.metrics.earlyDeliveries.Inc()
+	f.appendLive(st, ev)
+}
+
 func payloadTags(p *store.Payload) []string {
 	if p.NTags == 0 {
 		return nil
@@ -278,15 +326,18 @@ func (f *fanout) flushStreams() {
 	}
 	at := time.Now()
 	now := at.UnixMicro()
-	delivered := 0
+	delivered, n := 0, 0
 	for _, st := range f.dirtyStreams {
 		for _, sub := range st.subs {
 			delivered += f.subs.deliver(sub, st.out)
+			if n++; n%f.sliceSubs == 0 {
+				f.between()
+			}
 		}
 	}
 	// Connections following several of these streams: one write each, now that every
 	// stream's events of the pass are known.
-	delivered += f.subs.flushMulti()
+	delivered += f.subs.flushMulti(f.sliceSubs, f.between)
 	f.metrics.deliveries.Add(float64(delivered))
 	for _, st := range f.dirtyStreams {
 		st.dirty = false
@@ -579,8 +630,11 @@ func (f *fanout) flushChannels() {
 			continue
 		}
 		n := 0
-		for _, sub := range ch.sse.subs {
+		for i, sub := range ch.sse.subs {
 			n += f.subs.deliverChannel(sub, ch.sse.out)
+			if (i+1)%f.sliceSubs == 0 {
+				f.between()
+			}
 		}
 		f.metrics.deliveries.Add(float64(n))
 		clear(ch.sse.out)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+
+	"github.com/pgsse/pgsse/framing"
 )
 
 // The gnet.EventHandler: every callback finds out which kind of connection it is about — an
@@ -44,17 +46,34 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	return gnet.None
 }
 
+// Every callback but the anchor's calls Server.hurry, so that the queued tasks (deliveries
+// among them) do not wait behind a storm of sockets gnet's poller handles first (loop.go):
+// OnTraffic and OnClose on their way out, OnOpen before the new connection is in the tables —
+// gnet goes on with it after OnOpen returns, so no task may have closed it meanwhile.
+
 // OnOpen implements gnet.EventHandler.
 func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	if a, ok := c.Context().(*adoption); ok { // handed over by a predecessor (handoff.go)
+		s.enter()
+		defer s.leave()
+		if a.rec.Kind == framing.HandoffWorker {
+			s.hub.adopt(c, &a.rec.Worker)
+		} else {
+			s.conns.open(c, &a.rec.Conn)
+		}
+		return nil, gnet.None
+	}
 	switch c.Context() {
 	case originAnchor:
 		c.SetContext(anchorMark{})
 		return nil, gnet.None
 	case originHub, originSibling:
+		s.hurry()
 		s.enter()
 		defer s.leave()
 		return s.hub.accept(c, c.Context() == originSibling)
 	case originSSE:
+		s.hurry()
 		s.enter()
 		defer s.leave()
 		compactAddrs(c, &s.sseLocalIP)
@@ -69,6 +88,7 @@ func (s *Server) OnClose(c gnet.Conn, _ error) gnet.Action {
 	// gnet runs OnClose synchronously when the loop's own code closes a socket (a failed
 	// write), inside an entry; or on its own, outside any: then this is the entry, and the
 	// connection is removed from the tables on the way out.
+	defer s.hurry()
 	switch x := c.Context().(type) {
 	case *sseConn:
 		s.enter()
@@ -82,6 +102,7 @@ func (s *Server) OnClose(c gnet.Conn, _ error) gnet.Action {
 
 // OnTraffic implements gnet.EventHandler.
 func (s *Server) OnTraffic(c gnet.Conn) gnet.Action {
+	defer s.hurry()
 	switch x := c.Context().(type) {
 	case *sseConn:
 		s.enter()

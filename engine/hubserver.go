@@ -117,7 +117,7 @@ type hubServer struct {
 	spare                          []*worker
 	dead                           []*worker // closed during an iteration; removed on the way out
 	leaving                        []*worker // sent a final STATUS during an iteration; unsubscribed on the way out
-	lingering                      []*worker // sent a final STATUS; closed once it is flushed (closeLingering)
+	lingering                      []*worker // sent a final STATUS; closed once it is flushed (tick)
 	iter                           int       // depth of iterations over workers or subscriptions (enter/leave)
 	buf                            []byte    // control frame scratch (ACK, STATUS, PONG)
 	msg                            []byte    // text scratch for control frames
@@ -153,6 +153,9 @@ type worker struct {
 	subs          map[string]*hubSub
 	marked        []*hubSub // wake subscriptions owing a RESYNC once the ring drains
 	idx           int32     // in hubServer.workers
+	// adopting: channels of a worker handed over by a predecessor (handoff.go) whose LISTEN
+	// here has not completed yet; once none is left it gets one RESYNC.
+	adopting int
 }
 
 // hubSub is one worker's subscription to one channel.
@@ -166,6 +169,9 @@ type hubSub struct {
 	marked  bool     // wake mode: notifications coalesced, RESYNC owed
 	dropped bool
 	client  bool // a sibling's subscription, counted in the SSE side's share (channels.go)
+	// adopting: handed over by a predecessor; acknowledged (silently) once the LISTEN here
+	// completed (channelLive)
+	adopting bool
 }
 
 // hubChannel is a channel's hub side: its worker subscriptions, in a compact slice for fan-out.
@@ -266,7 +272,7 @@ func (h *hubServer) accept(c gnet.Conn, sibling bool) ([]byte, gnet.Action) {
 		h.enter()
 		w.full = false
 		if w.closing {
-			h.pump(w) // a final frame; closeLingering closes once it has left
+			h.pump(w) // a final frame; tick closes it once it has left
 		} else {
 			h.service(w)
 		}
@@ -334,6 +340,10 @@ func (h *hubServer) detach(sub *hubSub) {
 	if len(sub.reqs) > 0 {
 		ch.hub.waiting--
 		sub.reqs = nil
+	}
+	if sub.adopting {
+		sub.adopting = false
+		ch.hub.waiting--
 	}
 	ch.hub.subs = swapRemove(ch.hub.subs, sub, hubSubIndex)
 	if !sub.w.sibling {
@@ -600,28 +610,6 @@ func (h *hubServer) final(w *worker, frame []byte, graceMS int64) {
 	}
 	w.lingerUntilMS = h.nowMS + graceMS
 	h.lingering = append(h.lingering, w)
-}
-
-// closeLingering writes the final frames still queued and closes the workers whose last bytes
-// left, or whose grace ran out.
-func (h *hubServer) closeLingering() {
-	keep := h.lingering[:0]
-	for _, w := range h.lingering {
-		if w.gone {
-			continue
-		}
-		h.pump(w)
-		if w.gone {
-			continue
-		}
-		if w.out.Len() == 0 || h.nowMS >= w.lingerUntilMS {
-			_ = w.c.Close()
-			continue
-		}
-		keep = append(keep, w)
-	}
-	clear(h.lingering[len(keep):])
-	h.lingering = keep
 }
 
 // --- output to workers ------------------------------------------------------------------
@@ -962,6 +950,13 @@ func (h *hubServer) channelLive(ch *channel) {
 	}
 	h.enter()
 	for _, sub := range ch.hub.subs {
+		if sub.adopting {
+			sub.adopting, sub.acked = false, true
+			ch.hub.waiting--
+			if sub.w.adoptedOne() {
+				h.push(sub.w, h.status(framing.StatusResync, nil, adoptedResync))
+			}
+		}
 		if len(sub.reqs) == 0 {
 			continue
 		}
@@ -984,13 +979,20 @@ func (h *hubServer) channelFailed(ch *channel, err error) {
 	}
 	var failed []*hubSub
 	for _, sub := range ch.hub.subs {
-		if len(sub.reqs) > 0 {
+		if len(sub.reqs) > 0 || sub.adopting {
 			failed = append(failed, sub)
 		}
 	}
 	msg := firstLine(err.Error())
 	h.enter()
 	for _, sub := range failed {
+		if sub.adopting { // handed over: the worker asked on the predecessor; it is told to re-read
+			sub.adopting = false
+			ch.hub.waiting--
+			if sub.w.adoptedOne() {
+				h.push(sub.w, h.status(framing.StatusResync, nil, adoptedResync))
+			}
+		}
 		for _, r := range sub.reqs {
 			h.ack(sub.w, r, framing.AckListenFailed, msg)
 		}
@@ -1015,13 +1017,13 @@ func (h *hubServer) broadcast(code framing.StatusCode, text string) {
 	h.flush()
 }
 
-// listenerDown tells every worker the LISTEN session was lost.
-func (h *hubServer) listenerDown() {
-	h.broadcast(framing.StatusListenerDown, "LISTEN session lost; reconnecting")
-}
-
-// resync tells every worker the session is back and every channel LISTENed again.
-func (h *hubServer) resync() {
+// sessionStatus tells every worker the LISTEN session was lost (up false), or is back with
+// every channel LISTENed again (up true: RESYNC).
+func (h *hubServer) sessionStatus(up bool) {
+	if !up {
+		h.broadcast(framing.StatusListenerDown, "LISTEN session lost; reconnecting")
+		return
+	}
 	h.broadcast(framing.StatusResync, "LISTEN session re-established: re-read your state")
 }
 
@@ -1056,7 +1058,25 @@ func (h *hubServer) tick() {
 	h.flush()
 	h.enter()
 	h.stallTimeout()
-	h.closeLingering()
+	// Write the final frames still queued; close the workers whose last bytes left, or whose
+	// grace ran out.
+	keep := h.lingering[:0]
+	for _, w := range h.lingering {
+		if w.gone {
+			continue
+		}
+		h.pump(w)
+		if w.gone {
+			continue
+		}
+		if w.out.Len() == 0 || h.nowMS >= w.lingerUntilMS {
+			_ = w.c.Close()
+			continue
+		}
+		keep = append(keep, w)
+	}
+	clear(h.lingering[len(keep):])
+	h.lingering = keep
 	for _, w := range h.workers {
 		if !w.hello && !w.closing && h.nowMS-w.openedMS > hubHelloTimeoutMS {
 			h.protocolError(w, "no HELLO within "+strconv.Itoa(hubHelloTimeoutMS/1000)+"s")
@@ -1064,3 +1084,113 @@ func (h *hubServer) tick() {
 	}
 	h.leave()
 }
+
+// --- handoff (handoff.go) -------------------------------------------------------------------
+
+// handOverBatch hands over up to max hub workers to a successor: each one's record (its pid,
+// name, channels and modes, the frames its ring had not written, the rest of a begun frame
+// first) and a duplicate of its descriptor, appended to out; the loop lets go of it (closed
+// here without a word: the successor holds the socket). A worker in the middle of something
+// — no HELLO yet, a SUB waiting for its LISTEN, a stall, input not yet read, bytes in gnet's
+// buffer — is waited for (waiting). Siblings of --procs are not handed over: they drain with
+// this process.
+func (h *hubServer) handOverBatch(max int, out []HandedConn) ([]HandedConn, int) {
+	waiting := 0
+	h.enter()
+	defer h.leave()
+	for _, w := range h.workers {
+		if w.closing || w.gone || w.sibling {
+			continue
+		}
+		if len(out) >= max || !w.hello || w.stalled || w.draining || w.adopting > 0 ||
+			w.c.OutboundBuffered() > 0 || w.c.InboundBuffered() > 0 || w.subWaiting() {
+			waiting++
+			continue
+		}
+		rec := framing.HandoffWorkerRec{PID: w.pid, Name: w.name, Partial: uint32(w.partial)}
+		for name, sub := range w.subs {
+			rec.Channels = append(rec.Channels, framing.HandoffChan{Mode: uint8(sub.mode), Name: name})
+		}
+		fd, err := unix.FcntlInt(uintptr(w.c.Fd()), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			waiting++
+			continue
+		}
+		a, b := w.out.Peek()
+		rec.Tail = append(append(rec.Tail, a...), b...)
+		w.out.Reset()
+		w.partial = 0
+		w.closing = true
+		h.unstallDrop(w)
+		_ = w.c.Close()
+		out = append(out, HandedConn{FD: fd, Record: framing.AppendHandoffWorker(nil, &rec)})
+	}
+	return out, waiting
+}
+
+// subWaiting reports whether one of w's SUBs waits for its LISTEN.
+func (w *worker) subWaiting() bool {
+	for _, sub := range w.subs {
+		if len(sub.reqs) > 0 || !sub.acked {
+			return true
+		}
+	}
+	return false
+}
+
+// adopt registers a worker a predecessor handed over (handoff.go) as it stood there: HELLO
+// said, its channels held (LISTENed here if they are not yet — the worker is not asked
+// again), the frames the predecessor had not written queued first. Once every channel is
+// LISTENed here it gets one RESYNC: notifications that fell between the two sessions may
+// be missing (docs/hub-protocol.md).
+func (h *hubServer) adopt(c gnet.Conn, rec *framing.HandoffWorkerRec) {
+	if _, act := h.accept(c, false); act != gnet.None {
+		_ = c.Close()
+		return
+	}
+	w, _ := c.Context().(*worker)
+	if w == nil {
+		return
+	}
+	w.hello, w.pid, w.name = true, rec.PID, rec.Name
+	if len(rec.Tail) > 0 && w.out.Push(rec.Tail) {
+		w.partial = int(rec.Partial)
+	}
+	h.enter()
+	for _, hc := range rec.Channels {
+		ch := h.chans.hold(hc.Name)
+		if ch.hub.workers == 0 {
+			h.channels++
+		}
+		ch.hub.workers++
+		if ch.hub.name == nil {
+			ch.hub.name = []byte(ch.name)
+		}
+		sub := &hubSub{w: w, ch: ch, mode: framing.Mode(hc.Mode), idx: int32(len(ch.hub.subs))}
+		ch.hub.subs = append(ch.hub.subs, sub)
+		w.subs[ch.name] = sub
+		if h.chans.isLive(ch) {
+			sub.acked = true
+			continue
+		}
+		sub.adopting = true
+		ch.hub.waiting++
+		w.adopting++
+	}
+	w.adopting++ // adopted's own count: the RESYNC goes out once, after the loop
+	if w.adoptedOne() {
+		h.push(w, h.status(framing.StatusResync, nil, adoptedResync))
+	}
+	h.leave()
+	h.flush()
+}
+
+// adoptedOne counts down a handed-over worker's channels not LISTENed here yet; true at
+// none: the caller queues its one RESYNC (adoptedResync).
+func (w *worker) adoptedOne() bool {
+	w.adopting--
+	return w.adopting == 0 && !w.closing
+}
+
+// adoptedResync is the RESYNC a handed-over worker gets once its channels are LISTENed here.
+const adoptedResync = "handed over to a new pgsse process: re-read your state"

@@ -284,7 +284,7 @@ func (l *listenState) onDown(err error) {
 	l.upNow.Store(false)
 	l.log.Warn("LISTEN session lost; clients keep their connections and will be caught up", "err", err)
 	l.chans.down()
-	l.hub.listenerDown()
+	l.hub.sessionStatus(false)
 	l.pres.listenDown()
 }
 
@@ -303,6 +303,6 @@ func (l *listenState) onResynced() {
 	l.fan.resync()
 	l.pres.listenResynced()
 	if wasUp {
-		l.hub.resync()
+		l.hub.sessionStatus(true)
 	}
 }

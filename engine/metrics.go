@@ -25,6 +25,8 @@ type metrics struct {
 	notifications  prometheus.Counter
 	deliveries     prometheus.Counter
 	evictions      prometheus.Counter
+	// earlyDeliveries: HTTP-published durable events delivered here at their COMMIT's answer (fanout.committed)
+	earlyDeliveries prometheus.Counter
 	// hubStallSeconds: time notification delivery waited for hub workers' sockets (hubserver.go, stalls)
 	hubStallSeconds prometheus.Counter
 	reconnects      prometheus.Counter
@@ -102,6 +104,8 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		notifications:  prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_notifications_total", Help: "Notifications received on the LISTEN session."}),
 		deliveries:     prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_deliveries_total", Help: "Events written to SSE clients and hub workers."}),
 		evictions:      prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_evictions_total", Help: "Hub workers evicted for not reading."}),
+		earlyDeliveries: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_early_deliveries_total",
+			Help: "Durable events published over HTTP to this process and delivered to its subscribers as soon as their COMMIT was answered, before their notification."}),
 		hubStallSeconds: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_hub_stall_seconds_total",
 			Help: "Time notification delivery waited for hub workers whose buffer was full to take a lossless notification (at most 0.1 s per wait)."}),
 		reconnects: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgsse_pg_reconnects_total", Help: "Times the LISTEN session was re-established."}),
@@ -193,7 +197,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	}
 	m.outboundBudget.Set(float64(s.cfg.MaxOutboundMemory))
 	collectors := append([]prometheus.Collector{m.sseConns, m.hubWorkers, m.listenChannels, m.lagging, m.notifications,
-		m.deliveries, dropped, rejected, acceptErrors, m.evictions, m.hubStallSeconds, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark,
+		m.deliveries, m.earlyDeliveries, dropped, rejected, acceptErrors, m.evictions, m.hubStallSeconds, m.reconnects, m.replays, m.lag, m.outboundBytes, m.outboundWatermark,
 		m.outboundBudget, m.publishConns, published, m.publishBatch, m.publishCommit, m.publishStages,
 		m.presenceSubjects, m.presenceWrites, m.presenceLeaseExpired}, tokens...)
 	if s.cfg.SiblingHub == nil {

@@ -470,6 +470,21 @@ func (o *outbound) newQueue() *outQueue {
 	return &outQueue{}
 }
 
+// takeQueue appends to dst the bytes sc's socket has not taken yet, in order (a partly
+// written piece's remainder first), and empties the queue (a handoff: the successor writes
+// them).
+func (o *outbound) takeQueue(sc *sseConn, dst []byte) []byte {
+	q := sc.q
+	if q == nil || q.bytes == 0 {
+		return dst
+	}
+	for _, it := range q.items[q.head:] {
+		dst = append(dst, it.b...)
+	}
+	o.dropQueue(sc)
+	return dst
+}
+
 // dropQueue abandons whatever sc still has queued (the connection is gone).
 func (o *outbound) dropQueue(sc *sseConn) {
 	q := sc.q

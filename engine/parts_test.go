@@ -41,7 +41,7 @@ var engineParts = map[string][]string{
 	// The shell: wiring, gnet's callbacks, the task queue and tick, start and stop, the
 	// acceptors, the schema poller, configuration, metrics and the small shared helpers.
 	"Server": {"server.go", "handler.go", "loop.go", "schema.go", "accept.go", "config.go", "metrics.go",
-		"gnetlog.go", "lograte.go", "demo.go", "hubsocket.go", "swapremove.go", "doc.go"},
+		"gnetlog.go", "lograte.go", "demo.go", "hubsocket.go", "swapremove.go", "doc.go", "handoff.go"},
 	"connTable":     {"sseconn.go"},
 	"requests":      {"request.go"},
 	"tokens":        {"verify.go"},

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/store"
 )
 
 // Presence (presence.go, presencewriter.go; docs/http.md, Presence) against a real PostgreSQL:
@@ -301,4 +305,45 @@ func TestPresenceTimeoutGrowsWithTheWrite(t *testing.T) {
 	assert.Equal(t, 2*time.Second, presenceTimeout(200*time.Millisecond, 0))
 	assert.Equal(t, 53*time.Second, presenceTimeout(time.Second, 100_000))
 	assert.Equal(t, presenceMaxTimeout, presenceTimeout(time.Second, 10_000_000))
+}
+
+// A process holding 100 streams × 1,000 subjects removes them all on the way out: the retire's
+// deadline is that of a write of every entry held, not a flat 2 s (which bench scenario 13's
+// 100,000 entries missed, leaving them present until the lease lapsed).
+func TestPresenceRetireManyEntries(t *testing.T) {
+	dsn := migratedDB(t)
+	log := slog.New(slog.NewTextHandler(testLogWriter{t}, &slog.HandlerOptions{Level: testLogLevel()}))
+	w, err := newPresenceWriter(dsn, "retire-test :1 #0", time.Second, log, newTaskQueue(), nil, nil)
+	require.NoError(t, err)
+	defer w.close()
+	const streams, subjects = 100, 1000
+	changes := make([]store.PresenceCount, 0, streams*subjects)
+	for s := range streams {
+		for u := range subjects {
+			changes = append(changes, store.PresenceCount{Stream: "room/" + strconv.Itoa(s), Sub: "user:" + strconv.Itoa(u), Connections: 1})
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), presenceTimeout(time.Second, len(changes)))
+	defer cancel()
+	require.NoError(t, w.connect(ctx))
+	_, err = w.p.Flush(ctx, w.conn, changes)
+	require.NoError(t, err)
+	require.Equal(t, "100000", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.presence_entries"))
+	assert.GreaterOrEqual(t, presenceTimeout(time.Second, w.p.Held()), 50*time.Second, "the deadline grows with the entries held")
+
+	// However fast this machine removes them, the retire takes over 2 s: another session holds
+	// the lease row for 3 s.
+	lock := connect(t, dsn)
+	require.NoError(t, lock.Exec(context.Background(), "BEGIN; SELECT 1 FROM pgsse.presence_processes FOR UPDATE").Close())
+	const held = 3 * time.Second
+	release := time.AfterFunc(held, func() { _ = lock.Exec(context.Background(), "ROLLBACK").Close() })
+	defer release.Stop()
+	start := time.Now()
+	w.retire()
+	took := time.Since(start)
+	t.Logf("retired 100,000 entries in %v (the lease row held for %v)", took, held)
+	assert.GreaterOrEqual(t, took, held)
+	assert.Equal(t, "0", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.presence_entries"))
+	assert.Equal(t, "0", pgtest.QueryValue(t, dsn, "SELECT count(*) FROM pgsse.presence_processes"))
+	assert.Zero(t, w.p.Held())
 }

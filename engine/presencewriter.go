@@ -45,7 +45,8 @@ type presenceRead struct {
 // GET /presence answers 503 and a view asks again on the next tick.
 const presenceReadsQueued = 256
 
-// presenceTimeout is the deadline of a statement that writes n counts: a few intervals, at
+// presenceTimeout is the deadline of a statement that writes n counts (and of the retire of a
+// process holding n entries): a few intervals, at
 // least 2 s, and 500 µs more per count — a process's first write after a start, a restart of
 // PostgreSQL or a lost lease carries its whole state (100 streams × 1,000 subjects: 100,000
 // counts), and a deadline that such a write cannot meet would fail it, and every retry, for
@@ -95,14 +96,8 @@ func (w *presenceWriter) run(ctx context.Context, retire bool) {
 	for {
 		select {
 		case <-ctx.Done():
-			if retire && !w.stopped {
-				rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				if w.connect(rctx) == nil {
-					if _, err := w.p.Retire(rctx, w.conn); err != nil {
-						w.log.Warn("presence: could not remove this process's entries on the way out; they go when its lease lapses", "err", err)
-					}
-				}
-				cancel()
+			if retire {
+				w.retire()
 			}
 			return
 		case <-t.C:
@@ -110,6 +105,25 @@ func (w *presenceWriter) run(ctx context.Context, retire bool) {
 		case r := <-w.reads:
 			w.answer(ctx, r)
 		}
+	}
+}
+
+// retire removes what the process holds, on the way out (unless superseded): one statement,
+// with the deadline of a write of every entry held (presenceTimeout) — a process holding
+// 100 streams × 1,000 subjects missed a flat 2 s (bench scenario 13), and its subjects then
+// stayed present until its lease lapsed. It is abandoned past the deadline: the lease lapses.
+func (w *presenceWriter) retire() {
+	if w.stopped {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), presenceTimeout(w.interval, w.p.Held()))
+	defer cancel()
+	err := w.connect(rctx)
+	if err == nil {
+		_, err = w.p.Retire(rctx, w.conn)
+	}
+	if err != nil {
+		w.log.Warn("presence: could not remove this process's entries on the way out; they go when its lease lapses", "entries", w.p.Held(), "err", err)
 	}
 }
 

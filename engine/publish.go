@@ -7,6 +7,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -150,7 +151,7 @@ func (p *publishing) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	tok := requestToken(req)
 	switch {
 	case tok == nil:
-		p.refuse(sc, 401, noTokenReason(req, "a bearer token with a publish grant is required"))
+		p.refuse(sc, 401, noTokenReason(req, errNoPublishToken))
 		return
 	case !p.tok.running():
 		p.refuse(sc, 401, "token authentication is not configured")
@@ -216,7 +217,7 @@ func (p *publishing) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Clai
 		p.refuse(sc, 401, err.Error())
 		return
 	case !pub.batch && !claims.AllowsPublish([]byte(pub.stream)):
-		p.refuse(sc, 403, claims.NotGranted("publishing to stream "+pub.stream))
+		p.refuse(sc, 403, claims.NotGrantedPublish([]byte(pub.stream), "publishing to stream "+pub.stream))
 		return
 	}
 	pub.claims, pub.granted = claims, true
@@ -343,7 +344,7 @@ func (p *publishing) submitPublish(sc *sseConn) {
 		}
 		for i := range events {
 			if !pub.claims.AllowsPublish([]byte(events[i].Stream)) {
-				p.answerPublishError(sc, 403, "line "+strconv.Itoa(i+1)+": "+pub.claims.NotGranted("publishing to stream "+events[i].Stream))
+				p.answerPublishError(sc, 403, "line "+strconv.Itoa(i+1)+": "+pub.claims.NotGrantedPublish([]byte(events[i].Stream), "publishing to stream "+events[i].Stream))
 				return
 			}
 		}
@@ -357,9 +358,11 @@ func (p *publishing) submitPublish(sc *sseConn) {
 		p.answerPublishError(sc, 503, "the server is shutting down; retry elsewhere")
 		return
 	}
-	seq := pub.seq
+	ca := &committedAnswer{sc: sc, seq: pub.seq}
 	if err := publisher.Submit(&pub.req, func(res store.PublishResult) {
-		p.tasks.push(func() { p.onCommitted(sc, seq, res) })
+		ca.res = res
+		p.answers.push(ca)
+		p.tasks.push(func() { p.onCommitted(ca) })
 	}); err != nil {
 		status, reason := p.publishFailed(err)
 		p.answerPublishError(sc, status, reason)
@@ -372,32 +375,126 @@ func (p *publishing) submitPublish(sc *sseConn) {
 	p.conns.submitted(sc)
 }
 
-// onCommitted answers request seq once its transaction has committed (or failed), on the
-// loop; then the connection's next pipelined request, if any, is read.
-func (p *publishing) onCommitted(sc *sseConn, seq uint32, res store.PublishResult) {
+// committedAnswer is a Publisher's result for request seq of sc, waiting to be answered on
+// the loop: by the fan-out between two slices of its writes (answerQueued), or by its own
+// task (onCommitted), whichever comes first — a publisher's answer never waits for a fan-out
+// round to end (docs/architecture.md, Publishing).
+type committedAnswer struct {
+	sc       *sseConn
+	seq      uint32
+	res      store.PublishResult
+	answered bool
+	early    []earlyEvent // its durable events for this process's subscribers (deliverEarly)
+}
+
+type earlyEvent struct {
+	stream string
+	ev     *event
+}
+
+// answerQueue hands committed results from the Publisher's goroutine to the loop apart from
+// the task queue, so that the fan-out can answer them between slices of a round (waiting is
+// what it polls: one atomic load per slice).
+type answerQueue struct {
+	mu      sync.Mutex
+	q       []*committedAnswer
+	waiting atomic.Bool
+}
+
+func (a *answerQueue) push(ca *committedAnswer) {
+	a.mu.Lock()
+	a.q = append(a.q, ca)
+	a.waiting.Store(true)
+	a.mu.Unlock()
+}
+
+func (a *answerQueue) take() []*committedAnswer {
+	if !a.waiting.Load() {
+		return nil
+	}
+	a.mu.Lock()
+	q := a.q
+	a.q = nil
+	a.waiting.Store(false)
+	a.mu.Unlock()
+	return q
+}
+
+// answerQueued writes the answers of every committed request waiting, in commit order. It
+// runs on the loop between slices of a fan-out round (fanout.between), so it touches nothing
+// the round iterates: it writes to publisher connections only, encodes the early events
+// without queueing them and reads no pipelined request (onCommitted does both).
+func (p *publishing) answerQueued() {
+	for _, ca := range p.answers.take() {
+		p.answerCommitted(ca)
+	}
+}
+
+// onCommitted is request ca's task: its answer, unless the fan-out wrote it already, then its
+// events for the fan-out (deliverEarly) and the connection's next pipelined request, if any.
+func (p *publishing) onCommitted(ca *committedAnswer) {
+	p.answerQueued() // ca's answer and those committed before it, in order
+	p.answerCommitted(ca)
+	for _, e := range ca.early {
+		p.fan.committed(e.stream, e.ev)
+	}
+	ca.early = nil
+	sc := ca.sc
+	if pub := sc.pub; pub != nil && pub.seq == ca.seq && !sc.closed {
+		p.readAhead(sc) // (a request read since the answer was read by gnet's callback)
+	}
+}
+
+// answerCommitted answers request ca once its transaction has committed (or failed), once.
+func (p *publishing) answerCommitted(ca *committedAnswer) {
+	if ca.answered {
+		return
+	}
+	ca.answered = true
+	sc, res := ca.sc, &ca.res
 	pub := sc.pub
-	if sc.closed || pub == nil || pub.seq != seq || sc.state != statePublishCommit {
-		p.metrics.publishRequestsFor(resultStatus(res)).Inc() // the outcome is counted; the client has gone
+	if sc.closed || pub == nil || pub.seq != ca.seq || sc.state != statePublishCommit {
+		p.metrics.publishRequestsFor(resultStatus(*res)).Inc() // the outcome is counted; the client has gone
 		return
 	}
 	if res.Err != nil {
 		status, reason := p.publishFailed(res.Err)
 		p.answerPublishError(sc, status, reason)
-	} else {
-		p.metrics.publishRequestsFor(200).Inc()
-		keep := p.keepPublisher(pub)
-		reply := sse.Reply{CORS: pub.cors(), KeepAlive: keep}
-		var b []byte
-		if pub.batch {
-			b = p.ans.publishedBatch(res.IDs, reply)
-		} else {
-			b = p.ans.published([]byte(pub.stream), res.IDs[0], reply)
-		}
-		p.conns.answerPublish(sc, b, keep, false)
-		p.observeStages(pub, &res, time.Now())
-		p.endPublish(pub)
+		return
 	}
-	p.readAhead(sc)
+	p.metrics.publishRequestsFor(200).Inc()
+	keep := p.keepPublisher(pub)
+	reply := sse.Reply{CORS: pub.cors(), KeepAlive: keep}
+	var b []byte
+	if pub.batch {
+		b = p.ans.publishedBatch(res.IDs, reply)
+	} else {
+		b = p.ans.published([]byte(pub.stream), res.IDs[0], reply)
+	}
+	p.conns.answerPublish(sc, b, keep, false)
+	p.observeStages(pub, res, time.Now())
+	ca.early = p.deliverEarly(pub, res)
+	p.endPublish(pub)
+}
+
+// deliverEarly encodes the request's committed durable events for this process's fan-out,
+// which takes them once the answer is written (fanout.committed: when that keeps each
+// stream's order), so that the answer does not wait for that fan-out either.
+func (p *publishing) deliverEarly(pub *publishConn, res *store.PublishResult) []earlyEvent {
+	if res.TimeUS <= 0 || len(res.IDs) != len(pub.req.Events) {
+		return nil
+	}
+	var early []earlyEvent
+	for i := range pub.req.Events {
+		e := &pub.req.Events[i]
+		if e.Ephemeral || res.IDs[i] <= 0 {
+			continue
+		}
+		if ev := p.fan.earlyEvent(e.Stream, res.IDs[i], e.Event, e.Data, e.Audience, res.TimeUS, res.Times.Committed); ev != nil {
+			early = append(early, earlyEvent{e.Stream, ev})
+		}
+	}
+	return early
 }
 
 // readAhead reads what the client sent ahead of an answer decided off the read path — a
@@ -712,6 +809,9 @@ type publishing struct {
 	tok   *tokens
 	adm   *admission
 	ans   *httpAnswers
+	fan   *fanout // early local delivery of committed events (deliverEarly)
+
+	answers answerQueue // committed results, answered between fan-out slices or by their task
 
 	// Shared by the loop (publisherFor) and Run (stopPublisher).
 	pubMu      sync.Mutex
@@ -726,8 +826,8 @@ type publishing struct {
 	publishBodyTimeoutMS int64
 }
 
-func newPublishing(env *loopEnv, conns *connTable, req *requests, tok *tokens, adm *admission, ans *httpAnswers) publishing {
-	return publishing{loopEnv: env, conns: conns, req: req, tok: tok, adm: adm, ans: ans,
+func newPublishing(env *loopEnv, conns *connTable, req *requests, tok *tokens, adm *admission, ans *httpAnswers, fan *fanout) publishing {
+	return publishing{loopEnv: env, conns: conns, req: req, tok: tok, adm: adm, ans: ans, fan: fan,
 		bodies: newBodyBudget(env.cfg.MaxPublishBytes), publishBodyTimeoutMS: publishBodyTimeoutMS}
 }
 

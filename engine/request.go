@@ -187,14 +187,18 @@ func (r *requests) route(sc *sseConn, req *sse.Request) {
 	}
 }
 
+// errNotFound is the 404 line for a path pgsse does not serve: the paths it does, since the
+// usual cause is a guessed one (/stream/x, /events/x).
+const errNotFound = "not found: pgsse serves GET /streams/{stream}, /streams?stream=…&stream=…, /channels/{channel}, /presence/{stream}, /pgsse.js and POST /streams/{stream}, /publish (docs/http.md)"
+
 // notFound answers 404 (a HEAD request gets the head only: RFC 9110 §9.3.2).
 func (r *requests) notFound(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	r.metrics.rejectedFor(404).Inc()
 	if req.Method == sse.MethodHEAD {
-		r.conns.finish(sc, r.ans.errorHead(404, "not found", cors))
+		r.conns.finish(sc, r.ans.errorHead(404, errNotFound, cors))
 		return
 	}
-	r.endRequest(sc, req, r.ans.error(404, "not found", cors))
+	r.endRequest(sc, req, r.ans.error(404, errNotFound, cors))
 }
 
 // endRequest writes the final answer to req and closes the connection, lingering when req
@@ -316,6 +320,9 @@ func (r *requests) parseSubscription(req *sse.Request) (sub *subRequest, status 
 		return r.askedStreams(req)
 	}
 	if err := names.CheckStream(req.Name); err != nil {
+		if bytes.IndexByte(req.Name, ',') >= 0 { // /streams/a,b: several streams, as one name
+			return nil, 400, err.Error() + " (to follow several streams on one connection: /streams?stream=a&stream=b)"
+		}
 		return nil, 400, err.Error()
 	}
 	sub = &subRequest{name: string(req.Name), public: auth.MatchAny(r.cfg.PublicStreams, req.Name), presence: req.Presence}
@@ -403,7 +410,7 @@ func (r *requests) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	r.conns.asked(sc, sub)
 	tok := requestToken(req)
 	if (tok == nil || !r.tok.configured()) && !sub.public {
-		reason := noTokenReason(req, "a bearer token is required")
+		reason := noTokenReason(req, errNoToken)
 		if tok != nil {
 			reason = "token authentication is not configured"
 		}
@@ -461,10 +468,10 @@ func (r *requests) authorized(sc *sseConn, sub *subRequest, claims *auth.Claims,
 		return
 	case sub.streams != nil && notGranted(claims, sub.streams) >= 0:
 		i := notGranted(claims, sub.streams)
-		r.reject(sc, 403, claims.NotGranted("stream "+sub.streams[i].name+" (stream["+strconv.Itoa(i)+"])"), sub.cors())
+		r.reject(sc, 403, claims.NotGrantedStream([]byte(sub.streams[i].name), "stream "+sub.streams[i].name+" (stream["+strconv.Itoa(i)+"])"), sub.cors())
 		return
 	case !sub.isChan && sub.streams == nil && !claims.AllowsStream([]byte(sub.name)):
-		r.reject(sc, 403, claims.NotGranted("stream "+sub.name), sub.cors())
+		r.reject(sc, 403, claims.NotGrantedStream([]byte(sub.name), "stream "+sub.name), sub.cors())
 		return
 	default:
 		tags = claims.Tags
@@ -520,7 +527,7 @@ func (r *requests) presence(sc *sseConn, req *sse.Request, cors sse.CORS) {
 	public := auth.MatchAny(r.cfg.PublicStreams, req.Name)
 	tok := requestToken(req)
 	if (tok == nil || !r.tok.configured()) && !public {
-		reason := "a bearer token is required"
+		reason := noTokenReason(req, errNoToken)
 		if tok != nil {
 			reason = "token authentication is not configured"
 		}
@@ -555,7 +562,7 @@ func (r *requests) presenceAuthorized(sc *sseConn, name string, public bool, cla
 		r.unauthorizedCORS(sc, err.Error(), cors)
 		return
 	case !claims.AllowsStream([]byte(name)):
-		r.reject(sc, 403, claims.NotGranted("stream "+name), cors)
+		r.reject(sc, 403, claims.NotGrantedStream([]byte(name), "stream "+name), cors)
 		return
 	}
 	if claims != nil && err == nil && claims.Subject != "" {
@@ -637,6 +644,13 @@ func crossSiteCookie(req *sse.Request, cors sse.CORS) bool {
 	_, host, ok := bytes.Cut(req.Origin, []byte("://"))
 	return !ok || len(req.Host) == 0 || !bytes.EqualFold(host, req.Host)
 }
+
+// errNoToken is the 401 line of a subscription (or GET /presence) without a token: where a
+// token goes, since a browser's EventSource cannot send the header.
+const errNoToken = "a token is required: send it as Authorization: Bearer <token>, as ?token=<token> or in the pgsse_token cookie"
+
+// errNoPublishToken is the 401 line of a publish without a token.
+const errNoPublishToken = "a token with a publish grant is required: send it as Authorization: Bearer <token> (e.g. from pgsse token --publish STREAM)"
 
 // noTokenReason is the 401 line for a request without a token: what, a sentence a person can
 // act on, unless an Authorization header was sent that is not "Bearer <token>" (the token

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,6 +65,8 @@ type Server struct {
 	anchorPeer net.Conn
 
 	sseLn     atomic.Value  // net.Listener: --listen, once bound (StopAccepting)
+	hubLn     atomic.Value  // net.Listener: the hub socket, once bound (StopAcceptingAll)
+	handedOff atomic.Bool   // the listeners went to a successor (handoff.go): leave the hub socket's file
 	healthyAt atomic.Int64  // unix nanoseconds of the last tick the loop ran
 	needPoll  atomic.Bool   // someone waits for a socket to drain: tick fast (ticker)
 	pollNow   chan struct{} // wakes the ticker when needPoll turns on
@@ -110,9 +113,9 @@ func New(cfg Config) (*Server, error) {
 	s.req = requests{loopEnv: env, conns: &s.conns, adm: &s.adm, tok: &s.tok, pub: &s.pub, ans: &s.ans, pres: &s.pres}
 	s.tok = tokens{loopEnv: env, verifier: verifier}
 	s.adm = admission{loopEnv: env, conns: &s.conns, subs: &s.subs, pub: &s.pub, lsn: &s.lsn, pres: &s.pres, subjects: make(map[string]int32)}
-	s.pub = newPublishing(env, &s.conns, &s.req, &s.tok, &s.adm, &s.ans)
+	s.pub = newPublishing(env, &s.conns, &s.req, &s.tok, &s.adm, &s.ans, &s.fan)
 	s.subs = subscriptions{loopEnv: env, conns: &s.conns, out: &s.out, fan: &s.fan, chans: &s.chans, lsn: &s.lsn, tr: &s.tr}
-	s.fan = fanout{loopEnv: env, subs: &s.subs, chans: &s.chans, out: &s.out, tr: &s.tr, streams: make(map[string]*stream)}
+	s.fan = fanout{loopEnv: env, subs: &s.subs, chans: &s.chans, out: &s.out, tr: &s.tr, streams: make(map[string]*stream), between: s.pub.answerQueued, sliceSubs: flushSliceSubs}
 	s.chans = newChannelTable(env, &s.lsn, &s.fan, &s.hub)
 	s.lsn = newListenState(env, &s.fan, &s.chans, &s.hub, &s.pres)
 	s.pres = newPresenceTable(env, &s.conns, &s.tr, &s.ans)
@@ -128,23 +131,45 @@ func New(cfg Config) (*Server, error) {
 // errors: SIGTERM) and returns nil; it returns an error if the server cannot start or fails.
 func (s *Server) Run(ctx context.Context) error {
 	// Bind first, each socket under its own flag's name: nothing else has started if one fails.
-	sseLn, err := listenSSE(s.cfg.Listen, s.cfg.ShareListen, s.cfg.SSESendBuffer)
-	if err != nil {
+	inh := s.cfg.Inherited
+	var sseLn net.Listener
+	var err error
+	if inh != nil {
+		sseLn = inh.SSE
+	} else if sseLn, err = listenSSE(s.cfg.Listen, s.cfg.ShareListen, s.cfg.SSESendBuffer); err != nil {
 		return fmt.Errorf("--listen %s: %w", s.cfg.Listen, bindError(err))
 	}
 	defer sseLn.Close()
 	s.sseLn.Store(sseLn)
 	var hubLn net.Listener
-	if s.cfg.HubSocket != "" {
+	if inh != nil && inh.Hub != nil {
+		// The predecessor's hub socket: its file is in place; it is ours to remove as we stop
+		// for good (not when we hand it on in turn).
+		hubLn = inh.Hub
+		s.hubLn.Store(hubLn)
+		defer hubLn.Close()
+		defer func() {
+			if !s.handedOff.Load() {
+				_ = os.Remove(s.cfg.HubSocket)
+			}
+		}()
+	} else if s.cfg.HubSocket != "" {
 		cleanup, err := s.hubSocket.prepare(s.cfg.HubSocket, s.cfg.HubSocketMode, s.log)
 		if err != nil {
 			return err
 		}
-		defer cleanup()
+		defer func() {
+			if !s.handedOff.Load() {
+				cleanup()
+			}
+		}()
 		hubLn, err = net.Listen("unix", s.cfg.HubSocket)
 		s.hubSocket.bound(s.log)
 		if err != nil {
 			return fmt.Errorf("--hub-socket %s: %w", s.cfg.HubSocket, bindError(err))
+		}
+		if ul, ok := hubLn.(*net.UnixListener); ok {
+			s.hubLn.Store(ul)
 		}
 		defer hubLn.Close()
 	}
@@ -218,9 +243,7 @@ func (s *Server) Run(ctx context.Context) error {
 		acceptors = append(acceptors, s.newAcceptor("--hub-socket "+s.cfg.HubSocket, hubLn, originHub, s.hub.openCounter(),
 			func() int64 { return int64(s.cfg.hubWorkers + hubShedSlack) }))
 	}
-	for _, a := range acceptors {
-		a.start()
-	}
+	gate := startAcceptors(acceptors, inh)
 
 	s.lsn.start()
 
@@ -252,6 +275,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if runErr == nil {
 		s.drain() // new connections meanwhile are told the server is draining
 	}
+	gate.close()
 	for _, a := range acceptors {
 		a.close()
 	}
@@ -277,6 +301,48 @@ func (s *Server) Run(ctx context.Context) error {
 	_ = s.anchorPeer.Close()
 	s.log.Debug("engine stopped")
 	return runErr
+}
+
+// acceptGate starts the acceptors, at once or — in a successor — once the predecessor has
+// stopped accepting (Inheritance.Accept); close settles it before the acceptors are closed.
+type acceptGate struct {
+	mu      sync.Mutex
+	settled bool
+	stop    chan struct{}
+}
+
+func startAcceptors(acceptors []*acceptor, inh *Inheritance) *acceptGate {
+	g := &acceptGate{stop: make(chan struct{})}
+	run := func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.settled {
+			return
+		}
+		g.settled = true
+		for _, a := range acceptors {
+			a.start()
+		}
+	}
+	if inh == nil || inh.Accept == nil {
+		run()
+		return g
+	}
+	go func() {
+		select {
+		case <-inh.Accept:
+			run()
+		case <-g.stop:
+		}
+	}()
+	return g
+}
+
+func (g *acceptGate) close() {
+	close(g.stop)
+	g.mu.Lock()
+	g.settled = true
+	g.mu.Unlock()
 }
 
 // bindError is the cause of a failed listen, without the net package's "listen tcp …"

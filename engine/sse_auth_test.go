@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -221,7 +222,7 @@ func TestNoTokenNamesTheAuthorizationHeaderForm(t *testing.T) {
 		sub     string // the subscriber's 401 line
 		pub     string // the publisher's
 	}{
-		{"no header", nil, "a bearer token is required", "a bearer token with a publish grant is required"},
+		{"no header", nil, errNoToken, errNoPublishToken},
 		{"the token alone", []string{"Authorization: " + good}, form, form},
 		{"another scheme", []string{"Authorization: Basic dXNlcjpwYXNz"}, form, form},
 		{"Bearer without a token", []string{"Authorization: Bearer "}, form, form},
@@ -236,4 +237,53 @@ func TestNoTokenNamesTheAuthorizationHeaderForm(t *testing.T) {
 			assert.Contains(t, p.Body, tc.pub)
 		})
 	}
+}
+
+// The usual mistake behind a 403 — a publish token used to subscribe, a subscribe token used
+// to publish — is named in the refusal, with the grant that is needed; a token that grants
+// neither is refused as before. A token that is not a JWT at all is told what one looks like.
+func TestNotGrantedNamesTheOtherKindOfGrant(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", nil)
+	addr := ts.Addr().String()
+	pubOnly := token(t, auth.Claims{Publish: []string{"s"}}, time.Hour)
+	subOnly := token(t, auth.Claims{Streams: []string{"s"}}, time.Hour)
+	neither := token(t, auth.Claims{Streams: []string{"other"}, Publish: []string{"other"}}, time.Hour)
+
+	r := get(t, addr, "/streams/s?token="+pubOnly)
+	require.Equal(t, 403, r.Status, r.Body)
+	assert.Contains(t, r.Body, `token does not grant stream s (it grants publishing to it, not subscribing: subscribing needs "streams" under "pgsse"`)
+	r = get(t, addr, "/streams?stream=x&stream=s&token="+token(t, auth.Claims{Streams: []string{"x"}, Publish: []string{"s"}}, time.Hour))
+	require.Equal(t, 403, r.Status, r.Body)
+	assert.Contains(t, r.Body, `token does not grant stream s (stream[1]) (it grants publishing to it, not subscribing`)
+	r = get(t, addr, "/streams/s?token="+neither)
+	require.Equal(t, 403, r.Status, r.Body)
+	assert.Equal(t, "token does not grant stream s", strings.TrimSpace(r.Body))
+
+	p := dialPub(t, addr).do(post("/streams/s", "x", "Authorization: Bearer "+subOnly))
+	require.Equal(t, 403, p.Status, p.Body)
+	assert.Contains(t, p.Body, `token does not grant publishing to stream s (it grants subscribing to it, not publishing: publishing needs "publish" under "pgsse"`)
+	p = dialPub(t, addr).do(post("/streams/s", "x", "Authorization: Bearer "+neither))
+	require.Equal(t, 403, p.Status, p.Body)
+	assert.Equal(t, "token does not grant publishing to stream s", strings.TrimSpace(p.Body))
+
+	r = get(t, addr, "/streams/s?token=not-a-token")
+	require.Equal(t, 401, r.Status, r.Body)
+	assert.Contains(t, r.Body, "token is malformed: a JWT is three base64url parts, header.claims.signature")
+}
+
+// Several streams written as one path (/streams/a,b) are refused with the endpoint that
+// follows several streams; a bad name without a comma is refused as before.
+func TestCommaInStreamPathNamesTheMultiStreamEndpoint(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", nil)
+	addr := ts.Addr().String()
+	tok := token(t, auth.Claims{Streams: []string{"*"}}, time.Hour)
+	r := get(t, addr, "/streams/a,b?token="+tok)
+	require.Equal(t, 400, r.Status, r.Body)
+	assert.Contains(t, r.Body, "stream name may contain only")
+	assert.Contains(t, r.Body, "(to follow several streams on one connection: /streams?stream=a&stream=b)")
+	r = get(t, addr, "/streams/a%20b?token="+tok)
+	require.Equal(t, 400, r.Status, r.Body)
+	assert.NotContains(t, r.Body, "several streams")
 }

@@ -273,6 +273,7 @@ func TestSSEResponse404(t *testing.T) {
 			r := get(t, addr, target, tok)
 			require.Equal(t, 404, r.Status, r.Body)
 			assertErrorBody(t, r)
+			assert.Contains(t, r.Body, "not found: pgsse serves GET /streams/{stream}", "a 404 names the paths pgsse serves")
 		})
 	}
 	r := exchange(t, addr, "POST", request("POST", "/nope", tok))

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/framing"
 	"github.com/pgsse/pgsse/sse"
 )
 
@@ -39,7 +40,12 @@ import (
 //   - linger: answered with "Connection: close" while the client may still be sending its
 //     body: the write side is shut and input is discarded until EOF or lingerTimeoutMS, so
 //     that closing with unread input does not reset the connection before the client has
-//     read the answer.
+//     read the answer;
+//   - handed-over: a streaming connection given to a successor process (SIGUSR2, handoff.go):
+//     its descriptor and record are on their way; nothing is written to it any more and the
+//     loop lets go of it (gnet closes our descriptor, the successor holds another).
+//
+// A connection the successor adopts (adopt) starts out streaming.
 //
 // The helpers in this file are the only code that assigns sseConn.state, through sseConn.to
 // (a subscription's state has its own helpers, subscription.go; parts_test.go checks both).
@@ -67,6 +73,7 @@ const (
 	statePublishCommit                  // a publish request with the Publisher: answered after COMMIT
 	stateIdle                           // keep-alive: between a publisher's requests
 	stateLinger                         // answered and closing: discarding input until EOF
+	stateHandedOver                     // handed to a successor process (SIGUSR2): never written to again
 )
 
 // Time rules of the states.
@@ -231,7 +238,9 @@ func (t *connTable) enter(sc *sseConn, state connState) {
 func (sc *sseConn) streaming() bool { return !sc.closed && sc.state == stateStreaming }
 
 // ending reports whether the connection is closed or closing: nothing more is written to it.
-func (sc *sseConn) ending() bool { return sc.closed || sc.state == stateClosing }
+func (sc *sseConn) ending() bool {
+	return sc.closed || sc.state == stateClosing || sc.state == stateHandedOver
+}
 
 // sees reports whether the token lets this connection see an event for audience (nil =
 // everyone; docs/http.md, Audience).
@@ -300,13 +309,25 @@ func (t *connTable) openCounter() *atomic.Int64 { return &t.opened }
 
 // --- transitions --------------------------------------------------------------------------
 
-// open registers a new connection on the SSE port: → head.
-func (t *connTable) open(c gnet.Conn) *sseConn {
+// open registers a new connection on the SSE port: → head; or, with a record h, a connection a
+// predecessor handed over (handoff.go) as it stood there: → streaming, counted, its
+// subscriptions resumed at their cursors (subscriptions.adopt), the bytes the predecessor
+// had not written going out first.
+func (t *connTable) open(c gnet.Conn, handed ...*framing.HandoffConn) *sseConn {
+	var h *framing.HandoffConn
+	if len(handed) > 0 {
+		h = handed[0]
+	}
 	sc := &sseConn{c: c, all: int32(len(t.list))}
-	t.enter(sc, stateHead)
+	if h == nil {
+		t.enter(sc, stateHead)
+	}
 	t.list = append(t.list, sc)
 	t.opened.Store(int64(len(t.list)))
 	c.SetContext(sc)
+	if h != nil {
+		adoptConn(t, sc, h)
+	}
 	return sc
 }
 
@@ -468,6 +489,50 @@ func (t *connTable) answerPublish(sc *sseConn, b []byte, keepAlive, bodyUnread b
 	default:
 		t.finish(sc, b)
 	}
+}
+
+// handOver gives a streaming connection to a successor (handoff.go): streaming →
+// handed-over. It appends the connection's record to dst — its subscriptions with their
+// cursors and states, token tags, subject, expiry and the bytes its socket has not taken yet
+// (the unsent remainder of a partly written event first) — and returns a duplicate of its
+// descriptor for the successor; the loop's own descriptor is closed (gnet: OnClose removes
+// the connection from the tables, the socket lives on in the duplicate). ok is false for a
+// connection that cannot be handed over now (not streaming, or bytes in gnet's own buffer).
+func (t *connTable) handOver(sc *sseConn, dst []byte) (rec []byte, fd int, ok bool) {
+	if !sc.streaming() || sc.c.OutboundBuffered() > 0 {
+		return dst, -1, false
+	}
+	h := framing.HandoffConn{Composite: sc.composite(), ExpiresMS: sc.expiresMS(), Subject: t.adm.subjectOf(sc), Tags: sc.tags()}
+	var subs [8]framing.HandoffSub
+	if h.Subs, ok = t.subs.record(sc, subs[:0]); !ok {
+		return dst, -1, false
+	}
+	fd, err := unix.FcntlInt(uintptr(sc.c.Fd()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return dst, -1, false
+	}
+	h.Tail = t.out.takeQueue(sc, nil)
+	t.enter(sc, stateHandedOver)
+	_ = sc.c.Close()
+	return framing.AppendHandoffConn(dst, &h), fd, true
+}
+
+func adoptConn(t *connTable, sc *sseConn, h *framing.HandoffConn) {
+	if h.Tags != nil || h.ExpiresMS != 0 {
+		x := sc.extended()
+		x.tags, x.expiresMS = h.Tags, h.ExpiresMS
+	}
+	sc.counted = true
+	t.active++
+	t.metrics.sseConns.Set(float64(t.active))
+	t.adm.adoptSubject(sc, h.Subject)
+	t.enter(sc, stateStreaming)
+	sc.wrote(t.nowMS)
+	t.schedule(sc) // heartbeats and the token's expiry, as for a connection that responded
+	if len(h.Tail) > 0 {
+		t.write(sc, h.Tail)
+	}
+	t.subs.adopt(sc, h)
 }
 
 // nextRequest starts reading a keep-alive connection's next request: idle → head.

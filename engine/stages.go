@@ -23,7 +23,9 @@ import (
 //	           notification was read first)
 //	written    notification received → the fan-out's write to its first subscriber (every live
 //	           durable event with a subscriber here, however published: for SQL publishes this
-//	           stage is all pgsse sees)
+//	           stage is all pgsse sees); for an event delivered early (fanout.committed), commit
+//	           answered → that write, so an HTTP publish's path is head … committed, written,
+//	           and notified runs beside it
 //
 // The costs stay per request, not per subscriber: a handful of clock readings per request
 // (the publisher's per transaction), a map lookup per request and per durable notification
@@ -42,11 +44,20 @@ type stageClock struct {
 }
 
 type stageMark struct {
-	committedID int64 // 0 = none waiting
-	committed   time.Time
-	noteID      int64 // 0 = none waiting
-	note        time.Time
+	// The last stageMarkCommits commits answered whose notification has not been seen
+	// (id 0 = a free slot): with early local delivery a publisher's next request can be
+	// committed before the previous one's notification comes.
+	committed [stageMarkCommits]struct {
+		id int64
+		at time.Time
+	}
+	next   int   // the slot the next commit takes
+	noteID int64 // 0 = none waiting
+	note   time.Time
 }
+
+// stageMarkCommits is how many commits per stream wait for their notification at once.
+const stageMarkCommits = 8
 
 type publishStage uint8
 
@@ -108,7 +119,8 @@ func (c *stageClock) committedHTTP(stream string, id int64, committed time.Time)
 		m.noteID = 0
 		return
 	}
-	m.committedID, m.committed = id, committed
+	m.committed[m.next].id, m.committed[m.next].at = id, committed
+	m.next = (m.next + 1) % stageMarkCommits
 }
 
 // notified takes a durable notification of stream (first id id) received at at.
@@ -120,10 +132,12 @@ func (c *stageClock) notified(stream []byte, id int64, at time.Time) {
 	if m == nil {
 		return
 	}
-	if m.committedID == id {
-		c.observe(stageNotified, m.committed, at)
-		m.committedID = 0
-		return
+	for i := range m.committed {
+		if k := &m.committed[i]; k.id == id {
+			c.observe(stageNotified, k.at, at)
+			k.id = 0
+			return
+		}
 	}
 	m.noteID, m.note = id, at
 }

@@ -80,7 +80,7 @@ func TestPublishStages(t *testing.T) {
 	require.Eventually(t, func() bool {
 		got := stageCounts(t, reg)
 		return got["notified"] >= before["notified"]+n && got["written"] >= before["written"]+n
-	}, 10*time.Second, 5*time.Millisecond)
+	}, 10*time.Second, 5*time.Millisecond, "stages %v, before %v", stageCounts(t, reg), before)
 	got := stageCounts(t, reg)
 	for _, s := range []string{"body", "queued", "sent", "committed", "answered"} {
 		assert.EqualValues(t, n, got[s]-before[s], s)

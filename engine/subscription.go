@@ -3,6 +3,8 @@ package engine
 import (
 	"cmp"
 	"slices"
+
+	"github.com/pgsse/pgsse/framing"
 )
 
 // Subscriptions (docs/http.md, Cursors and gaps): what a connection follows. A connection holds
@@ -303,6 +305,76 @@ func (s *subscriptions) unsubscribeAll(sc *sseConn) {
 	}
 }
 
+// --- handoff (handoff.go) -----------------------------------------------------------------
+
+// record appends sc's subscriptions to dst as a handoff record has them: each stream's name,
+// cursor (the last durable id written or queued — the queue travels with the record) and
+// state, each channel's name. ok is false if one is still starting (a streaming connection's
+// never are).
+func (s *subscriptions) record(sc *sseConn, dst []framing.HandoffSub) ([]framing.HandoffSub, bool) {
+	for i := range sc.subCount() {
+		sub := sc.sub(i)
+		r := framing.HandoffSub{Checked: sub.gapChecked, Cursor: sub.cursor}
+		switch sub.state {
+		case subLive:
+			r.State = framing.HandoffLive
+		case subCatchUp:
+			r.State = framing.HandoffCatchUp
+		case subLagging:
+			r.State = framing.HandoffLagging
+		default:
+			return dst, false
+		}
+		switch {
+		case sub.st != nil:
+			r.Kind, r.Name = framing.HandoffStream, sub.st.name
+		case sub.ch != nil:
+			r.Kind, r.Name = framing.HandoffChannel, sub.ch.name
+		default:
+			return dst, false
+		}
+		dst = append(dst, r)
+	}
+	return dst, len(dst) > 0
+}
+
+// adopt gives a connection handed over by a predecessor its subscriptions as they stood
+// there: each stream at its cursor, catching up from the ring or the table (exactly once, in
+// order: the cursor is the last event written or queued there, and the queue came along);
+// each channel live once its LISTEN here has completed (the successor LISTENed the
+// predecessor's channels before it took over, so usually at once).
+func (s *subscriptions) adopt(sc *sseConn, h *framing.HandoffConn) {
+	s.hold(sc, len(h.Subs), h.Composite)
+	for i, r := range h.Subs {
+		sub := sc.sub(i)
+		if r.Kind == framing.HandoffChannel {
+			sub.ch = s.fan.joinChannel(r.Name, sub)
+			if s.chans.isLive(sub.ch) {
+				sub.to(subLive)
+			} else {
+				sub.to(subStarting)
+			}
+			continue
+		}
+		sub.st = s.fan.join(r.Name, sub)
+		sub.cursor = r.Cursor
+		sub.gapChecked = r.Checked
+		sub.to(subCatchUp)
+	}
+	for i := range sc.subCount() {
+		sub := sc.sub(i)
+		switch {
+		case sc.ending():
+			return
+		case sub.state != subCatchUp:
+		case !sub.gapChecked:
+			s.replay(sub)
+		default:
+			s.tryJoin(sub)
+		}
+	}
+}
+
 // --- live events --------------------------------------------------------------------------
 
 // deliver writes the items of a loop pass that sub should get, in one syscall. A live
@@ -430,11 +502,14 @@ func (s *subscriptions) queueMulti(sc *sseConn) {
 // flushMulti writes what this flush pass brought the connections with several subscriptions
 // (fanout.flushStreams, after every stream's own subscriptions): one write each. It returns
 // the events written.
-func (s *subscriptions) flushMulti() int {
+func (s *subscriptions) flushMulti(slice int, between func()) int {
 	n := 0
 	for i, sc := range s.multi {
 		n += s.deliverMulti(sc)
 		s.multi[i] = nil
+		if (i+1)%slice == 0 {
+			between()
+		}
 	}
 	s.multi = s.multi[:0]
 	s.pass++

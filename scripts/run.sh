@@ -3,9 +3,9 @@
 #
 # With DATABASE_URL (or PGSSE_DATABASE_URL) set, it uses that database. Otherwise it starts
 # a throwaway PostgreSQL in a temp dir (removed on exit). Then it applies the schema,
-# starts `pgsse serve` with a development secret, the demo page and a hub socket, writes the
-# variables a second terminal needs to bin/run.env (`source bin/run.env`), and prints what to
-# try. Ctrl-C stops everything and removes bin/run.env.
+# starts `pgsse serve` with a development secret, the demo page, a hub socket and presence for
+# the streams under $STREAM/, writes the variables a second terminal needs to bin/run.env
+# (`source bin/run.env`), and prints what to try. Ctrl-C stops everything and removes bin/run.env.
 #
 # What a second terminal took from bin/run.env stays valid across runs where it can: the
 # development secret is made once and kept in bin/dev-jwt-secret (mode 0600), so tokens minted
@@ -107,7 +107,9 @@ hub=$PWD/bin/hub.sock
 "$bin" migrate
 token=$("$bin" token --stream "$stream" --stream "$stream/*" --channel jobs --ttl 24h)
 
-"$bin" serve --listen "$listen" --admin-listen "$admin" --hub-socket "$hub" --demo --log-level info 9>&- &
+# Presence is kept for the streams under $stream/ (docs/http.md, Presence), so that it can be
+# tried without restarting; the tour's own stream is not one of them.
+"$bin" serve --listen "$listen" --admin-listen "$admin" --hub-socket "$hub" --demo --presence-streams "$stream/*" --log-level info 9>&- &
 serve_pid=$!
 
 # Ready when our process answers /readyz. Checking that it is still alive after the answer
@@ -194,6 +196,9 @@ ${since_last:-}
   A worker on the hub socket (Python, no pgsse code), then NOTIFY it:
     python3 docs/hub_worker.py "\$PGSSE_HUB_SOCKET" jobs
     psql "\$DATABASE_URL" -c "NOTIFY jobs, 'hello, worker'"
+
+  Who is on $stream/room (presence is kept for $stream/*; docs/http.md#presence):
+    curl -N "\$PGSSE_URL/streams/$stream/room?presence=1&token=\$(bin/pgsse token --stream '$stream/*' --subject user:7)"
 
   Demo page: $url/?stream=$stream&token=$token
 

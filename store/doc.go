@@ -159,7 +159,7 @@
 // (application_name pgsse-publish; one by default, which measured best on 2 cores) has
 // its own queue, chosen by the stream of a request's first event, takes everything queued
 // there whenever it is free and runs it as one implicit transaction, `SELECT
-// txid_current(), pgsse.publish_many($1)` with the messages in binary: one NOTIFY per
+// txid_current(), m.ids, clock_timestamp() FROM pgsse.publish_many($1) AS m(ids)` with the messages in binary: one NOTIFY per
 // stream per transaction, ids per stream in commit order (and, for one stream's
 // requests, in submission order), each request contiguous per stream and all or nothing.
 // The callbacks run after COMMIT. Data and tags that are not UTF-8 without

@@ -36,8 +36,14 @@ const (
 	resolveTimeout      = 3 * time.Second // to learn whether a COMMIT whose answer was lost happened
 	maxRetainedBuf      = 8 << 20
 	publishStatement    = "pgsse_publish_many"
-	publishSQL          = "SELECT txid_current(), pgsse.publish_many($1)"
+	// clock_timestamp() after the call (a FROM item runs before the target list): at or after
+	// every publish time the call stored (PublishResult.TimeUS).
+	publishSQL = "SELECT txid_current(), m.ids, clock_timestamp() FROM pgsse.publish_many($1) AS m(ids)"
 )
+
+// pgEpochUnixUS is PostgreSQL's epoch (2000-01-01 UTC) in µs since the Unix epoch: a binary
+// timestamptz counts from it.
+const pgEpochUnixUS = 946_684_800_000_000
 
 var (
 	// ErrUnavailable is matched (errors.Is) by every error that means "PostgreSQL could
@@ -96,6 +102,12 @@ type PublishRequest struct {
 type PublishResult struct {
 	IDs []int64 // per event, in order; 0 for ephemeral events. Set only when Err is nil
 	Err error
+	// TimeUS is PostgreSQL's clock_timestamp() read after the transaction's pgsse.publish_many
+	// (µs since the Unix epoch): no earlier than the publish time of any of its events, so a
+	// reader that records it as the latest publish time it has accounted for takes the
+	// events' own notifications for what they are (engine: early local delivery). Set
+	// only when Err is nil.
+	TimeUS int64
 	// Times says when the request passed the publisher's stages (pgsse_publish_stage_seconds).
 	Times PublishTimes
 }
@@ -699,6 +711,7 @@ type txGroup struct {
 	ids    []int64
 	data   int64     // data bytes
 	start  time.Time // the statement was handed to the connection (PublishTimes.Sent)
+	timeUS int64     // PostgreSQL's clock after publish_many (PublishResult.TimeUS)
 }
 
 func newTxGroup(group []*pendingPublish) *txGroup {
@@ -717,7 +730,7 @@ func newTxGroup(group []*pendingPublish) *txGroup {
 func (w *publishWorker) publishGroup(group []*pendingPublish, try attempt) {
 	g := newTxGroup(group)
 	g.start = time.Now()
-	failure, xid, err := w.transaction(g.events, g.ids)
+	failure, xid, err := w.transaction(g)
 	w.settle(g, failure, xid, err, try)
 }
 
@@ -743,7 +756,7 @@ func (w *publishWorker) settle(g *txGroup, failure txFailure, xid int64, err err
 		off := 0
 		for _, pp := range group {
 			n := len(pp.req.Events)
-			p.finish(pp, PublishResult{IDs: g.ids[off : off+n : off+n], Times: PublishTimes{Sent: g.start, Committed: answered}})
+			p.finish(pp, PublishResult{IDs: g.ids[off : off+n : off+n], TimeUS: g.timeUS, Times: PublishTimes{Sent: g.start, Committed: answered}})
 			off += n
 		}
 		return
@@ -830,7 +843,7 @@ func (w *publishWorker) rejected(req *PublishRequest, err error) error {
 // transaction in two steps: the statement with a Flush (its answer carries the xid while
 // the transaction is still open), then Sync, which commits. A lost connection in the
 // first step means nothing was published; in the second, resolve asks PostgreSQL.
-func (w *publishWorker) transaction(events []*PublishEvent, ids []int64) (txFailure, int64, error) {
+func (w *publishWorker) transaction(g *txGroup) (txFailure, int64, error) {
 	if w.conn == nil {
 		return txNotSent, 0, errors.New("no connection")
 	}
@@ -838,11 +851,11 @@ func (w *publishWorker) transaction(events []*PublishEvent, ids []int64) (txFail
 	ctx, cancel := context.WithTimeout(w.p.ctx, publishTxTimeout)
 	defer cancel()
 	pl := w.conn.StartPipeline(ctx)
-	w.sendStatement(pl, events)
+	w.sendStatement(pl, g.events)
 	if err := pl.Flush(); err != nil {
 		return w.lost(pl, txNotSent, 0, err)
 	}
-	xid, err := w.readStatement(pl, ids)
+	xid, err := w.readStatement(pl, g)
 	if err != nil {
 		return w.abortStatement(pl, err)
 	}
@@ -914,7 +927,7 @@ func (w *publishWorker) publishChain(group []*pendingPublish) {
 		return
 	}
 	for {
-		xid, err := w.readStatement(pl, cur.ids)
+		xid, err := w.readStatement(pl, cur)
 		if err != nil {
 			f, xid, err := w.abortStatement(pl, err)
 			failed = append(failed, outcome{cur, f, xid, err})
@@ -999,12 +1012,13 @@ func (w *publishWorker) trimBuf() {
 // sendStatement queues the statement for events, and a Flush request, on pl.
 func (w *publishWorker) sendStatement(pl *pgconn.Pipeline, events []*PublishEvent) {
 	w.buf = appendMessageArray(w.buf[:0], w.messageOID, events)
-	pl.SendQueryStatement(w.stmt, [][]byte{w.buf}, []int16{1}, []int16{1, 1})
+	pl.SendQueryStatement(w.stmt, [][]byte{w.buf}, []int16{1}, []int16{1, 1, 1})
 	pl.SendFlushRequest()
 }
 
-// readStatement reads the statement's answer: the transaction's xid, and the ids into ids.
-func (w *publishWorker) readStatement(pl *pgconn.Pipeline, ids []int64) (int64, error) {
+// readStatement reads the statement's answer: the transaction's xid, and the ids and
+// PostgreSQL's clock after them into g.
+func (w *publishWorker) readStatement(pl *pgconn.Pipeline, g *txGroup) (int64, error) {
 	var xid int64
 	res, err := pl.GetResults()
 	if err != nil {
@@ -1018,12 +1032,13 @@ func (w *publishWorker) readStatement(pl *pgconn.Pipeline, ids []int64) (int64, 
 	for rr.NextRow() {
 		rows++
 		v := rr.Values()
-		if len(v) != 2 || len(v[0]) != 8 {
+		if len(v) != 3 || len(v[0]) != 8 || len(v[2]) != 8 {
 			err = errors.New("unexpected row from pgsse.publish_many")
 			continue
 		}
 		xid = int64(binary.BigEndian.Uint64(v[0]))
-		err = parseIDArray(v[1], ids)
+		g.timeUS = int64(binary.BigEndian.Uint64(v[2])) + pgEpochUnixUS
+		err = parseIDArray(v[1], g.ids)
 	}
 	if _, cerr := rr.Close(); cerr != nil {
 		return 0, cerr

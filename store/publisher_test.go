@@ -118,6 +118,33 @@ func TestPublisherPublishes(t *testing.T) {
 	assert.EqualValues(t, DefaultMaxEventBytes, max)
 }
 
+// A result's TimeUS is PostgreSQL's clock after the transaction's events were stored: no
+// earlier than the publish time any of them carries, in its notification or its row, and not
+// much later (the engine takes it for the latest publish time it accounted for when it
+// delivers the events before their notifications).
+func TestPublisherResultTimeUS(t *testing.T) {
+	dsn := migrated(t)
+	l := listen(t, dsn)
+	p := newTestPublisher(t, PublisherConfig{DatabaseURL: dsn}, testHooks{})
+	for i := range 3 {
+		r := publishSync(t, p, &PublishRequest{Batch: true, Events: []PublishEvent{
+			{Stream: "tus/a", Data: []byte("a" + strconv.Itoa(i))},
+			{Stream: "tus/b", Data: []byte("b" + strconv.Itoa(i))},
+			{Stream: "tus/a", Data: []byte("c" + strconv.Itoa(i))},
+		}})
+		require.NoError(t, r.Err)
+		for range 2 { // W tus/a, D tus/b
+			pl, _ := l.nextParsed(t)
+			assert.GreaterOrEqual(t, r.TimeUS, pl.TimeUS, "notification %s %d", pl.Stream, pl.ID)
+			assert.Less(t, r.TimeUS-pl.TimeUS, int64(5e6), "within seconds of the publish")
+		}
+		stored, err := strconv.ParseInt(pgtest.QueryValue(t, dsn,
+			"SELECT max(floor(extract(epoch FROM created_at) * 1e6)::bigint) FROM pgsse.events WHERE stream IN ('tus/a', 'tus/b')"), 10, 64)
+		require.NoError(t, err)
+		assert.GreaterOrEqual(t, r.TimeUS, stored, "the rows' publish times")
+	}
+}
+
 // Bad requests are refused by Submit, or by the publisher before the transaction, with
 // the field and (for batches) the line; nothing of them is stored or notified.
 func TestPublisherRejectsBadRequests(t *testing.T) {

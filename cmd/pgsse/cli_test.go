@@ -466,6 +466,11 @@ func TestDoctor(t *testing.T) {
 	r = pgsse(t, env, "doctor", "--procs", "3")
 	requireOK(t, r)
 	assert.Contains(t, r.stdout, "connection budget: pgsse holds 16 PostgreSQL connections with --procs 3 (1 LISTEN + 3 processes × (4 replay + 1 publishing); for 15s after the first process dies, each of its 2 siblings holds a LISTEN session of its own)")
+	// --presence-streams: presence's writer session, in both budgets.
+	r = pgsse(t, env, "doctor", "--procs", "2", "--presence-streams", "room/*")
+	requireOK(t, r)
+	assert.Contains(t, r.stdout, "connection budget: pgsse holds 13 PostgreSQL connections with --procs 2 (1 LISTEN + 2 processes × (4 replay + 1 publishing + 1 presence);")
+	assert.Regexp(t, `(?m)^ +1  PostgreSQL session for presence \(--presence-streams\)$`, r.stdout)
 	r = pgsse(t, env, "doctor", "--procs", "0")
 	assert.Equal(t, 2, r.code)
 	assert.Contains(t, r.stderr, "--procs: invalid process count \"0\" (1 to 256, or auto for one per CPU)")

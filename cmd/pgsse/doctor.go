@@ -47,6 +47,7 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	workers := c.Int("workers", 0, "worker processes on this host that LISTEN, for the connection budget")
 	adminMax := c.Int("admin-max-connections", engine.DefaultAdminMaxConnections, "the value pgsse serve will use, for the descriptor budget")
 	procs := c.Procs("the --procs pgsse serve will use, for the connection budget")
+	presenceStreams := c.List("presence-streams", "the value pgsse serve will use, for the descriptor and connection budgets (presence's writer session)")
 	pos, err := c.parse(args)
 	if err != nil {
 		return c.helpTo(stdout, err)
@@ -88,9 +89,10 @@ func cmdDoctor(ctx context.Context, args []string, env func(string) (string, boo
 	}
 
 	// 2. Local checks.
-	d.fdLimit(engine.Config{HubSocket: *hubSocket, AdminMaxConnections: *adminMax}, *maxConns, c.isSet("max-connections"), c.source("max-connections"))
+	d.fdLimit(engine.Config{HubSocket: *hubSocket, AdminMaxConnections: *adminMax, PresenceStreams: *presenceStreams},
+		*maxConns, c.isSet("max-connections"), c.source("max-connections"))
 	d.hubSocket(*hubSocket, *hubMode)
-	d.budget(*procs, *workers, c.isSet("workers"), *hubSocket != "", server)
+	d.budget(*procs, *workers, c.isSet("workers"), *hubSocket != "", len(*presenceStreams) > 0, server)
 
 	if d.fails > 0 {
 		return errReported
@@ -117,6 +119,15 @@ func (d *doctor) schema(ctx context.Context, conn *pgconn.PgConn) {
 // presence lists the pgsse processes holding presence leases (docs/operations.md): key, age,
 // last renewal, entries; a lapsed lease is a process that died and that no survivor has
 // removed yet (a WARN: only a survivor's next write removes it).
+// presenceLeases is the presence line's count of n processes holding leases, lapsed of them
+// lapsed.
+func presenceLeases(n, lapsed int) string {
+	if n == 1 {
+		return fmt.Sprintf("1 pgsse process holds a presence lease (%d lapsed)", lapsed)
+	}
+	return fmt.Sprintf("%d pgsse processes hold presence leases (%d lapsed)", n, lapsed)
+}
+
 func (d *doctor) presence(ctx context.Context, conn *pgconn.PgConn) {
 	procs, err := store.ReadPresenceProcesses(ctx, conn)
 	if err != nil {
@@ -134,7 +145,7 @@ func (d *doctor) presence(ctx context.Context, conn *pgconn.PgConn) {
 			status = "warn"
 		}
 	}
-	d.report(status, "presence", "%d pgsse processes hold presence leases (%d lapsed)", len(procs), lapsed)
+	d.report(status, "presence", "%s", presenceLeases(len(procs), lapsed))
 	now := time.Now()
 	for _, p := range procs {
 		state := "live"
@@ -333,13 +344,18 @@ func readBudget(ctx context.Context, conn *pgconn.PgConn) *serverBudget {
 // own replay pool and publishing connections, and the host still one LISTEN session — except
 // for the grace period after the first process died, when each sibling holds one of its own
 // (procs.go).
-func (d *doctor) budget(procs, workers int, workersSet, hub bool, server *serverBudget) {
+func (d *doctor) budget(procs, workers int, workersSet, hub, presence bool, server *serverBudget) {
 	perProc := engine.DefaultReplayPoolSize + store.DefaultPublishConns
+	each := fmt.Sprintf("%d replay + %d publishing", engine.DefaultReplayPoolSize, store.DefaultPublishConns)
+	if presence {
+		perProc++ // presence's writer (--presence-streams)
+		each += " + 1 presence"
+	}
 	ours := 1 + procs*perProc
-	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %d replay + %d publishing)", ours, engine.DefaultReplayPoolSize, store.DefaultPublishConns)
+	msg := fmt.Sprintf("pgsse holds %d PostgreSQL connections (1 LISTEN + %s)", ours, each)
 	if procs > 1 {
-		msg = fmt.Sprintf("pgsse holds %d PostgreSQL connections with --procs %d (1 LISTEN + %d processes × (%d replay + %d publishing); for %s after the first process dies, each of its %d siblings holds a LISTEN session of its own)",
-			ours, procs, procs, engine.DefaultReplayPoolSize, store.DefaultPublishConns, orphanGrace, procs-1)
+		msg = fmt.Sprintf("pgsse holds %d PostgreSQL connections with --procs %d (1 LISTEN + %d processes × (%s); for %s after the first process dies, each of its %d siblings holds a LISTEN session of its own)",
+			ours, procs, procs, each, orphanGrace, procs-1)
 	}
 	switch {
 	case hub && workersSet:

@@ -224,6 +224,9 @@ func (c *cli) usage(w io.Writer) {
 	if s := commandSummary(c.name); s != "" {
 		fmt.Fprintf(w, "\n%s%s.\n", strings.ToUpper(s[:1]), s[1:])
 	}
+	if c.name == "serve" {
+		fmt.Fprint(w, serveSignals)
+	}
 	var lines [][2]string
 	c.fs.VisitAll(func(f *flag.Flag) {
 		left := "  --" + f.Name
@@ -252,6 +255,13 @@ func (c *cli) usage(w io.Writer) {
 		fmt.Fprintf(w, "%-*s  %s\n", width, l[0], l[1])
 	}
 }
+
+// serveSignals is what pgsse serve does on each signal (SPEC §6).
+const serveSignals = `
+Signals: SIGTERM or SIGINT drains and exits. SIGUSR2 starts the executable at the same path
+as a successor and hands it every connection and listener, then exits 0: an upgrade no
+client notices (docs/operations.md, Upgrading without disconnects).
+`
 
 // valueHint is the placeholder for a flag whose usage text names none.
 func valueHint(v flag.Value) string {

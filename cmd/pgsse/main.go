@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -95,13 +96,13 @@ func run(ctx context.Context, args []string, env func(string) (string, bool), st
 	case errors.Is(err, errReported):
 		return 1
 	case errors.As(err, &ce):
-		fmt.Fprintf(stderr, "pgsse: %s%s\n", oneLine(ce.msg), staleRunEnv(env))
+		fmt.Fprintf(stderr, "pgsse: %s%s\n", oneLine(ce.msg), staleRunEnv(env, runEnvBeside()))
 		return 2
 	case errors.As(err, &uf):
 		fmt.Fprintf(stderr, "pgsse: %s\n", uf.Error())
 		return 2
 	default:
-		fmt.Fprintf(stderr, "pgsse: %s%s\n", oneLine(err.Error()), staleRunEnv(env))
+		fmt.Fprintf(stderr, "pgsse: %s%s\n", oneLine(err.Error()), staleRunEnv(env, runEnvBeside()))
 		return 1
 	}
 }
@@ -116,11 +117,14 @@ const (
 // staleRunEnv is what to add to an error line in a shell whose pgsse variables came from a
 // bin/run.env that is out of date — make run restarted with other values (its stamp
 // changed), or stopped (the file is gone) — so that the user knows to source it again rather
-// than chase a "PostgreSQL is unavailable" or a refused token; "" otherwise.
-func staleRunEnv(env func(string) (string, bool)) string {
+// than chase a "PostgreSQL is unavailable" or a refused token. In a shell that has sourced
+// nothing and set none of pgsse's database or key variables, while make run is running beside
+// this binary (beside: bin/run.env next to bin/pgsse), it says to source that file — the first
+// thing a new terminal of the tour forgets. "" otherwise.
+func staleRunEnv(env func(string) (string, bool), beside string) string {
 	path, ok := env(runEnvVar)
 	if !ok || path == "" {
-		return ""
+		return unsourcedRunEnv(env, beside)
 	}
 	stamp, _ := env(runStampVar)
 	f, err := os.Open(path)
@@ -138,6 +142,34 @@ func staleRunEnv(env func(string) (string, bool)) string {
 		}
 	}
 	return ""
+}
+
+// unsourcedRunEnv is staleRunEnv's line for a shell that did not source the bin/run.env of a
+// running make run (the file at beside, written by scripts/run.sh).
+func unsourcedRunEnv(env func(string) (string, bool), beside string) string {
+	for _, v := range []string{"PGSSE_DATABASE_URL", "DATABASE_URL", "PGSSE_JWT_SECRET"} {
+		if x, ok := env(v); ok && x != "" {
+			return "" // configured by hand: make run's variables are not what is missing
+		}
+	}
+	if beside == "" {
+		return ""
+	}
+	data, err := os.ReadFile(beside)
+	if err != nil || !strings.Contains(string(data), "\nexport "+runEnvVar+"=") {
+		return ""
+	}
+	return " — make run is running in this checkout, but this shell has not taken its variables: source " + beside
+}
+
+// runEnvBeside is where make run writes its variables for this binary: bin/run.env beside
+// bin/pgsse; "" when the executable's path is unknown.
+func runEnvBeside() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(exe), "run.env")
 }
 
 // helpTo prints the usage on w when err asks for help, and returns err.

@@ -196,7 +196,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	}
 
 	// The connection limit: what the fd limit allows after every other consumer's share.
-	budget := engine.Config{HubSocket: *hubSocket, AdminMaxConnections: *adminMax}.FDBudget(limit)
+	budget := engine.Config{HubSocket: *hubSocket, AdminMaxConnections: *adminMax, PresenceStreams: *presenceStreams}.FDBudget(limit)
 	allowed := budget.MaxConnections
 	conns := *maxConns
 	if c.isSet("max-connections") {
@@ -378,6 +378,13 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 	if err == nil && marker != nil {
 		err = s.asSibling(marker)
 	}
+	var su *successor
+	if err == nil && marker == nil {
+		var hm *handoffMarker
+		if hm, err = readHandoffMarker(env); err == nil && hm != nil {
+			su, err = s.asSuccessor(hm)
+		}
+	}
 	if err != nil {
 		return configErrorf("%v", err)
 	}
@@ -391,6 +398,9 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	usr2 := make(chan os.Signal, 1) // SIGUSR2: hand everything to a successor (handoff.go)
+	signal.Notify(usr2, syscall.SIGUSR2)
+	defer signal.Stop(usr2)
 
 	var sup *supervisor
 	gatherer := prometheus.Gatherer(s.registry)
@@ -406,8 +416,15 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 	var admin *http.Server
 	adminDone := make(chan error, 1)
 	adminAddr := ""
+	var adminRaw net.Listener
 	if s.adminListen != "" {
-		ln, err := net.Listen("tcp", s.adminListen)
+		var ln net.Listener
+		var err error
+		if su != nil && su.admin != nil {
+			ln = su.admin // the predecessor's, inherited
+		} else {
+			ln, err = net.Listen("tcp", s.adminListen)
+		}
 		if err != nil {
 			// One line naming the flag, as the engine's for --listen and --hub-socket.
 			var op *net.OpError
@@ -418,6 +435,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			return errReported
 		}
 		adminAddr = ln.Addr().String()
+		adminRaw = ln
 		conns := newAdminConns()
 		adminLn, err := newEvictingListener(ln, srv.AdminListener(ln), s.cfg.AdminMaxConnections, conns)
 		if err != nil {
@@ -481,8 +499,26 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 				defer stopMetrics()
 			}
 		}
+		var ho *handoffer
+		if s.sibling == nil {
+			ho = &handoffer{log: log, srv: srv, adminLn: adminRaw, procs: s.procs,
+				stdout: fileOr(stdout, os.Stdout), stderr: fileOr(stderr, os.Stderr)}
+		}
+		if su != nil {
+			if ho != nil {
+				ho.busy.Store(true) // no handoff of ours while we take over
+			}
+			go func() {
+				su.takeOver(srv, log, stop)
+				if ho != nil {
+					ho.busy.Store(false)
+				}
+			}()
+		} else if s.sibling == nil {
+			handoffNotify("READY=1", log)
+		}
 		var ended bool
-		runErr, ended = waitServe(ctx, stop, runDone, orphaned, srv, s.sibling, log)
+		runErr, ended = waitServe(ctx, stop, runDone, orphaned, srv, s.sibling, log, usr2, ho)
 		if sup != nil {
 			sup.stop() // the siblings drain first: none of them fails over on the way down
 		}
@@ -524,10 +560,22 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 // the first process's death plus orphanGrace. An orphaned sibling stops accepting at once
 // (srv.StopAccepting) and serves the connections it has until then, so that a new set of
 // processes started meanwhile can bind --listen (docs/scaling.md).
-func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned <-chan struct{}, srv interface{ StopAccepting() }, m *siblingMarker, log *slog.Logger) (err error, ended bool) {
+func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned <-chan struct{}, srv interface{ StopAccepting() }, m *siblingMarker, log *slog.Logger,
+	usr2 <-chan os.Signal, ho *handoffer) (err error, ended bool) {
 	var graceOver <-chan time.Time
+	handed := make(chan bool, 1)
 	for {
 		select {
+		case <-usr2:
+			if ho == nil {
+				log.Warn("SIGUSR2 ignored: the first process of --procs hands over (docs/operations.md, Upgrading without disconnects)")
+				continue
+			}
+			ho.start(handed)
+		case ok := <-handed:
+			if ok {
+				return nil, false // the successor serves everything: drain what is left, exit 0
+			}
 		case <-ctx.Done():
 			stop()
 			return nil, false
@@ -550,3 +598,11 @@ func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned 
 }
 
 var _ probe = (*engine.Server)(nil)
+
+// fileOr is w if it is a file (a successor inherits it), else def.
+func fileOr(w io.Writer, def *os.File) *os.File {
+	if f, ok := w.(*os.File); ok {
+		return f
+	}
+	return def
+}

@@ -20,7 +20,7 @@ func cmdToken(args []string, env func(string) (string, bool), stdout io.Writer, 
 	channels := c.Multi("channel", "raw channel `PATTERN` to grant (repeatable)")
 	publish := c.Multi("publish", "stream `PATTERN` to grant publishing to (POST /streams, /publish; repeatable)")
 	tags := c.Multi("tag", "audience `TAG` the token carries (repeatable)")
-	subject := c.String("subject", "", "`SUB` claim, for logs")
+	subject := c.String("subject", "", "`SUB` claim: the subject that presence lists and --max-connections-per-subject counts (else logs only)")
 	ttl := c.Duration("ttl", time.Hour, "lifetime (0 = no exp; the server then needs --jwt-allow-no-exp)")
 	secretFlag := c.String("jwt-secret", "", "HS256 `SECRET`")
 	secretFile := c.String("jwt-secret-file", "", "`FILE` holding the HS256 secret")

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -358,6 +359,54 @@ func TestStaleRunEnv(t *testing.T) {
 		{"rewritten", map[string]string{runEnvVar: current, runStampVar: "old"}, " — make run restarted with other values since this shell sourced " + current + ": source it again"},
 		{"gone", map[string]string{runEnvVar: filepath.Join(dir, "gone.env"), runStampVar: "abc"}, " — make run has stopped since this shell sourced " + filepath.Join(dir, "gone.env") + ": start it, then source it again"},
 	} {
-		assert.Equal(t, tc.want, staleRunEnv(envMap(tc.env)), tc.name)
+		assert.Equal(t, tc.want, staleRunEnv(envMap(tc.env), ""), tc.name)
 	}
+}
+
+// Presence's writer session counts in the descriptor budget (engine.Config.FDBudget): the
+// --max-connections the limit leaves without --presence-streams is one too many with it.
+func TestServeBudgetCountsPresence(t *testing.T) {
+	limit := engine.FDLimit()
+	require.NotZero(t, limit, "RLIMIT_NOFILE")
+	allowed := engine.Config{}.FDBudget(limit).MaxConnections
+	require.Positive(t, allowed)
+	args := []string{"--listen=127.0.0.1:0", "--jwt-secret", "0123456789abcdef0123456789abcdef", "--max-connections", strconv.Itoa(allowed)}
+	_, err := parseServe(args, envMap(nil), io.Discard, io.Discard)
+	require.NoError(t, err)
+	_, err = parseServe(append(args, "--presence-streams", "room/*"), envMap(nil), io.Discard, io.Discard)
+	require.ErrorContains(t, err, "--max-connections: "+strconv.Itoa(allowed)+" exceeds what the file-descriptor limit allows")
+	_, err = parseServe(append(args[:len(args)-1], strconv.Itoa(allowed-1), "--presence-streams", "room/*"), envMap(nil), io.Discard, io.Discard)
+	require.NoError(t, err)
+}
+
+// A shell that never sourced bin/run.env, while make run is running beside the binary, is told
+// to source it — unless it configured pgsse itself, or nothing runs there.
+func TestUnsourcedRunEnv(t *testing.T) {
+	dir := t.TempDir()
+	running := filepath.Join(dir, "run.env")
+	require.NoError(t, os.WriteFile(running, []byte("# Written by make run\nexport PGSSE_RUN_ENV="+running+"\nexport PGSSE_RUN_STAMP=abc\n"), 0o600))
+	other := filepath.Join(dir, "other.env")
+	require.NoError(t, os.WriteFile(other, []byte("export TOKEN=x\n"), 0o600))
+	want := " — make run is running in this checkout, but this shell has not taken its variables: source " + running
+	for _, tc := range []struct {
+		name   string
+		env    map[string]string
+		beside string
+		want   string
+	}{
+		{"a fresh shell", map[string]string{}, running, want},
+		{"DATABASE_URL set by hand", map[string]string{"DATABASE_URL": "postgres://x"}, running, ""},
+		{"a secret set by hand", map[string]string{"PGSSE_JWT_SECRET": "s"}, running, ""},
+		{"make run not running", map[string]string{}, filepath.Join(dir, "gone.env"), ""},
+		{"not make run's file", map[string]string{}, other, ""},
+		{"sourced and current", map[string]string{runEnvVar: running, runStampVar: "abc"}, running, ""},
+	} {
+		assert.Equal(t, tc.want, staleRunEnv(envMap(tc.env), tc.beside), tc.name)
+	}
+}
+
+// doctor's presence line counts in English: make run's one process is "1 pgsse process holds".
+func TestPresenceLeasesLine(t *testing.T) {
+	assert.Equal(t, "1 pgsse process holds a presence lease (0 lapsed)", presenceLeases(1, 0))
+	assert.Equal(t, "3 pgsse processes hold presence leases (1 lapsed)", presenceLeases(3, 1))
 }

@@ -1,0 +1,577 @@
+package main
+
+import (
+	"context"
+	bin "encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pgsse/pgsse/engine"
+	"github.com/pgsse/pgsse/framing"
+)
+
+// SIGUSR2: upgrades no client notices (SPEC §6; docs/operations.md, Upgrading without
+// disconnects). The process that gets it (the predecessor) starts the executable at its own
+// path — the new version, once installed — with the same arguments and environment, as its
+// successor, handing it at start (os/exec ExtraFiles) one end of a socketpair (descriptor 3).
+// Over the socketpair, in frames of u32 length (of what follows), u8 type, body:
+//
+//	predecessor → successor   'L'                     the listeners by SCM_RIGHTS: --listen, then
+//	                                                  the hub socket and the admin listener if
+//	                                                  handoffMarker says so (not ExtraFiles:
+//	                                                  os.File.Fd would make them blocking for
+//	                                                  the predecessor's acceptors too)
+//	successor → predecessor   'H' u8 version          at once: the handoff version it speaks
+//	successor → predecessor   'R'                     its LISTEN session is up: ready
+//	predecessor → successor   'A'                     the predecessor no longer accepts: accept
+//	predecessor → successor   'B' u16 n, n × (u32 len, record)   n connections (≤ 64), their
+//	                                                  descriptors by SCM_RIGHTS on the same message
+//	predecessor → successor   'D'                     that was all
+//	successor → predecessor   'K' u32 n               n connections adopted: it serves
+//
+// The records are framing's handoff records (framing/handoff.go, fuzzed). If the successor
+// cannot start, exits, speaks another version or is not ready within handoffReadyTimeout,
+// the predecessor kills it and keeps serving everything, logging one line; it never stopped
+// accepting. Once 'K' is in, the predecessor tells systemd the main PID is the successor's
+// (sd_notify MAINPID=, handoffNotify) and exits 0 after answering what it still had in
+// progress. A SIGUSR2 during a handoff is ignored with a log line.
+const (
+	handoffEnv          = "PGSSE_INTERNAL_HANDOFF" // JSON handoffMarker; set only by a predecessor
+	handoffCtrlFD       = 3
+	handoffReadyTimeout = 30 * time.Second // SPEC §6
+	handoffMoveTimeout  = 30 * time.Second // moving the connections, and the successor's 'K'
+	handoffFrameMax     = 1 << 30
+	// handoffTimeoutEnv shortens handoffReadyTimeout (tests only: a successor that hangs).
+	handoffTimeoutEnv = "PGSSE_INTERNAL_HANDOFF_TIMEOUT"
+)
+
+// readyTimeout is handoffReadyTimeout, or what handoffTimeoutEnv says.
+func readyTimeout() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(handoffTimeoutEnv)); err == nil && d > 0 {
+		return d
+	}
+	return handoffReadyTimeout
+}
+
+// handoffMarker is what a predecessor tells its successor (handoffEnv).
+type handoffMarker struct {
+	Version int  `json:"version"` // framing.HandoffVersion of the predecessor
+	Parent  int  `json:"parent"`  // the predecessor's pid
+	Hub     bool `json:"hub"`     // 'L' carries the hub socket's listener
+	Admin   bool `json:"admin"`   // 'L' carries the admin listener
+}
+
+func readHandoffMarker(env func(string) (string, bool)) (*handoffMarker, error) {
+	v, ok := env(handoffEnv)
+	if !ok || v == "" {
+		return nil, nil
+	}
+	var m handoffMarker
+	if err := json.Unmarshal([]byte(v), &m); err != nil || m.Parent < 1 {
+		return nil, fmt.Errorf("%s: not a marker set by pgsse serve on SIGUSR2 (it is internal): %q", handoffEnv, v)
+	}
+	return &m, nil
+}
+
+// --- frames -------------------------------------------------------------------------------
+
+func writeFrame(c *net.UnixConn, typ byte, body []byte, fds []int) error {
+	b := make([]byte, 5, 5+len(body))
+	bin.BigEndian.PutUint32(b, uint32(1+len(body)))
+	b[4] = typ
+	b = append(b, body...)
+	if len(fds) == 0 {
+		_, err := c.Write(b)
+		return err
+	}
+	n, _, err := c.WriteMsgUnix(b, unix.UnixRights(fds...), nil)
+	if err != nil {
+		return err
+	}
+	if n < len(b) {
+		_, err = c.Write(b[n:])
+	}
+	return err
+}
+
+// readFrame reads one frame and the descriptors that came with it. It reads exactly the
+// frame's bytes (never into the next frame, whose descriptors would be lost).
+func readFrame(c *net.UnixConn) (typ byte, body []byte, fds []int, err error) {
+	var hdr [5]byte
+	oob := make([]byte, unix.CmsgSpace(4*256))
+	n, oobn, _, _, err := c.ReadMsgUnix(hdr[:], oob)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if n == 0 {
+		return 0, nil, nil, io.EOF
+	}
+	if oobn > 0 {
+		msgs, perr := unix.ParseSocketControlMessage(oob[:oobn])
+		if perr == nil {
+			for _, m := range msgs {
+				if got, err := unix.ParseUnixRights(&m); err == nil {
+					fds = append(fds, got...)
+				}
+			}
+		}
+	}
+	closeAll := func() {
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+	}
+	if n < len(hdr) {
+		if _, err := io.ReadFull(c, hdr[n:]); err != nil {
+			closeAll()
+			return 0, nil, nil, err
+		}
+	}
+	size := bin.BigEndian.Uint32(hdr[:])
+	if size == 0 || size > handoffFrameMax {
+		closeAll()
+		return 0, nil, nil, fmt.Errorf("handoff: frame of %d bytes", size)
+	}
+	body = make([]byte, size-1)
+	if _, err := io.ReadFull(c, body); err != nil {
+		closeAll()
+		return 0, nil, nil, err
+	}
+	return hdr[4], body, fds, nil
+}
+
+// batchBody is a 'B' frame's body for conns.
+func batchBody(conns []engine.HandedConn) ([]byte, []int) {
+	b := bin.BigEndian.AppendUint16(nil, uint16(len(conns)))
+	fds := make([]int, len(conns))
+	for i, h := range conns {
+		b = bin.BigEndian.AppendUint32(b, uint32(len(h.Record)))
+		b = append(b, h.Record...)
+		fds[i] = h.FD
+	}
+	return b, fds
+}
+
+// parseBatch splits a 'B' body into its records (one per descriptor).
+func parseBatch(body []byte, nfds int) ([][]byte, error) {
+	if len(body) < 2 {
+		return nil, errors.New("handoff: short batch")
+	}
+	n := int(bin.BigEndian.Uint16(body))
+	body = body[2:]
+	if n != nfds {
+		return nil, fmt.Errorf("handoff: batch of %d records with %d descriptors", n, nfds)
+	}
+	recs := make([][]byte, 0, n)
+	for range n {
+		if len(body) < 4 {
+			return nil, errors.New("handoff: truncated batch")
+		}
+		k := bin.BigEndian.Uint32(body)
+		body = body[4:]
+		if uint64(k) > uint64(len(body)) {
+			return nil, errors.New("handoff: truncated batch")
+		}
+		recs = append(recs, body[:k])
+		body = body[k:]
+	}
+	if len(body) > 0 {
+		return nil, errors.New("handoff: bytes after the batch")
+	}
+	return recs, nil
+}
+
+// --- the predecessor ------------------------------------------------------------------------
+
+// handoffer performs a SIGUSR2 handoff for the first process.
+type handoffer struct {
+	log     *slog.Logger
+	srv     *engine.Server
+	adminLn net.Listener // the admin endpoint's listener (nil: none)
+	procs   int          // --procs: the siblings are not handed over yet (they drain)
+	stdout  *os.File
+	stderr  *os.File
+	busy    atomic.Bool
+}
+
+// start runs one handoff unless one is running; done gets true once the successor serves
+// everything (the predecessor then stops), false if this process keeps serving.
+func (h *handoffer) start(done chan<- bool) {
+	if !h.busy.CompareAndSwap(false, true) {
+		h.log.Warn("SIGUSR2 ignored: a handoff is already in progress")
+		return
+	}
+	go func() {
+		ok := h.run()
+		if !ok {
+			h.busy.Store(false)
+		}
+		done <- ok
+	}()
+}
+
+func (h *handoffer) run() bool {
+	began := time.Now()
+	h.log.Info("SIGUSR2: starting a successor to hand everything over to")
+	if h.procs > 1 {
+		h.log.Warn("with --procs above 1 only the first process's connections and listeners are handed over; the siblings drain once it is done (their clients resume from Last-Event-ID at the successor's processes)",
+			"procs", h.procs)
+	}
+	child, ctrl, exited, err := h.spawn()
+	if err != nil {
+		h.log.Error("handoff failed, still serving everything: cannot start the successor", "err", err)
+		return false
+	}
+	giveUp := func(why string, err error) bool {
+		_ = child.Process.Kill()
+		_ = ctrl.Close()
+		if e := waitExit(exited, 2*time.Second); e != nil && err == nil {
+			err = e
+		}
+		h.log.Error("handoff failed, still serving everything: "+why, "successor", child.Process.Pid, "err", err)
+		return false
+	}
+	_ = ctrl.SetReadDeadline(began.Add(readyTimeout()))
+	typ, body, fds, err := readFrame(ctrl)
+	closeFDs(fds)
+	switch {
+	case err != nil:
+		return giveUp(h.whyNotReady(err, exited), err)
+	case typ != 'H' || len(body) != 1:
+		return giveUp("the successor does not speak the handoff protocol", nil)
+	case int(body[0]) != framing.HandoffVersion:
+		return giveUp(fmt.Sprintf("the successor speaks handoff version %d, this binary %d", body[0], framing.HandoffVersion), nil)
+	}
+	typ, _, fds, err = readFrame(ctrl)
+	closeFDs(fds)
+	switch {
+	case err != nil:
+		return giveUp(h.whyNotReady(err, exited), err)
+	case typ != 'R':
+		return giveUp("the successor sent "+strconv.QuoteRune(rune(typ))+" where it should say ready", nil)
+	}
+	_ = ctrl.SetReadDeadline(time.Time{})
+
+	// From here the successor takes over: we stop accepting (it accepts on the same sockets).
+	h.srv.StopAcceptingAll()
+	if h.adminLn != nil {
+		_ = h.adminLn.Close() // the successor serves the admin endpoint on its own copy
+	}
+	if err := writeFrame(ctrl, 'A', nil, nil); err != nil {
+		h.log.Error("handoff: the successor went away as it took over; serving the connections we have, accepting no more", "err", err)
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), handoffMoveTimeout)
+	defer cancel()
+	handed, err := h.srv.HandOver(ctx, func(batch []engine.HandedConn) error {
+		body, fds := batchBody(batch)
+		return writeFrame(ctrl, 'B', body, fds)
+	})
+	if err != nil {
+		h.log.Error("handoff: not every connection could be handed over; the rest are drained here", "handed", handed, "err", err)
+	}
+	if err := writeFrame(ctrl, 'D', nil, nil); err != nil {
+		h.log.Error("handoff: the successor went away while taking the connections", "handed", handed, "err", err)
+		return true // the listeners are its; nothing is left for us to serve
+	}
+	_ = ctrl.SetReadDeadline(time.Now().Add(handoffMoveTimeout))
+	typ, body, fds, err = readFrame(ctrl)
+	closeFDs(fds)
+	adopted := -1
+	if err == nil && typ == 'K' && len(body) == 4 {
+		adopted = int(bin.BigEndian.Uint32(body))
+	}
+	_ = ctrl.Close()
+	handoffNotify("MAINPID="+strconv.Itoa(child.Process.Pid)+"\nREADY=1", h.log)
+	h.log.Info("handed everything over to the successor; exiting", "successor", child.Process.Pid,
+		"connections", handed, "adopted", adopted, "took", time.Since(began).Round(time.Millisecond).String())
+	return true
+}
+
+// whyNotReady says why the successor did not get ready: it exited (with what), or the time.
+func (h *handoffer) whyNotReady(err error, exited <-chan error) string {
+	if e := waitExit(exited, 500*time.Millisecond); e != nil || errors.Is(err, io.EOF) {
+		return "the successor exited before it was ready (" + exitText(e) + ")"
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "the successor was not ready within " + readyTimeout().String()
+	}
+	return "lost the successor before it was ready"
+}
+
+func exitText(err error) string {
+	if err == nil {
+		return "status 0"
+	}
+	return err.Error()
+}
+
+// waitExit is the successor's exit within d, or nil.
+func waitExit(exited <-chan error, d time.Duration) error {
+	select {
+	case err := <-exited:
+		if err == nil {
+			return errors.New("exit status 0")
+		}
+		return err
+	case <-time.After(d):
+		return nil
+	}
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
+}
+
+// spawn starts the successor: os.Executable with this process's arguments and environment,
+// the control socket as descriptor 3; the listeners follow on it ('L').
+func (h *handoffer) spawn() (*exec.Cmd, *net.UnixConn, <-chan error, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	sseFD, hubFD, err := h.srv.ListenerFDs()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fds := []int{sseFD}
+	defer func() { closeFDs(fds) }()
+	m := handoffMarker{Version: framing.HandoffVersion, Parent: os.Getpid()}
+	if hubFD >= 0 {
+		m.Hub = true
+		fds = append(fds, hubFD)
+	}
+	if sc, ok := h.adminLn.(syscall.Conn); ok && h.adminLn != nil {
+		fd, err := engine.DupFD(sc)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("the admin listener: %w", err)
+		}
+		m.Admin = true
+		fds = append(fds, fd)
+	}
+	pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	theirs := os.NewFile(uintptr(pair[1]), "pgsse-handoff-successor")
+	defer theirs.Close()
+	ours := os.NewFile(uintptr(pair[0]), "pgsse-handoff")
+	c, err := net.FileConn(ours)
+	_ = ours.Close()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctrl := c.(*net.UnixConn)
+	if err := writeFrame(ctrl, 'L', nil, fds); err != nil { // buffered until the successor reads it
+		_ = ctrl.Close()
+		return nil, nil, nil, err
+	}
+	marker, _ := json.Marshal(m)
+	cmd := exec.Command(exe, os.Args[1:]...)
+	cmd.Args[0] = os.Args[0]
+	cmd.Env = append(withoutInternal(os.Environ()), handoffEnv+"="+string(marker))
+	cmd.Stdout, cmd.Stderr = h.stdout, h.stderr
+	cmd.ExtraFiles = []*os.File{theirs}
+	if err := cmd.Start(); err != nil {
+		_ = ctrl.Close()
+		return nil, nil, nil, fmt.Errorf("%s: %w", exe, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	return cmd, ctrl, exited, nil
+}
+
+// withoutInternal is env without the variables only pgsse itself sets.
+func withoutInternal(env []string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if strings.HasPrefix(kv, handoffEnv+"=") || strings.HasPrefix(kv, siblingEnv+"=") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
+}
+
+// handoffNotify sends state to systemd ($NOTIFY_SOCKET; sd_notify(3)), if it listens: the
+// standard library over a datagram socket, no libsystemd. With Type=notify the unit's main
+// PID follows MAINPID= (NotifyAccess=main: the predecessor, still the main PID, says it).
+func handoffNotify(state string, log *slog.Logger) {
+	path := os.Getenv("NOTIFY_SOCKET")
+	if path == "" {
+		return
+	}
+	if strings.HasPrefix(path, "@") {
+		path = "\x00" + path[1:]
+	}
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err == nil {
+		_, err = c.Write([]byte(state))
+		_ = c.Close()
+	}
+	if err != nil {
+		log.Warn("cannot notify systemd", "state", strings.ReplaceAll(state, "\n", " "), "err", err)
+	}
+}
+
+// --- the successor --------------------------------------------------------------------------
+
+// successor is this process's side of a handoff while it takes over.
+type successor struct {
+	m      *handoffMarker
+	ctrl   *net.UnixConn
+	accept chan struct{}
+	admin  net.Listener // the inherited admin listener, or nil
+}
+
+// asSuccessor serves on the listeners a predecessor handed over (Config.Inherited) and says
+// which handoff version it speaks, at once. A marker of another version is answered with ours
+// and refused: the predecessor keeps serving.
+func (s *serveSetup) asSuccessor(m *handoffMarker) (*successor, error) {
+	ctrl, err := unixConnFD(handoffCtrlFD)
+	if err != nil {
+		return nil, fmt.Errorf("%s: descriptor %d: %v", handoffEnv, handoffCtrlFD, err)
+	}
+	_ = os.Unsetenv(handoffEnv) // not for our --procs siblings, nor a successor of ours
+	su := &successor{m: m, ctrl: ctrl, accept: make(chan struct{})}
+	if err := writeFrame(ctrl, 'H', []byte{framing.HandoffVersion}, nil); err != nil {
+		return nil, fmt.Errorf("%s: cannot answer the predecessor: %v", handoffEnv, err)
+	}
+	if m.Version != framing.HandoffVersion {
+		return nil, fmt.Errorf("%s: the predecessor speaks handoff version %d, this binary %d", handoffEnv, m.Version, framing.HandoffVersion)
+	}
+	typ, _, fds, err := readFrame(ctrl)
+	want := 1
+	if m.Hub {
+		want++
+	}
+	if m.Admin {
+		want++
+	}
+	if err != nil || typ != 'L' || len(fds) != want {
+		closeFDs(fds)
+		return nil, fmt.Errorf("%s: the predecessor's listeners did not arrive (%d of %d): %v", handoffEnv, len(fds), want, err)
+	}
+	inh := &engine.Inheritance{Accept: su.accept}
+	if inh.SSE, err = listenerFD(fds[0]); err != nil {
+		closeFDs(fds[1:])
+		return nil, fmt.Errorf("%s: --listen: %v", handoffEnv, err)
+	}
+	next := 1
+	if m.Hub {
+		if inh.Hub, err = listenerFD(fds[next]); err != nil {
+			return nil, fmt.Errorf("%s: --hub-socket: %v", handoffEnv, err)
+		}
+		next++
+	}
+	if m.Admin {
+		if su.admin, err = listenerFD(fds[next]); err != nil {
+			return nil, fmt.Errorf("%s: --admin-listen: %v", handoffEnv, err)
+		}
+	}
+	s.cfg.Inherited = inh
+	return su, nil
+}
+
+// takeOver runs once the engine has started: ready once the LISTEN session is up, then it
+// takes what the predecessor hands over. giveUp runs if the predecessor went away before it
+// let go (it keeps serving: this process stops).
+func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func()) {
+	defer su.ctrl.Close()
+	deadline := time.Now().Add(handoffReadyTimeout)
+	for !srv.Ready() {
+		if time.Now().After(deadline) {
+			log.Error("handoff: not ready in time (LISTEN session or schema); the predecessor keeps serving", "reason", srv.NotReadyReason())
+			giveUp()
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := writeFrame(su.ctrl, 'R', nil, nil); err != nil {
+		log.Error("handoff: the predecessor went away; stopping", "err", err)
+		giveUp()
+		return
+	}
+	accepting := false
+	adopted := 0
+	for {
+		typ, body, fds, err := readFrame(su.ctrl)
+		if err != nil {
+			if !accepting {
+				log.Info("handoff: the predecessor kept serving; stopping", "err", err)
+				giveUp()
+				return
+			}
+			log.Error("handoff: the predecessor went away while handing over; serving what arrived", "adopted", adopted, "err", err)
+			return
+		}
+		switch typ {
+		case 'A':
+			if !accepting {
+				accepting = true
+				close(su.accept)
+			}
+		case 'B':
+			recs, err := parseBatch(body, len(fds))
+			if err != nil {
+				closeFDs(fds)
+				log.Error("handoff: a bad batch; its connections are closed", "err", err)
+				continue
+			}
+			if err := srv.Adopt(fds, recs); err != nil {
+				log.Error("handoff: connections that could not be taken over were closed", "err", err)
+			}
+			adopted += len(fds)
+		case 'D':
+			_ = writeFrame(su.ctrl, 'K', bin.BigEndian.AppendUint32(nil, uint32(adopted)), nil)
+			log.Info("handoff complete: serving everything the predecessor served", "pid", os.Getpid(), "adopted", adopted)
+			return
+		default:
+			closeFDs(fds)
+		}
+	}
+}
+
+func unixConnFD(fd int) (*net.UnixConn, error) {
+	f := os.NewFile(uintptr(fd), "pgsse-handoff")
+	if f == nil {
+		return nil, errors.New("not open")
+	}
+	c, err := net.FileConn(f)
+	_ = f.Close()
+	if err != nil {
+		return nil, err
+	}
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		_ = c.Close()
+		return nil, errors.New("not a Unix socket")
+	}
+	return uc, nil
+}
+
+func listenerFD(fd int) (net.Listener, error) {
+	f := os.NewFile(uintptr(fd), "pgsse-inherited-listener")
+	if f == nil {
+		return nil, errors.New("not open")
+	}
+	ln, err := net.FileListener(f)
+	_ = f.Close()
+	return ln, err
+}

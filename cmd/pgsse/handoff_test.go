@@ -1,0 +1,510 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+	"github.com/pgsse/pgsse/internal/testkit/servetest"
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
+	"github.com/pgsse/pgsse/store"
+)
+
+// SIGUSR2 (SPEC §6, Upgrades no client notices) with real processes, sockets and PostgreSQL:
+// the binary at the server's path is replaced, SIGUSR2 hands everything to a successor started
+// from it, and the clients — counted at the clients — keep their connections and get every
+// durable event exactly once, in order, while publishers publish over SQL and over keep-alive
+// HTTP; the census of LISTEN sessions never shows 0. A successor that exits at once, one that
+// speaks another handoff version and one that hangs leave the predecessor serving everyone.
+
+const handoffSecret = "handoff-secret-0123456789abcdef012345"
+
+// hoClient is one SSE client, read on its own goroutine, checked as events come.
+type hoClient struct {
+	conn   net.Conn
+	stream *ssetest.Stream
+	multi  int // GET /streams with this many streams (composite ids); 0: one stream or a channel
+
+	mu        sync.Mutex
+	last      []int64
+	events    int
+	headRetry bool
+	err       error
+	prevAt    time.Time     // when the last durable event arrived
+	maxGap    time.Duration // the longest wait between two durable events
+}
+
+func dialSSE(t *testing.T, addr, path, tok string) *hoClient {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	_, err = fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", path, tok)
+	require.NoError(t, err)
+	br := bufio.NewReaderSize(conn, 64<<10)
+	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	require.Equal(t, 200, resp.StatusCode, path)
+	_ = conn.SetReadDeadline(time.Time{})
+	return &hoClient{conn: conn, stream: &ssetest.Stream{R: br, Conn: conn}}
+}
+
+func (c *hoClient) run(done <-chan struct{}) {
+	k := max(c.multi, 1)
+	for {
+		e, err := c.stream.Next(200 * time.Millisecond)
+		select {
+		case <-done:
+			return
+		default:
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			continue
+		}
+		c.mu.Lock()
+		switch {
+		case err != nil:
+			c.err = fmt.Errorf("the connection ended: %w", err)
+		case e.Retry != "" && c.events == 0 && !c.headRetry:
+			c.headRetry = true
+		case e.Retry != "":
+			c.err = errors.New("a retry field: " + e.Retry)
+		case !e.IsEvent():
+		case e.Type != "":
+			c.err = fmt.Errorf("event %s: %s", e.Type, e.Data)
+		case !e.HasID:
+			c.events++ // a channel notification
+		default:
+			c.events++
+			if !c.prevAt.IsZero() {
+				c.maxGap = max(c.maxGap, e.At.Sub(c.prevAt))
+			}
+			c.prevAt = e.At
+			pos, id := 0, int64(0)
+			if c.multi > 0 {
+				p, rest, _ := strings.Cut(e.ID, ":")
+				pos, _ = strconv.Atoi(p)
+				cursors := strings.Split(rest, ",")
+				if len(cursors) != k || pos < 0 || pos >= k {
+					c.err = errors.New("bad composite id " + e.ID)
+					break
+				}
+				id, _ = strconv.ParseInt(cursors[pos], 10, 64)
+			} else {
+				id, _ = strconv.ParseInt(e.ID, 10, 64)
+			}
+			if c.last[pos] != 0 && id != c.last[pos]+1 {
+				c.err = fmt.Errorf("stream %d: id %d after %d (a duplicate or a gap)", pos, id, c.last[pos])
+			}
+			c.last[pos] = id
+		}
+		failed := c.err != nil
+		c.mu.Unlock()
+		if failed {
+			return
+		}
+	}
+}
+
+func (c *hoClient) state() ([]int64, int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]int64(nil), c.last...), c.events, c.err
+}
+
+// hoFleet is the clients of one test: durable single-stream ones on h/1 or h/2, GET /streams
+// ones on both, channel ones on hjobs.
+type hoFleet struct {
+	clients []*hoClient
+	wants   []func() []int64 // each client's expected last ids (nil: a channel client)
+	done    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func startFleet(t *testing.T, addr, tok string, single, multi, channel int, heads func() []int64) *hoFleet {
+	t.Helper()
+	f := &hoFleet{done: make(chan struct{})}
+	add := func(c *hoClient, k int, want func() []int64) {
+		c.last = make([]int64, max(k, 1))
+		c.multi = k
+		f.clients = append(f.clients, c)
+		f.wants = append(f.wants, want)
+	}
+	for i := range single {
+		if i%3 == 0 {
+			add(dialSSE(t, addr, "/streams/h/2", tok), 0, func() []int64 { return heads()[1:] })
+		} else {
+			add(dialSSE(t, addr, "/streams/h/1", tok), 0, func() []int64 { return heads()[:1] })
+		}
+	}
+	for range multi {
+		add(dialSSE(t, addr, "/streams?stream=h/1&stream=h/2", tok), 2, heads)
+	}
+	for range channel {
+		add(dialSSE(t, addr, "/channels/hjobs", tok), 0, nil)
+	}
+	for _, c := range f.clients {
+		f.wg.Add(1)
+		go func() { defer f.wg.Done(); c.run(f.done) }()
+	}
+	t.Cleanup(func() { close(f.done); f.wg.Wait() })
+	waitFor(t, 20*time.Second, "every client has an event", func() bool {
+		for i, c := range f.clients {
+			_, n, err := c.state()
+			require.NoError(t, err, "client %d", i)
+			if n == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	return f
+}
+
+func (f *hoFleet) events() []int {
+	n := make([]int, len(f.clients))
+	for i, c := range f.clients {
+		_, n[i], _ = c.state()
+	}
+	return n
+}
+
+// check waits until every durable client has the heads and asserts that none lost its
+// connection, saw an id twice or missed one, and that every client got events after before.
+func (f *hoFleet) check(t *testing.T, before []int) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "every subscriber has every event", func() bool {
+		for i, c := range f.clients {
+			last, _, err := c.state()
+			if err == nil && f.wants[i] != nil && !assert.ObjectsAreEqual(f.wants[i](), last) {
+				return false
+			}
+		}
+		return true
+	})
+	closed := 0
+	for i, c := range f.clients {
+		last, n, err := c.state()
+		if err != nil {
+			closed++
+			t.Errorf("client %d (%d events, last %v): %v", i, n, last, err)
+			continue
+		}
+		if f.wants[i] != nil {
+			assert.Equal(t, f.wants[i](), last, "client %d has every event of its streams", i)
+		}
+		assert.Greater(t, n, before[i], "client %d got events after the signal", i)
+	}
+	assert.Zero(t, closed, "client connections closed or broken")
+}
+
+// hoLoad publishes to h/1 over SQL, to h/2 over keep-alive HTTP (pubs publishers), and to the
+// channel hjobs, until stopped; heads are the last ids each stream's publishers got back.
+type hoLoad struct {
+	heads   [2]atomic.Int64
+	httpErr atomic.Int64
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func startLoad(t *testing.T, dsn, base, pubTok string, pubs int) *hoLoad {
+	t.Helper()
+	l := &hoLoad{stop: make(chan struct{})}
+	conn := pgtest.Connect(t, dsn)
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-l.stop:
+				return
+			case <-time.After(4 * time.Millisecond):
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			id, err := store.Publish(ctx, conn, "h/1", "s"+strconv.Itoa(i), "", nil)
+			if err == nil {
+				l.heads[0].Store(id)
+				err = conn.Exec(ctx, "SELECT pg_notify('hjobs', 'n"+strconv.Itoa(i)+"')").Close()
+			}
+			cancel()
+			if err != nil {
+				t.Errorf("publishing over SQL: %v", err)
+				return
+			}
+		}
+	}()
+	var mu sync.Mutex
+	for p := range pubs {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			client := &http.Client{Timeout: 10 * time.Second}
+			for i := 0; ; i++ {
+				select {
+				case <-l.stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				req, _ := http.NewRequest("POST", base+"/streams/h/2", strings.NewReader("p"+strconv.Itoa(p)+"-"+strconv.Itoa(i)))
+				req.Header.Set("Authorization", "Bearer "+pubTok)
+				req.Header["Idempotency-Key"] = nil // replayable: an idle connection closed between requests is retried
+				resp, err := client.Do(req)
+				if err != nil {
+					l.httpErr.Add(1)
+					continue
+				}
+				var ans struct{ ID int64 }
+				err = json.NewDecoder(resp.Body).Decode(&ans)
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != 200 {
+					l.httpErr.Add(1)
+					continue
+				}
+				mu.Lock()
+				if ans.ID > l.heads[1].Load() {
+					l.heads[1].Store(ans.ID)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	t.Cleanup(l.Stop)
+	return l
+}
+
+func (l *hoLoad) Stop() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
+
+func (l *hoLoad) Heads() []int64 { return []int64{l.heads[0].Load(), l.heads[1].Load()} }
+
+func mintHandoff(t *testing.T, c auth.Claims) string {
+	t.Helper()
+	tok, err := auth.Mint(auth.MintKey{Secret: []byte(handoffSecret)}, c, time.Hour, "", "", time.Now())
+	require.NoError(t, err)
+	return tok
+}
+
+// installBinary puts a copy of src at dst the way a package manager does: written beside it,
+// then renamed over it (the running process keeps the old file).
+func installBinary(t *testing.T, src, dst string) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	require.NoError(t, err)
+	tmp := dst + ".new"
+	require.NoError(t, os.WriteFile(tmp, b, 0o755))
+	require.NoError(t, os.Rename(tmp, dst))
+}
+
+// installScript puts a shell script at dst (a "successor" that misbehaves).
+func installScript(t *testing.T, dst, script string) {
+	t.Helper()
+	tmp := dst + ".new"
+	require.NoError(t, os.WriteFile(tmp, []byte("#!/bin/sh\n"+script+"\n"), 0o755))
+	require.NoError(t, os.Rename(tmp, dst))
+}
+
+// watchListenSessions samples the census until stopped; it returns the lowest count seen.
+func watchListenSessions(t *testing.T, dsn string) (stop func() int) {
+	conn := pgtest.Connect(t, dsn)
+	quit := make(chan struct{})
+	res := make(chan int, 1)
+	go func() {
+		low := 1 << 30
+		for {
+			rr := conn.ExecParams(context.Background(),
+				"SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgsse-listen' AND datname = current_database()",
+				nil, nil, nil, nil).Read()
+			if rr.Err == nil && len(rr.Rows) == 1 {
+				n, _ := strconv.Atoi(string(rr.Rows[0][0]))
+				low = min(low, n)
+			}
+			select {
+			case <-quit:
+				res <- low
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	return func() int { close(quit); return <-res }
+}
+
+type hoSetup struct {
+	srv    *servetest.Server
+	bin    string
+	dsn    string
+	fleet  *hoFleet
+	load   *hoLoad
+	subTok string
+}
+
+func startHandoffServer(t *testing.T, single, multi, channel, pubs int, extraEnv ...string) *hoSetup {
+	t.Helper()
+	dsn := migrated(t)
+	bin := filepath.Join(t.TempDir(), "pgsse")
+	installBinary(t, binary(t), bin)
+	srv := servetest.Start(t, servetest.Options{Bin: bin,
+		Env:  append([]string{"DATABASE_URL=" + dsn, "PGSSE_JWT_SECRET=" + handoffSecret}, extraEnv...),
+		Args: []string{"--retention", "0", "--max-connections-per-subject", "0", "--hub-socket", filepath.Join(t.TempDir(), "hub.sock")}})
+	subTok := mintHandoff(t, auth.Claims{Streams: []string{"*"}, Channels: []string{"*"}})
+	pubTok := mintHandoff(t, auth.Claims{Publish: []string{"*"}})
+	load := startLoad(t, dsn, srv.URL(""), pubTok, pubs)
+	fleet := startFleet(t, srv.Listen, subTok, single, multi, channel, load.Heads)
+	return &hoSetup{srv: srv, bin: bin, dsn: dsn, fleet: fleet, load: load, subTok: subTok}
+}
+
+// handoffScale is how many single-stream subscribers TestHandoffSIGUSR2KeepsEveryClient runs
+// (PGSSE_TEST_HANDOFF_SUBSCRIBERS, default 150; multi-stream and channel clients are a fifth
+// and a tenth of it more).
+func handoffScale() int {
+	if n, err := strconv.Atoi(os.Getenv("PGSSE_TEST_HANDOFF_SUBSCRIBERS")); err == nil && n > 0 {
+		return n
+	}
+	return 150
+}
+
+func TestHandoffSIGUSR2KeepsEveryClient(t *testing.T) {
+	n := handoffScale()
+	h := startHandoffServer(t, n, n/5, n/10, 8)
+	pred := h.srv.Process()
+	installBinary(t, binary(t), h.bin) // the new version, installed
+	before := h.fleet.events()
+	census := watchListenSessions(t, h.dsn)
+
+	h.srv.Signal(syscall.SIGUSR2)
+	line, err := pred.WaitLine(ctxFor(t, 45*time.Second), func(l []byte) bool {
+		return bytes.Contains(l, []byte("handed everything over to the successor"))
+	})
+	require.NoError(t, err, "the predecessor hands over")
+	var m struct {
+		Successor   int
+		Connections int
+		Took        string
+	}
+	require.NoError(t, json.Unmarshal(line, &m))
+	require.NotZero(t, m.Successor)
+	t.Cleanup(func() { stopPID(t, m.Successor) })
+	assert.Equal(t, len(h.fleet.clients), m.Connections, "every SSE client was handed over")
+	assert.Equal(t, 0, h.srv.WaitExit(20*time.Second), "the predecessor exits 0")
+	exe, _ := os.Readlink("/proc/" + strconv.Itoa(m.Successor) + "/exe")
+	assert.Equal(t, h.bin, exe, "the successor runs the installed binary")
+
+	// New clients reach the successor; publishing goes on across the move and after it.
+	late := dialSSE(t, h.srv.Listen, "/streams/h/1", h.subTok)
+	_ = late
+	time.Sleep(500 * time.Millisecond)
+	h.load.Stop()
+	h.fleet.check(t, before)
+	assert.LessOrEqual(t, h.load.httpErr.Load(), int64(0), "keep-alive HTTP publishes that failed")
+	var gaps []time.Duration
+	for _, c := range h.fleet.clients {
+		c.mu.Lock()
+		if c.maxGap > 0 {
+			gaps = append(gaps, c.maxGap)
+		}
+		c.mu.Unlock()
+	}
+	slices.Sort(gaps)
+	if len(gaps) > 0 {
+		t.Logf("%d clients: the longest pause between two durable events at a client, p50 %v, p99 %v, max %v; handover took %s",
+			len(h.fleet.clients), gaps[len(gaps)/2], gaps[len(gaps)*99/100], gaps[len(gaps)-1], m.Took)
+	}
+	low := census()
+	assert.GreaterOrEqual(t, low, 1, "the census never showed 0 LISTEN sessions")
+	waitFor(t, 10*time.Second, "one LISTEN session again", func() bool { return listenSessions(t, h.dsn) == 1 })
+}
+
+func TestHandoffFailedSuccessorKeepsServing(t *testing.T) {
+	h := startHandoffServer(t, 30, 6, 6, 2, "PGSSE_INTERNAL_HANDOFF_TIMEOUT=3s")
+	cases := []struct {
+		name, script, log string
+	}{
+		{"exits at once", "exit 3", "the successor exited before it was ready (exit status 3)"},
+		{"another version", `printf '\000\000\000\002H\002' >&3; sleep 5`, "the successor speaks handoff version 2, this binary 1"},
+		{"hangs", "exec sleep 60", "the successor was not ready within 3s"},
+	}
+	for _, c := range cases {
+		installScript(t, h.bin, c.script)
+		before := h.fleet.events()
+		started := strings.Count(h.srv.Process().Output(), "SIGUSR2: starting a successor")
+		h.srv.Signal(syscall.SIGUSR2)
+		if c.name == "hangs" {
+			waitFor(t, 10*time.Second, "this handoff has begun", func() bool {
+				return strings.Count(h.srv.Process().Output(), "SIGUSR2: starting a successor") > started
+			})
+			h.srv.Signal(syscall.SIGUSR2) // a second one during the handoff
+			_, err := h.srv.Process().WaitLine(ctxFor(t, 10*time.Second), func(l []byte) bool {
+				return bytes.Contains(l, []byte("SIGUSR2 ignored: a handoff is already in progress"))
+			})
+			require.NoError(t, err, "a second SIGUSR2 is ignored with a log line")
+		}
+		_, err := h.srv.Process().WaitLine(ctxFor(t, 20*time.Second), func(l []byte) bool {
+			return bytes.Contains(l, []byte("handoff failed, still serving everything: "+c.log))
+		})
+		require.NoError(t, err, "%s: one line saying why", c.name)
+		h.srv.Alive(c.name)
+		// Everyone is still served, and new clients are accepted.
+		waitFor(t, 10*time.Second, c.name+": events after the failed handoff", func() bool {
+			for i, n := range h.fleet.events() {
+				if n <= before[i] {
+					return false
+				}
+			}
+			return true
+		})
+		dialSSE(t, h.srv.Listen, "/streams/h/1", h.subTok)
+	}
+	h.load.Stop()
+	h.fleet.check(t, make([]int, len(h.fleet.clients)))
+	assert.Zero(t, h.load.httpErr.Load(), "HTTP publishes that failed")
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// stopPID drains a successor the harness did not start (SIGTERM) and waits until it is gone.
+func stopPID(t *testing.T, pid int) {
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.Now().Add(20 * time.Second)
+	for !servetest.Gone(pid) {
+		if time.Now().After(deadline) {
+			t.Errorf("successor %d did not exit within 20 s of SIGTERM; killing it", pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

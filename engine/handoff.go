@@ -1,0 +1,258 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/pgsse/pgsse/framing"
+)
+
+// The engine's side of a handoff (docs/operations.md, Upgrading without disconnects; SPEC §6):
+// cmd/pgsse starts the successor process and carries descriptors and records between the two
+// over an inherited socketpair; the engine gives up its listeners and connections
+// (ListenerFDs, StopAcceptingAll, HandOver) and, in the successor, serves on the listeners
+// it inherited (Config.Inherited) and takes the connections back onto its loop (Adopt) through
+// gnet.Engine.Register, the path every accepted connection takes.
+//
+// What makes the move exact: a connection is handed over inside one loop task — its record
+// (subscriptions, cursors, the bytes its socket has not taken) is made, its descriptor
+// duplicated and the loop's own closed — so nothing is written to it after its record is
+// made; the successor writes the record's tail first, then catches each stream up from the
+// cursor, which is the last durable id written or queued. No byte is duplicated or lost.
+
+const (
+	handoffBatch = 64                    // connections per loop task
+	handoffPoll  = 20 * time.Millisecond // while connections finish a request or flush gnet's buffer
+)
+
+// HandedConn is one connection on its way to a successor: its descriptor (a duplicate the
+// caller of HandOver must not close: HandOver does, once send returned) and its record
+// (framing.AppendHandoffConn).
+type HandedConn struct {
+	FD     int
+	Record []byte
+}
+
+// Inheritance is what a successor process serves with instead of binding its own sockets:
+// the predecessor's listeners, shared with it until it stops accepting.
+type Inheritance struct {
+	SSE net.Listener // --listen
+	Hub net.Listener // --hub-socket (nil: none); its file is the predecessor's, kept in place
+	// Accept is closed once the predecessor has stopped accepting: only then do this
+	// server's acceptors start (nil: at once).
+	Accept <-chan struct{}
+}
+
+// handBatch is what one loop task handed over, and how many connections are left.
+type handBatch struct {
+	conns   []HandedConn
+	waiting int
+}
+
+// adoption is the context of a connection Adopt registers (handler.go: OnOpen): an SSE
+// connection or a hub worker (rec.Kind).
+type adoption struct{ rec framing.HandoffRecord }
+
+// ListenerFDs returns duplicates (close-on-exec) of the listening sockets — --listen and,
+// if any (else -1), the hub socket — for a successor to receive (SCM_RIGHTS). They are raw
+// descriptors on purpose: os.File.Fd, which os/exec's ExtraFiles calls, turns a socket
+// blocking — for the file description this process's acceptors share. Valid after Started.
+func (s *Server) ListenerFDs() (sse, hub int, err error) {
+	ln, ok := s.sseLn.Load().(net.Listener)
+	if !ok {
+		return -1, -1, errors.New("engine: not serving")
+	}
+	if sse, err = dupListener(ln); err != nil {
+		return -1, -1, fmt.Errorf("--listen: %w", err)
+	}
+	hub = -1
+	if hl, ok := s.hubLn.Load().(*net.UnixListener); ok {
+		if hub, err = dupListener(hl); err != nil {
+			_ = unix.Close(sse)
+			return -1, -1, fmt.Errorf("--hub-socket: %w", err)
+		}
+	}
+	return sse, hub, nil
+}
+
+// dupListener duplicates ln's descriptor without touching its flags.
+func dupListener(ln net.Listener) (int, error) {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return -1, errors.New("cannot be shared")
+	}
+	return DupFD(sc)
+}
+
+// DupFD duplicates c's descriptor (close-on-exec) without touching its flags.
+func DupFD(c syscall.Conn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return -1, err
+	}
+	return fd, derr
+}
+
+// StopAcceptingAll closes this process's descriptors of --listen and the hub socket, which
+// a successor holds too: new connections go to it, none is refused, and the hub socket's file
+// stays where it is (this server will not remove it as it stops). Connections already accepted
+// are still handed to the loop.
+func (s *Server) StopAcceptingAll() {
+	s.handedOff.Store(true)
+	if hl, ok := s.hubLn.Load().(*net.UnixListener); ok {
+		hl.SetUnlinkOnClose(false)
+		_ = hl.Close()
+	}
+	s.StopAccepting()
+}
+
+// HandOver gives every streaming SSE connection and every hub worker (not --procs siblings)
+// to a successor, handoffBatch per loop task,
+// send carrying each batch (descriptors by SCM_RIGHTS); idle keep-alive publishers are closed
+// between requests, and a connection in the middle of a request is waited for (a publish is
+// answered here; a subscription is handed over once it streams). It returns when nothing is
+// left to hand over, or when ctx ends (what is left is then drained as at SIGTERM), or when
+// send fails. Call StopAcceptingAll first.
+func (s *Server) HandOver(ctx context.Context, send func([]HandedConn) error) (handed int, err error) {
+	var batch []HandedConn
+	for {
+		res := make(chan handBatch, 1)
+		out := batch[:0]
+		if !s.tasks.push(func() {
+			conns, waiting := s.handOverConns(handoffBatch, out)
+			conns, more := s.hub.handOverBatch(handoffBatch, conns)
+			res <- handBatch{conns, waiting + more}
+		}) {
+			return handed, errors.New("engine: stopped")
+		}
+		var r handBatch
+		select {
+		case r = <-res:
+		case <-ctx.Done():
+			// The task still runs: close what it hands over.
+			go func() {
+				for _, h := range (<-res).conns {
+					_ = unix.Close(h.FD)
+				}
+			}()
+			return handed, ctx.Err()
+		}
+		batch = r.conns
+		if len(batch) > 0 {
+			err := send(batch)
+			for i, h := range batch {
+				_ = unix.Close(h.FD)
+				batch[i] = HandedConn{}
+			}
+			handed += len(batch)
+			if err != nil {
+				return handed, err
+			}
+			continue
+		}
+		if r.waiting == 0 {
+			return handed, nil
+		}
+		t := time.NewTimer(handoffPoll)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return handed, ctx.Err()
+		}
+	}
+}
+
+// Adopt takes connections a predecessor handed over onto the loop, through the same
+// gnet.Engine.Register path as accepted ones: fd is the received descriptor (Adopt owns it),
+// record its state. It returns once the loop has them; a record that does not decode (another
+// version, malformed) is refused and its connection closed.
+func (s *Server) Adopt(fds []int, records [][]byte) error {
+	select {
+	case <-s.started:
+	default:
+		for _, fd := range fds {
+			_ = unix.Close(fd)
+		}
+		return errors.New("engine: Adopt before the server started")
+	}
+	var errs []error
+	var results []<-chan gnet.RegisteredResult
+	for i, fd := range fds {
+		rec, err := framing.DecodeHandoff(records[i])
+		if err == nil && rec.Kind == framing.HandoffWorker && rec.Worker.Sibling {
+			err = errors.New("engine: a --procs sibling cannot be handed over")
+		}
+		if err != nil {
+			_ = unix.Close(fd)
+			errs = append(errs, err)
+			continue
+		}
+		f := os.NewFile(uintptr(fd), "pgsse-handed-conn")
+		c, err := net.FileConn(f)
+		_ = f.Close()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ctx := gnet.NewNetConnContext(gnet.NewContext(context.Background(), &adoption{rec: rec}), c)
+		res, err := s.eng.Register(ctx)
+		if err != nil {
+			_ = c.Close()
+			errs = append(errs, err)
+			continue
+		}
+		results = append(results, res)
+	}
+	for _, res := range results {
+		if r := <-res; r.Err != nil {
+			errs = append(errs, r.Err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// handOverBatch hands over up to max streaming connections, appending each one's record and
+// descriptor to out; idle keep-alive publishers are closed between requests (docs/operations.md:
+// they reconnect to the successor). waiting counts the connections left that may still be
+// handed over or finish here (a request in progress, a response not yet sent).
+func (s *Server) handOverConns(max int, out []HandedConn) ([]HandedConn, int) {
+	waiting := 0
+	for _, sc := range s.conns.all() {
+		if sc.closed {
+			continue
+		}
+		switch sc.state {
+		case stateStreaming:
+			if len(out) >= max {
+				waiting++
+				continue
+			}
+			rec, fd, ok := s.conns.handOver(sc, nil)
+			if !ok {
+				waiting++
+				continue
+			}
+			out = append(out, HandedConn{FD: fd, Record: rec})
+		case stateIdle:
+			s.conns.finish(sc, nil)
+		case stateHandedOver:
+		default:
+			waiting++
+		}
+	}
+	return out, waiting
+}
