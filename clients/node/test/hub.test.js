@@ -8,7 +8,7 @@ import path from 'node:path';
 import { describe, test } from 'node:test';
 import * as h from '../index.js';
 import { pgSession } from '../examples/pg-session.js';
-import { DSN, Events, notify, ownSessions, Server, skipLive, sql, terminateListenSession } from './support.js';
+import { DSN, Events, noOwnSessions, notify, ownSessions, Server, skipLive, sql, terminateListenSession } from './support.js';
 
 const quiet = { warn() {}, info() {}, error() {} };
 
@@ -103,6 +103,7 @@ describe("Failover to the application's own session", { skip: skipLive }, () => 
     } finally {
       await f.close();
       await server?.close();
+      await noOwnSessions();
     }
   };
 

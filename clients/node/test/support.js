@@ -41,6 +41,16 @@ export async function ownSessions() {
 
 const tick = (ms) => new Promise((r) => setTimeout(r, ms));
 
+/** Waits until no own session is left: a closed session's backend leaves pg_stat_activity a
+ * moment after its client has gone, and the next test counts its own. */
+export async function noOwnSessions(timeoutMs = 15000) {
+  const deadline = Date.now() + timeoutMs;
+  while ((await ownSessions()) !== 0) {
+    if (Date.now() > deadline) throw new Error('a worker-listen session is still there after its client closed');
+    await tick(50);
+  }
+}
+
 /** One `pgsse serve` process with a hub socket in a fresh temp dir. */
 export class Server {
   static async start(...extra) {

@@ -85,6 +85,14 @@ class HubClientLive(unittest.TestCase):
 
 @need_server
 class FailoverLive(unittest.TestCase):
+    def setUp(self):
+        # A closed session's backend leaves pg_stat_activity a moment after its client has
+        # gone: the counts below are this test's own only once the last test's has left.
+        deadline = time.monotonic() + 15
+        while self.own_sessions() != 0:
+            self.assertLess(time.monotonic(), deadline, "a worker-listen session of an earlier test is still there")
+            time.sleep(0.05)
+
     def new(self, path, **kw):
         from psycopg_session import PsycopgSession
         f = h.Failover(path, direct=lambda: PsycopgSession(support.DSN), name="py-failover", **kw)

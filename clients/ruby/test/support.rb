@@ -42,6 +42,16 @@ module Support
         "AND datname = current_database()")[0][0].to_i
   end
 
+  # A closed session's backend leaves pg_stat_activity a moment after its client has gone:
+  # wait until none is left, so that the next test counts only its own.
+  def wait_no_own_sessions(timeout = 15)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+    until own_sessions.zero?
+      raise "a worker-listen session is still there after its client closed" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      sleep 0.05
+    end
+  end
+
   # One `pgsse serve` process with a hub socket in a fresh temp dir.
   class Server
     attr_reader :socket, :log_path

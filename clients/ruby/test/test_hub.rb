@@ -98,7 +98,7 @@ class TestFailoverLive < Minitest::Test
   def failover(path, **kw)
     f = H::Failover.new(path, direct: -> { PgSession.new(DSN) }, name: "rb-failover",
                               logger: Logger.new(File::NULL), **kw)
-    @cleanup << -> { f.close }
+    @cleanup << -> { f.close; wait_no_own_sessions }
     f
   end
 
