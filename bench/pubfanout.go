@@ -111,8 +111,14 @@ func pubFanoutPhase(ctx context.Context, r *run, tok string, fp PubFanoutParams,
 		d0, d1       int64
 		w0, w1       time.Time
 		cancel       context.CancelFunc = func() {}
+		waitProfile                     = func() {}
 	)
+	over := "sql"
+	if http {
+		over = "http"
+	}
 	window := func() context.Context {
+		waitProfile = r.profile(ctx, fmt.Sprintf("16-%s-%d", over, n), fp.Duration)
 		pg0, cpu0, self0, d0, w0 = r.pgCPU(ctx), must(r.srv.CPU()), SelfCPU(), c.Delivered(), time.Now()
 		var wctx context.Context
 		wctx, cancel = context.WithTimeout(ctx, fp.Duration)
@@ -128,6 +134,7 @@ func pubFanoutPhase(ctx context.Context, r *run, tok string, fp PubFanoutParams,
 		st, err = publishSQL(ctx, r.db.URL, pp, window, done)
 	}
 	cancel()
+	waitProfile()
 	if err != nil {
 		return nil, err
 	}

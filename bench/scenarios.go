@@ -118,7 +118,7 @@ func Small() Params {
 type Env struct {
 	Cluster    *Cluster
 	Dir        string // server logs (and profiles)
-	ProfileDir string // when set, CPU profiles of the server under 3, 4, 6 and 12 are written here
+	ProfileDir string // when set, CPU profiles of the server under 3, 4, 6, 12 and 16 are written here
 	Logf       func(format string, args ...any)
 }
 

@@ -53,7 +53,7 @@ func main() {
 		scenarios  = flag.String("scenarios", "1,2,3,4,5,6,9", "scenarios to run (7 stalled and 8 large event: pgsse builds only; 9 publishing and 16 publishers under fan-out measure their own baseline; 10 --procs and 11 streams per connection: pgsse against itself)")
 		budget     = flag.String("outbound-budget", "", "pgsse --max-outbound-memory in 4, 7, 8 (e.g. 64MiB; default: the server's)")
 		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
-		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4, 6 and 12 here")
+		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4, 6, 12 and 16 here")
 		out        = flag.String("out", "", "also write the table to this file")
 		hold       = flag.String("hold", "", "internal (scenario 10): hold --hold-conns idle subscribers of this address until stdin closes")
 		holdConns  = flag.Int("hold-conns", bench.HolderConns, "internal (scenario 10): connections for --hold")
