@@ -38,6 +38,11 @@ type ClientConfig struct {
 	// opened asks for Paths[k mod len(Paths)] (scenario 11: the published stream at varying
 	// positions of a connection's streams).
 	Paths []string
+	// ByID: an event's sequence number is its SSE id (each subscriber must see 1, 2, 3, … of
+	// its stream, once each), not the number in its data — for concurrent publishers, whose
+	// own numbering cannot follow the commit order (scenario 16). The data's send time is
+	// still read.
+	ByID bool
 }
 
 func (c *ClientConfig) defaults() {
@@ -338,7 +343,7 @@ func (l *pollLoop) readConn(sc *sseConn, buf []byte) {
 		l.bytes += int64(m)
 		sc.s.Feed(buf[:m], func(b *ssetest.Block) {
 			if b.HasData {
-				l.event(sc, b.Data, now)
+				l.event(sc, b, now)
 			}
 		})
 		if m < len(buf) {
@@ -347,8 +352,13 @@ func (l *pollLoop) readConn(sc *sseConn, buf []byte) {
 	}
 }
 
-func (l *pollLoop) event(sc *sseConn, v []byte, now int64) {
-	seq, sent, ok := ParseData(v)
+func (l *pollLoop) event(sc *sseConn, b *ssetest.Block, now int64) {
+	seq, sent, ok := ParseData(b.Data)
+	if ok && l.c.cfg.ByID {
+		var end int
+		seq, end, ok = parseDigits(b.ID, 0)
+		ok = ok && b.HasID && end == len(b.ID)
+	}
 	if !ok {
 		l.bad++
 		return

@@ -29,6 +29,7 @@ type PublishParams struct {
 	BatchConns int           // (c) keep-alive POST /publish publishers
 	BatchSize  int           // (c) events per batch
 	Streams    int           // events spread over this many streams
+	Stream     string        // when set, every event goes to this one stream instead (scenario 16)
 	Data       int           // bytes of data per event
 	SteadyRate float64       // (d) events/s offered by the HTTPConns publishers together
 	// (e) one subscriber: LatencyEvents events POSTed at LatencyRate per second.
@@ -221,6 +222,14 @@ func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) 
 	return []*Result{res, sql}, nil
 }
 
+// stream is the stream of a publisher's n-th event: pp.Stream, else one of pp.Streams.
+func (pp *PublishParams) stream(n int) string {
+	if pp.Stream != "" {
+		return pp.Stream
+	}
+	return "bench/" + strconv.Itoa(n%pp.Streams)
+}
+
 func must[T any](v T, _ error) T { return v }
 
 // phaseStats is what one publishing phase measured.
@@ -267,7 +276,7 @@ func publishSQL(ctx context.Context, dsn string, pp PublishParams, window func()
 			defer wg.Done()
 			for n := i; ctx.Err() == nil; n += len(conns) {
 				t0 := time.Now()
-				if _, err := store.Publish(context.Background(), c, "bench/"+strconv.Itoa(n%pp.Streams), data, "", nil); err != nil {
+				if _, err := store.Publish(context.Background(), c, pp.stream(n), data, "", nil); err != nil {
 					errs.Add(1)
 					return
 				}
@@ -342,7 +351,7 @@ func publishHTTP(addr, tok string, pp PublishParams, conns, batch int, rate floa
 				body = body[:0]
 				if batch == 1 {
 					body = AppendData(body, int64(n), t0.UnixNano(), pp.Data)
-					req = appendPost(req[:0], "/streams/bench/"+strconv.Itoa(n%pp.Streams), tok, "", body)
+					req = appendPost(req[:0], "/streams/"+pp.stream(n), tok, "", body)
 				} else {
 					for k := range batch {
 						body = append(body, `{"stream":"bench/`...)

@@ -62,6 +62,8 @@ type Params struct {
 
 	Scale ScaleParams // scenario 15 (scale.go)
 
+	PubFanout PubFanoutParams // scenario 16 (pubfanout.go)
+
 	Sources int // loopback source addresses
 	Readers int // client epoll loops
 }
@@ -84,6 +86,7 @@ func Full() Params {
 		Scale: ScaleParams{Conns: 100000, Procs: 7, Hold: 60 * time.Second, Events: 20, OneConns: 15000},
 		Presence: PresenceParams{Interval: time.Second, Churn: 10000, Others: 1000, Rate: 50,
 			HoldSubjects: 1000, HoldStreams: 100, Hold: 60 * time.Second},
+		PubFanout: fullPubFanout(),
 	}
 }
 
@@ -107,6 +110,7 @@ func Small() Params {
 	p.Memory = MemoryParams{StalledConns: 50, StalledDuration: 2 * time.Second, StalledData: 1024,
 		LargeBytes: 16 << 20, LargeSubscribers: 10}
 	p.Publish = smallPublish()
+	p.PubFanout = smallPubFanout()
 	return p
 }
 
@@ -114,7 +118,7 @@ func Small() Params {
 type Env struct {
 	Cluster    *Cluster
 	Dir        string // server logs (and profiles)
-	ProfileDir string // when set, CPU profiles of the server under 3, 4, 6 and 12 are written here
+	ProfileDir string // when set, CPU profiles of the server under 3, 4, 6, 12 and 16 are written here
 	Logf       func(format string, args ...any)
 }
 

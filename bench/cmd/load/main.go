@@ -14,6 +14,7 @@
 //	go run ./bench/cmd/load --scenarios 11        # 10,000 connections following 8 streams each against 10,000 following one
 //	go run ./bench/cmd/load --scenarios 14        # idle RSS per connection: pgsse (1 and 8 streams) against the floor, bench/gnetrelay
 //	go run ./bench/cmd/load --scenarios 15        # 100,000 connections to --procs 7, and 15,000 to one process
+//	go run ./bench/cmd/load --scenarios 16        # 10,000 subscribers: 2 and 64 closed-loop publishers over HTTP against the same over SQL
 //	go run ./bench/cmd/load --scenarios 12,13     # presence: 10,000 joining and leaving one stream (on and off); 100 streams × 1,000 subjects held
 //
 // PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
@@ -49,10 +50,10 @@ func main() {
 		baseBin    = flag.String("baseline-bin", "", "baseline binary (default: go build ./bench/baseline)")
 		oldBin     = flag.String("pgsse-old-bin", "", "an older pgsse build (server pgsse-old), e.g. main's, for before/after")
 		servers    = flag.String("servers", "pgsse,baseline", "servers to compare, in table order: pgsse, baseline, pgsse-old")
-		scenarios  = flag.String("scenarios", "1,2,3,4,5,6,9", "scenarios to run (7 stalled and 8 large event: pgsse builds only; 9 publishing measures its own baseline; 10 --procs and 11 streams per connection: pgsse against itself)")
+		scenarios  = flag.String("scenarios", "1,2,3,4,5,6,9", "scenarios to run (7 stalled and 8 large event: pgsse builds only; 9 publishing and 16 publishers under fan-out measure their own baseline; 10 --procs and 11 streams per connection: pgsse against itself)")
 		budget     = flag.String("outbound-budget", "", "pgsse --max-outbound-memory in 4, 7, 8 (e.g. 64MiB; default: the server's)")
 		scale      = flag.String("scale", "full", "full (issue 7) or small (seconds)")
-		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4, 6 and 12 here")
+		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4, 6, 12 and 16 here")
 		out        = flag.String("out", "", "also write the table to this file")
 		hold       = flag.String("hold", "", "internal (scenario 10): hold --hold-conns idle subscribers of this address until stdin closes")
 		holdConns  = flag.Int("hold-conns", bench.HolderConns, "internal (scenario 10): connections for --hold")
@@ -99,6 +100,9 @@ func main() {
 	flag.IntVar(&p.Presence.HoldSubjects, "presence-hold-subjects", p.Presence.HoldSubjects, "13: connections, one subject each")
 	flag.IntVar(&p.Presence.HoldStreams, "presence-hold-streams", p.Presence.HoldStreams, "13: presence streams each follows")
 	flag.DurationVar(&p.Presence.Hold, "presence-hold", p.Presence.Hold, "13: how long they are held")
+	flag.IntVar(&p.PubFanout.Conns, "pubfanout-conns", p.PubFanout.Conns, "16: subscribers of the published stream (at most 15000)")
+	flag.DurationVar(&p.PubFanout.Duration, "pubfanout-duration", p.PubFanout.Duration, "16: each phase publishes this long")
+	flag.DurationVar(&p.PubFanout.Drain, "pubfanout-drain", p.PubFanout.Drain, "16: then waits at most this long for every subscriber to have every event")
 	flag.Parse()
 	if *hold != "" {
 		raiseFDLimit()
@@ -150,6 +154,9 @@ func main() {
 			"presence-hold-subjects": func(q *bench.Params) any { return &q.Presence.HoldSubjects },
 			"presence-hold-streams":  func(q *bench.Params) any { return &q.Presence.HoldStreams },
 			"presence-hold":          func(q *bench.Params) any { return &q.Presence.Hold },
+			"pubfanout-conns":        func(q *bench.Params) any { return &q.PubFanout.Conns },
+			"pubfanout-duration":     func(q *bench.Params) any { return &q.PubFanout.Duration },
+			"pubfanout-drain":        func(q *bench.Params) any { return &q.PubFanout.Drain },
 		} {
 			if set[name] {
 				copyField(field(&p), field(&explicit))
@@ -161,11 +168,14 @@ func main() {
 	if p.Conns < 1 || p.Conns > 15000 {
 		log.Fatalf("load: --conns must be 1-15000 (the 20,000-fd limit per process), not %d", p.Conns)
 	}
+	if p.PubFanout.Conns < 1 || p.PubFanout.Conns > 15000 {
+		log.Fatalf("load: --pubfanout-conns must be 1-15000 (the 20,000-fd limit per process), not %d", p.PubFanout.Conns)
+	}
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || id < 1 || id > 15 {
-			log.Fatalf("load: --scenarios: %q is not one of 1-15", s)
+		if err != nil || id < 1 || id > 16 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-16", s)
 		}
 		ids = append(ids, id)
 	}
@@ -325,7 +335,7 @@ func main() {
 			}
 			continue
 		}
-		// Scenarios 5 (the hub) and 9 (publishing) run on pgsse only: each measures its own
+		// Scenarios 5 (the hub), 9 (publishing) and 16 (publishers under fan-out) run on pgsse only: each measures its own
 		// baseline (workers' own LISTEN sessions; pgsse.publish over SQL) in the same run.
 		var paired func() ([]*bench.Result, error)
 		pgsseTarget := bench.Target{Name: "pgsse", Bin: *pgsseBin}
@@ -336,6 +346,8 @@ func main() {
 			paired = func() ([]*bench.Result, error) { return bench.Publish(ctx, env, pgsseTarget, p.Publish, p) }
 		case 12:
 			paired = func() ([]*bench.Result, error) { return bench.PresenceChurn(ctx, env, pgsseTarget, p) }
+		case 16:
+			paired = func() ([]*bench.Result, error) { return bench.PubFanout(ctx, env, pgsseTarget, p.PubFanout, p) }
 		case 13:
 			paired = func() ([]*bench.Result, error) {
 				r, err := bench.PresenceHold(ctx, env, pgsseTarget, p)
