@@ -21,7 +21,11 @@ import (
 // check and can never evict, or be mistaken for, a valid token's entry.
 // Both tables are bounded (entries, and bytes of claims for the verified
 // one); when full, an arbitrary entry — an expired one if the few looked at
-// include one — makes room.
+// include one — makes room. Expired entries also go in a sweep, once as many
+// results have been stored since the last sweep as it left (1,024 at least):
+// amortized O(1) a Store, and the cache never holds more expired entries than
+// that, so clients reconnecting with fresh short-lived tokens do not fill it
+// to its bound with dead ones (issue 24's soak).
 //
 // A Cache is safe for concurrent use: the event loop looks up, the verifier
 // pool stores.
@@ -33,6 +37,8 @@ type Cache struct {
 	maxOK    int
 	maxBytes int64
 	maxBad   int
+	stores   int // results stored since the last sweep
+	sweepAt  int // stores that make the next sweep: what the last one left, sweepMinStores at least
 	stats    *Stats
 }
 
@@ -56,6 +62,7 @@ const (
 	MaxCacheAge            = time.Hour   // a verified token without exp (--jwt-allow-no-exp) is re-checked this often
 	FailureTTL             = time.Minute // how long a permanent failure is remembered
 	cacheEvictionLookahead = 8           // entries looked at for an expired one before evicting any
+	sweepMinStores         = 1024        // results stored between two sweeps of expired entries, at least
 )
 
 // NewCache makes a cache of at most entries verified tokens holding at most
@@ -143,6 +150,7 @@ func (c *Cache) Store(token []byte, claims *Claims, err error, now time.Time) {
 		key := sha256.Sum256(token)
 		c.mu.Lock()
 		defer c.mu.Unlock()
+		c.maybeSweep(t)
 		if _, ok := c.bad[key]; !ok && len(c.bad) >= c.maxBad {
 			c.evictBad(t)
 		}
@@ -165,6 +173,7 @@ func (c *Cache) Store(token []byte, claims *Claims, err error, now time.Time) {
 	key := sha256.Sum256(token)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.maybeSweep(t)
 	if old, ok := c.ok[key]; ok {
 		c.dropOK(key, old)
 	}
@@ -180,6 +189,26 @@ func (c *Cache) Len() (verified, failed int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.ok), len(c.bad)
+}
+
+// maybeSweep counts a Store and, when as many were stored since the last sweep as that
+// sweep left in the tables (sweepMinStores at least), drops every expired entry of both.
+func (c *Cache) maybeSweep(t int64) {
+	if c.stores++; c.stores < max(sweepMinStores, c.sweepAt) {
+		return
+	}
+	c.stores = 0
+	for k, e := range c.ok {
+		if t >= e.until {
+			c.dropOK(k, e)
+		}
+	}
+	for k, f := range c.bad {
+		if t >= f.until {
+			delete(c.bad, k)
+		}
+	}
+	c.sweepAt = len(c.ok) + len(c.bad)
 }
 
 func (c *Cache) dropOK(key [sha256.Size]byte, e cachedClaims) {

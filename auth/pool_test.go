@@ -345,3 +345,36 @@ func TestClaimErrorIs(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	assert.Equal(t, 2, ce.Index)
 }
+
+// Entries whose token expired go without waiting for the table to fill: a server whose
+// clients reconnect with fresh short-lived tokens (the soak's churn, issue 24) would otherwise
+// hold every expired one until the bound of 100,000 — memory growing for hours.
+func TestCacheDropsExpiredEntries(t *testing.T) {
+	c := NewCache(0, 0, 0, nil)
+	now := t0
+	for round := range 20 {
+		for i := range 500 {
+			c.Store([]byte(fmt.Sprintf("short.%d.%d", round, i)), &Claims{Expires: now.Add(5 * time.Second)}, nil, now)
+			c.Store([]byte(fmt.Sprintf("bad.%d.%d", round, i)), nil, ErrSignature, now)
+		}
+		now = now.Add(FailureTTL) // every token stored so far has expired, every failure is forgotten
+	}
+	ok, bad := c.Len()
+	assert.LessOrEqual(t, ok, 2*sweepMinStores, "verified entries held: only the recent ones, not 10,000 expired")
+	assert.LessOrEqual(t, bad, 2*sweepMinStores, "failures held")
+
+	// A sweep keeps what is still valid.
+	c = NewCache(0, 0, 0, nil)
+	now = t0
+	c.Store([]byte("long"), &Claims{Subject: "alice", Expires: now.Add(time.Hour)}, nil, now)
+	for i := range 4 * sweepMinStores {
+		c.Store([]byte(fmt.Sprintf("s.%d", i)), &Claims{Expires: now.Add(time.Second)}, nil, now)
+		now = now.Add(10 * time.Millisecond)
+	}
+	claims, err, hit := c.Lookup([]byte("long"), now)
+	require.True(t, hit)
+	require.NoError(t, err)
+	assert.Equal(t, "alice", claims.Subject)
+	ok, _ = c.Len()
+	assert.Less(t, ok, 2*sweepMinStores)
+}

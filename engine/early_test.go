@@ -29,11 +29,12 @@ func earlyCount(t *testing.T, ts *testServer) float64 {
 	return m.GetCounter().GetValue()
 }
 
-// stopListener stops the host's LISTEN backend (pgsse-listen) and returns what resumes it
+// stopListener stops the LISTEN backend (pgsse-listen) of the test database — the cluster is
+// shared with other packages' tests — and returns what resumes it
 // (also run at cleanup).
 func stopListener(t *testing.T, dsn string) (resume func()) {
 	t.Helper()
-	pid, err := strconv.Atoi(pgtest.QueryValue(t, dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgsse-listen'"))
+	pid, err := strconv.Atoi(pgtest.QueryValue(t, dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgsse-listen' AND datname = current_database()"))
 	require.NoError(t, err, "one LISTEN session on the host")
 	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
 	var once sync.Once

@@ -110,7 +110,7 @@ type outQueue struct {
 	items   []outItem // items[head:] are unsent
 	head    int
 	bytes   int   // unsent bytes
-	begun   bool  // the socket has taken part of items[head]
+	begun   bool  // the socket has taken part of items[head], or the whole lead before it
 	triedMS int64 // when a write from the queue was last tried
 }
 
@@ -254,13 +254,15 @@ func (o *outbound) writeSocket(sc *sseConn, items []outItem) (sent, total int, e
 // keep queues items after their first skip bytes (which the socket took), by reference when
 // they may be kept (shared or private), as a copy when transient.
 func (o *outbound) keep(sc *sseConn, items []outItem, skip int) {
+	leadTaken := false // the socket took the whole lead of this item: its event is begun
 	for _, it := range items {
 		if skip >= len(it.b) {
 			skip -= len(it.b)
+			leadTaken = it.lead
 			continue
 		}
-		o.enqueue(sc, it, it.b[skip:], skip > 0)
-		skip = 0
+		o.enqueue(sc, it, it.b[skip:], skip > 0 || leadTaken)
+		skip, leadTaken = 0, false
 	}
 }
 
@@ -316,13 +318,15 @@ func (o *outbound) sendLive(sc *sseConn, items []outItem, limit int) int {
 				continue
 			}
 		}
+		leadTaken := false // the socket took the whole lead: the event is begun
 		for _, it := range items[i:j] {
 			if sent >= len(it.b) {
 				sent -= len(it.b)
+				leadTaken = it.lead
 				continue
 			}
-			o.enqueue(sc, it, it.b[sent:], sent > 0)
-			sent = 0
+			o.enqueue(sc, it, it.b[sent:], sent > 0 || leadTaken)
+			sent, leadTaken = 0, false
 		}
 		i = j
 	}
@@ -359,7 +363,7 @@ func (o *outbound) enqueue(sc *sseConn, it outItem, b []byte, begun bool) {
 	}
 	o.total += outItemBytes
 	q.bytes += len(b)
-	q.items = append(q.items, outItem{b: b, ev: it.ev})
+	q.items = append(q.items, outItem{b: b, ev: it.ev, lead: it.lead})
 }
 
 // dropItem releases a queued item (sent or abandoned) and its share of the total.
@@ -393,9 +397,10 @@ func (o *outbound) consume(q *outQueue, n int) {
 			return
 		}
 		n -= len(it.b)
+		lead := it.lead
 		o.dropItem(it)
 		q.head++
-		q.begun = false
+		q.begun = lead // a lead written whole: its event (the next item) is begun
 	}
 }
 
@@ -424,8 +429,9 @@ func (o *outbound) flushQueue(sc *sseConn) {
 	}
 }
 
-// trimQueue drops what sc has queued except a piece the socket has begun (finish: the
-// connection's last bytes go right after it).
+// trimQueue drops what sc has queued except the event the socket has begun — the rest of
+// the item it began, or of a lead and the item it leads (finish: the connection's last bytes
+// go right after it, and a composite id must not be followed by anything but its event).
 func (o *outbound) trimQueue(sc *sseConn) {
 	q := sc.q
 	if q == nil || q.bytes == 0 {
@@ -434,6 +440,9 @@ func (o *outbound) trimQueue(sc *sseConn) {
 	keep := q.head
 	if q.begun {
 		keep++
+		if q.items[q.head].lead && keep < len(q.items) {
+			keep++ // a begun lead keeps its event
+		}
 	}
 	for i := keep; i < len(q.items); i++ {
 		q.bytes -= len(q.items[i].b)

@@ -184,3 +184,51 @@ func TestLeadWritesAllocateNothing(t *testing.T) {
 	assert.Zero(t, sc.pending())
 	assert.Zero(t, s.out.total, "nothing queued, nothing copied")
 }
+
+// A connection's own lead (a composite id line) and the event it leads are one event to the
+// client: once the socket has taken the lead — whole or in part — the event is begun, and a
+// finish (trimQueue) keeps the rest of it, or the client gets an id line followed by the
+// retry field: a block with an id and no data (chaos seed 3, multi05-slow-k3). One the
+// socket has not begun goes whole.
+func TestOutboundFinishKeepsTheEventOfABegunLead(t *testing.T) {
+	s, _, scs := queueServer(t, 4)
+	ev := &event{id: 7, enc: sse.AppendEvent(nil, 7, nil, []byte("the event"))}
+	lead := []byte("id: 1:3,7\n")
+	body := ev.enc[bytes.IndexByte(ev.enc, '\n')+1:] // the shared encoding without its id line
+	items := func() []outItem { return []outItem{leadItem(lead), sharedBodyItem(ev, body)} }
+	kept := func(sc *sseConn) string {
+		var b []byte
+		if sc.q != nil {
+			for _, it := range sc.q.items[sc.q.head:] {
+				b = append(b, it.b...)
+			}
+		}
+		return string(b)
+	}
+
+	// The socket took the whole lead (send's keep after a partial writev).
+	s.out.keep(scs[0], items(), len(lead))
+	s.out.trimQueue(scs[0])
+	require.Equal(t, string(body), kept(scs[0]), "the lead was written: its event stays")
+
+	// The lead was queued and then written whole (flushQueue's consume).
+	s.out.keep(scs[1], items(), 0)
+	s.out.consume(scs[1].q, len(lead))
+	s.out.trimQueue(scs[1])
+	require.Equal(t, string(body), kept(scs[1]), "the lead was flushed: its event stays")
+
+	// Part of the lead was written: the rest of it and its event stay.
+	s.out.keep(scs[2], items(), 4)
+	s.out.trimQueue(scs[2])
+	require.Equal(t, string(lead[4:])+string(body), kept(scs[2]))
+
+	// Nothing of it was written: it goes whole.
+	s.out.keep(scs[3], items(), 0)
+	s.out.trimQueue(scs[3])
+	require.Equal(t, "", kept(scs[3]), "an event not begun is dropped with its lead")
+
+	for _, sc := range scs {
+		s.out.dropQueue(sc)
+	}
+	require.Zero(t, s.out.total, "every byte accounted for")
+}

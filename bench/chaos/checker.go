@@ -128,10 +128,11 @@ type checker struct {
 	rec      *Record
 	r        *Report
 	byKey    map[Key]*truthEv
-	byStream map[string][]*truthEv // by id
-	lost     map[Key]lostEv        // acknowledged, not in the table, lost in a crash window
-	pubOf    map[Key]*PubRecord    // every event's and notification's publish
-	notes    map[string][]noteRec  // per channel, committed notifications
+	byStream map[string][]*truthEv      // by id
+	lost     map[Key]lostEv             // acknowledged, not in the table, lost in a crash window
+	lostAt   map[string]map[int64][]Key // the same by stream and the id they were told
+	pubOf    map[Key]*PubRecord         // every event's and notification's publish
+	notes    map[string][]noteRec       // per channel, committed notifications
 }
 
 type noteRec struct {
@@ -143,7 +144,7 @@ type noteRec struct {
 // Check runs every check over rec.
 func Check(rec *Record) *Report {
 	c := &checker{rec: rec, r: &Report{Counts: map[string]int{}, Stats: map[string]int64{}},
-		byKey: map[Key]*truthEv{}, byStream: map[string][]*truthEv{}, lost: map[Key]lostEv{},
+		byKey: map[Key]*truthEv{}, byStream: map[string][]*truthEv{}, lost: map[Key]lostEv{}, lostAt: map[string]map[int64][]Key{},
 		pubOf: map[Key]*PubRecord{}, notes: map[string][]noteRec{}}
 	c.table()
 	c.publishes()
@@ -268,7 +269,7 @@ func (c *checker) publishes() {
 				t, ok := c.byKey[e.Key]
 				if !ok {
 					if c.inCrashWindow(p.Sent, p.Acked) {
-						c.lost[e.Key] = lostEv{stream: e.Stream, id: e.ID}
+						c.noteLost(e)
 						c.r.stat("acknowledged events lost in a crash with synchronous_commit off", 1)
 						continue
 					}
@@ -280,7 +281,7 @@ func (c *checker) publishes() {
 				}
 				if e.ID != 0 && t.id != e.ID {
 					if c.crashBetween(p.Acked, c.rec.RunEnd) {
-						c.lost[e.Key] = lostEv{stream: e.Stream, id: e.ID}
+						c.noteLost(e)
 					} else {
 						c.r.fail(FailIDMismatch, who, "event %v on %s: told id %d, stored as %d", e.Key, e.Stream, e.ID, t.id)
 					}
@@ -356,6 +357,12 @@ func (c *checker) durable(sl *SubLog) {
 			s := st[it.Stream]
 			c.r.stat("pgsse:gap received", 1)
 			switch {
+			case s.lastID < 0 && it.Resume < it.ID && len(c.rec.Crashes) > 0:
+				// Live only, nothing received yet: the head it started at was from history a
+				// crash then lost, and the rewind tells it so (docs/http.md: every subscriber
+				// past the point where the histories part). Everything after resume is owed.
+				c.r.stat("pgsse:gap announcing a head that went back, before a live-only subscriber's first event", 1)
+				s.lastID, s.firstAt, s.firstID = it.Resume, it.Conn, it.Resume+1
 			case s.lastID < 0:
 				c.r.fail(FailGap, who, "%s: a gap (after %d, resume %d) without a cursor", sl.Streams[it.Stream], it.ID, it.Resume)
 			case it.ID != s.lastID && it.ID != s.pos && (it.ID < s.pos || c.visibleBetween(sl, int(it.Stream), s.pos, it.ID, seen) > 0):
@@ -464,15 +471,38 @@ func (c *checker) durable(sl *SubLog) {
 }
 
 // visibleBetween is the first id in (from, to] of subscriber sl's stream i that the
-// subscriber may see and has not received, or 0.
+// subscriber may see and has not received, or 0. An id that a crash's lost history gave to an
+// event hidden from the subscriber is not counted: the server's cursor moved over it before
+// the crash was noticed (the event the table now holds under that id is still owed, and
+// completeness asks for it).
 func (c *checker) visibleBetween(sl *SubLog, i int, from, to int64, seen map[Key]bool) int64 {
 	evs := c.byStream[sl.Streams[i]]
 	for j := sort.Search(len(evs), func(j int) bool { return evs[j].id > from }); j < len(evs) && evs[j].id <= to; j++ {
-		if t := evs[j]; Visible(ShapeOf(t.key).Audience, sl.Tags) && !seen[t.key] {
+		if t := evs[j]; Visible(ShapeOf(t.key).Audience, sl.Tags) && !seen[t.key] && !c.lostHidden(t.stream, t.id, sl.Tags) {
 			return t.id
 		}
 	}
 	return 0
+}
+
+// lostHidden reports whether an acknowledged event a crash then lost had id on stream and an
+// audience that tags do not see.
+func (c *checker) lostHidden(stream string, id int64, tags []string) bool {
+	for _, k := range c.lostAt[stream][id] {
+		if !Visible(ShapeOf(k).Audience, tags) {
+			return true
+		}
+	}
+	return false
+}
+
+// noteLost records an acknowledged event a crash lost.
+func (c *checker) noteLost(e PubEvent) {
+	c.lost[e.Key] = lostEv{stream: e.Stream, id: e.ID}
+	if c.lostAt[e.Stream] == nil {
+		c.lostAt[e.Stream] = map[int64][]Key{}
+	}
+	c.lostAt[e.Stream][e.ID] = append(c.lostAt[e.Stream][e.ID], e.Key)
 }
 
 // everHead is the highest id stream had: in the table (pruned rows included) or given to an

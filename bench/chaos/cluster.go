@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -67,24 +68,10 @@ func (c *cluster) stop() {
 	_ = exec.Command(c.script, "stop", c.dir).Run()
 }
 
-// pgctl runs pg_ctl as the postgres OS user when we are root (as pg.sh does).
+// pgctl runs pg_ctl on the run's cluster (the test kit's pgtest.PGCtl: as the postgres OS
+// user when we are root, as pg.sh does).
 func (c *cluster) pgctl(ctx context.Context, args ...string) error {
-	name := filepath.Join(c.bin, "pg_ctl")
-	full := append([]string{"-D", filepath.Join(c.dir, "data")}, args...)
-	var cmd *exec.Cmd
-	if os.Geteuid() == 0 {
-		cmd = exec.CommandContext(ctx, "runuser", append([]string{"-u", "postgres", "--", name}, full...)...)
-	} else {
-		cmd = exec.CommandContext(ctx, name, full...)
-	}
-	// The postmaster inherits pg_ctl's output unless -l names a log file (every start and
-	// restart here does); WaitDelay stops the wait for a pipe it would hold open anyway.
-	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("pg_ctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
+	return pgtest.PGCtl(ctx, c.bin, filepath.Join(c.dir, "data"), args...)
 }
 
 // restartFast is a fast shutdown (every session terminated, a checkpoint) and a start.

@@ -37,9 +37,11 @@ const (
 	FaultHandoff      = "handoff"        // SIGUSR2 to the first process (SPEC §6), once pgsse has it
 )
 
-// DefaultFaults is every fault kind but pg-crash-async — whose lost commits pgsse cannot yet
-// announce (issue 23: a head that went backwards must produce a pgsse:gap); add it with
-// --faults when that lands — and handoff, which is added when the server supports it.
+// DefaultFaults is every fault kind but pg-crash-async and handoff (added when the server
+// supports it). pg-crash-async loses acknowledged, delivered commits and reuses their ids; the
+// engine announces that with a pgsse:gap back (fanout.rewind), but a run of it alone still
+// fails (3 min, seed 11: silent skips, and a gap back over events that were not lost followed
+// by those events again; docs/operations.md), so it joins the defaults once those are fixed.
 var DefaultFaults = []string{FaultTermListen, FaultTermReplay, FaultTermPublish, FaultTermCheck,
 	FaultPGRestart, FaultPGCrash, FaultKillSibling, FaultKillFirst, FaultClientReset, FaultStall,
 	FaultTokenExpiry, FaultFDSqueeze, FaultConnFlood}

@@ -130,6 +130,22 @@ func (w *workload) unexpectedStatus(who string, resp response) {
 	w.fail(FailHTTPStatus, who, "GET answered %d: %s", resp.status, resp.reason)
 }
 
+// SoakTokenTTL is how long a subscriber's token is valid in the soak: less than its warm-up
+// (the first half), so that pgsse's token cache — which keeps every verified token until its
+// exp, by design — is at its steady state when the growth rule looks, and what still grows is
+// a leak. (A fault run's tokens outlive it: a subscriber is ended at exp only on purpose.)
+// Each connection presents a fresh token, as a client that renews its token does.
+const SoakTokenTTL = 10 * time.Minute
+
+// tokenTTL is the lifetime of a subscriber's token (the Expiring kind and the token-expiry
+// fault choose shorter ones).
+func (w *workload) tokenTTL() time.Duration {
+	if w.cfg.Soak {
+		return SoakTokenTTL
+	}
+	return time.Hour + w.cfg.Duration
+}
+
 func (w *workload) subscriberToken(sub string, tags []string, ttl time.Duration) string {
 	tok, err := auth.Mint(auth.MintKey{Secret: w.secret},
 		auth.Claims{Streams: []string{"chaos/*"}, Channels: []string{"chaos_*"}, Tags: tags, Subject: sub},

@@ -3,7 +3,6 @@
 package chaos
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +16,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/pgsse/pgsse/internal/testkit/metricstest"
 )
 
 // server is `pgsse serve --procs N` under test. The run restarts its first process after a
@@ -116,21 +117,18 @@ func (s *server) get(ctx context.Context, path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// metricValue is the value of an unlabelled series in a Prometheus text exposition (NaN-free:
-// -1 when absent).
+// metricValue is the value of an unlabelled series in a Prometheus text exposition, read by
+// the test kit's parser (NaN-free: -1 when absent or unreadable).
 func metricValue(body, name string) float64 {
-	sc := bufio.NewScanner(strings.NewReader(body))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		ln := sc.Text()
-		if v, ok := strings.CutPrefix(ln, name+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err == nil {
-				return f
-			}
-		}
+	sc, err := metricstest.Parse(strings.NewReader(body), "pgsse /metrics")
+	if err != nil {
+		return -1
 	}
-	return -1
+	v, err := sc.Lookup(name)
+	if err != nil {
+		return -1
+	}
+	return v
 }
 
 // restart starts the first process again until it serves or ctx ends; it returns the

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/pgsse/pgsse/internal/testkit/ssetest"
 )
 
 // block is one dispatched SSE block: what a browser's EventSource would turn into an event
@@ -28,20 +30,20 @@ type block struct {
 	retry   string
 }
 
-// sseConn is one SSE connection read line by line through a bufio.Reader over a pacedReader
-// (which can be slowed or stalled), so that a client reset can land in the middle of an
-// event: between two lines of a block or inside a long data line (longer than the buffer).
+// sseConn is one SSE connection decoded by the test kit's EventSource decoder
+// (ssetest.Decoder, written from the HTML standard) over a pacedReader (which can be slowed
+// or stalled). The bytes read are fed a line at a time, so that a client reset can land in
+// the middle of an event: between two lines of a block or inside a long data line (longer
+// than a read).
 type sseConn struct {
-	c    net.Conn
-	stop func() bool // ends the context's hold on c
-	r    *pacedReader
-	br   *bufio.Reader
-	line []byte // a line longer than the buffer, being assembled
-	// partial is set while a block has started (a field line read, or part of a line) and
-	// has not been dispatched: a reset now is a reset mid-event.
-	partial bool
-	cur     block
-	data    strings.Builder
+	c     net.Conn
+	stop  func() bool // ends the context's hold on c
+	r     *pacedReader
+	br    *bufio.Reader // the response head was read through it; it may hold the body's start
+	dec   ssetest.Decoder
+	buf   []byte  // the last read
+	rest  []byte  // what of buf is not fed yet
+	ready []block // blocks decoded and not yet returned
 }
 
 // pacedReader reads the socket at most rate bytes per second (0 = as fast as it can), and
@@ -187,79 +189,46 @@ func dialSSE(ctx context.Context, addr, target string, header []string, rcvBuf i
 // next returns the next dispatched block. resetMid, when it returns true while a block is
 // in progress, makes next reset the connection (RST) and return errReset.
 func (s *sseConn) next(resetMid func() bool) (block, error) {
-	for {
-		chunk, err := s.br.ReadSlice('\n')
-		if len(chunk) > 0 && err == bufio.ErrBufferFull {
-			s.line = append(s.line, chunk...)
-			s.partial = true
-			if resetMid != nil && resetMid() {
+	for len(s.ready) == 0 {
+		if len(s.rest) == 0 {
+			if s.buf == nil {
+				s.buf = make([]byte, 4096)
+			}
+			n, err := s.br.Read(s.buf)
+			s.rest = s.buf[:n]
+			if n == 0 && err != nil {
+				return block{}, err
+			}
+		}
+		// A line at a time (or what there is of one); a block that completes ends the feed.
+		for len(s.rest) > 0 && len(s.ready) == 0 {
+			k := bytes.IndexByte(s.rest, '\n') + 1
+			if k == 0 {
+				k = len(s.rest)
+			}
+			s.dec.Feed(s.rest[:k], s.keep)
+			s.rest = s.rest[k:]
+			if len(s.ready) == 0 && s.dec.InBlock() && resetMid != nil && resetMid() {
 				s.reset()
 				return block{}, errReset
 			}
-			continue
-		}
-		if err != nil {
-			return block{}, err
-		}
-		ln := chunk
-		if len(s.line) > 0 {
-			s.line = append(s.line, chunk...)
-			ln = s.line
-		}
-		ln = bytes.TrimSuffix(ln, []byte("\n"))
-		ln = bytes.TrimSuffix(ln, []byte("\r"))
-		if len(ln) == 0 {
-			s.line = s.line[:0]
-			if b, ok := s.dispatch(); ok {
-				return b, nil
-			}
-			continue
-		}
-		s.field(ln)
-		s.line = s.line[:0]
-		s.partial = true
-		if resetMid != nil && resetMid() {
-			s.reset()
-			return block{}, errReset
 		}
 	}
+	b := s.ready[0]
+	s.ready = s.ready[1:]
+	return b, nil
 }
 
-// field applies one line of a block (the rules of the HTML event-stream interpretation).
-func (s *sseConn) field(ln []byte) {
-	if ln[0] == ':' {
-		return // a comment
+// keep records a decoded block that an EventSource acts on: an event, or a retry field.
+func (s *sseConn) keep(b *ssetest.Block) {
+	if !b.HasData && !b.HasID && !b.HasType && !b.HasRetry {
+		return // comments only (a heartbeat)
 	}
-	name, value, _ := bytes.Cut(ln, []byte(":"))
-	value = bytes.TrimPrefix(value, []byte(" "))
-	switch string(name) {
-	case "id":
-		if bytes.IndexByte(value, 0) < 0 {
-			s.cur.id, s.cur.hasID = string(value), true
-		}
-	case "event":
-		s.cur.event = string(value)
-	case "data":
-		if s.cur.hasData {
-			s.data.WriteByte('\n')
-		}
-		s.data.Write(value)
-		s.cur.hasData = true
-	case "retry":
-		s.cur.retry = string(value)
+	blk := block{event: string(b.Type), data: string(b.Data), hasData: b.HasData, retry: string(b.Retry)}
+	if b.HasID && bytes.IndexByte(b.ID, 0) < 0 { // an id holding NUL is ignored (the standard)
+		blk.id, blk.hasID = string(b.ID), true
 	}
-}
-
-func (s *sseConn) dispatch() (block, bool) {
-	s.partial = false
-	b := s.cur
-	b.data = s.data.String()
-	s.cur = block{}
-	s.data.Reset()
-	if !b.hasData && !b.hasID && b.event == "" && b.retry == "" {
-		return block{}, false
-	}
-	return b, true
+	s.ready = append(s.ready, blk)
 }
 
 // reset closes the connection with an RST (SO_LINGER 0): what the server was writing is lost.

@@ -111,7 +111,7 @@ func (s *durableSub) run(ctx context.Context) {
 	defer close(s.done)
 	backoff := 20 * time.Millisecond
 	for ctx.Err() == nil {
-		ttl := time.Hour + s.w.cfg.Duration
+		ttl := s.w.tokenTTL()
 		if s.kind == Expiring {
 			ttl = time.Duration(3000+s.rng.IntN(15000)) * time.Millisecond
 		}
@@ -314,7 +314,7 @@ func (s *ephSub) run(ctx context.Context) {
 	}
 	var zero, noStall atomic.Int64
 	for ctx.Err() == nil {
-		tok := s.w.subscriberToken(s.log.Name, nil, time.Hour+s.w.cfg.Duration)
+		tok := s.w.subscriberToken(s.log.Name, nil, s.w.tokenTTL())
 		c, resp, err := dialSSE(ctx, s.w.addr, target, []string{"Authorization: Bearer " + tok}, 0, &zero, &noStall)
 		if err == nil && resp.status == 200 {
 			s.mu.Lock()

@@ -262,24 +262,35 @@ func (c *Cluster) pgctl(args ...string) {
 	if err != nil {
 		c.t.Fatalf("pgtest: bindir: %v", err)
 	}
-	full := append([]string{"-D", filepath.Join(c.Dir, "data"), "-w", "-t", "60"}, args...)
-	cmd := exec.Command(filepath.Join(strings.TrimSpace(string(bin)), "pg_ctl"), full...)
-	if os.Geteuid() == 0 {
-		cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", cmd.Path}, full...)...)
+	if err := PGCtl(context.Background(), strings.TrimSpace(string(bin)), filepath.Join(c.Dir, "data"),
+		append([]string{"-w", "-t", "60"}, args...)...); err != nil {
+		c.t.Fatalf("pgtest: %v", err)
 	}
-	// Never hand pg_ctl a pipe: the postmaster it starts would inherit it and
-	// the pipe would not close until the server stops.
-	out, err := os.CreateTemp(c.Dir, "pg_ctl-*.out")
+}
+
+// PGCtl runs bin/pg_ctl -D dataDir args within ctx — as the postgres OS user when this
+// process is root, as scripts/pg.sh does — and returns its output in the error when it fails.
+// Its output goes to a file beside dataDir, never a pipe: a postmaster it starts would inherit
+// the pipe, and it would not close until the server stops. For harnesses that are not tests
+// (bench/chaos) as well as Cluster.
+func PGCtl(ctx context.Context, bin, dataDir string, args ...string) error {
+	full := append([]string{"-D", dataDir}, args...)
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pg_ctl"), full...)
+	if os.Geteuid() == 0 {
+		cmd = exec.CommandContext(ctx, "runuser", append([]string{"-u", "postgres", "--", cmd.Path}, full...)...)
+	}
+	out, err := os.CreateTemp(filepath.Dir(dataDir), "pg_ctl-*.out")
 	if err != nil {
-		c.t.Fatal(err)
+		return err
 	}
 	defer os.Remove(out.Name())
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
 		msg, _ := os.ReadFile(out.Name())
-		c.t.Fatalf("pgtest: pg_ctl %v: %v\n%s", args, err, msg)
+		return fmt.Errorf("pg_ctl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(msg)))
 	}
+	return nil
 }
 
 // Script is the absolute path of scripts/pg.sh.

@@ -169,6 +169,12 @@ func unhex(c byte) int {
 	return -1
 }
 
+// InBlock reports whether a block has begun and is not dispatched yet: a line of it is
+// complete, or part of a line has been fed.
+func (d *Decoder) InBlock() bool {
+	return len(d.lines) > 0 || len(d.buf) > d.lineStart || d.discarding || d.skipping
+}
+
 // LastEventID is the stream's last event ID so far (a view, valid until the next Feed).
 func (d *Decoder) LastEventID() []byte { return d.lastID }
 

@@ -233,3 +233,30 @@ func TestParse(t *testing.T) {
 	assert.Equal(t, "x", got[1].Name())
 	assert.Equal(t, "1", got[1].LastEventID)
 }
+
+// InBlock is what lets a client reset a connection in the middle of an event (bench/chaos).
+func TestDecoderInBlock(t *testing.T) {
+	for _, dd := range []bool{false, true} {
+		d := Decoder{DiscardData: dd, MaxLine: 16}
+		assert.False(t, d.InBlock(), "nothing fed")
+		steps := []struct {
+			feed string
+			in   bool
+		}{
+			{"id: 1\n", true},                        // a complete field line
+			{"data: a", true},                        // part of a line
+			{"bc\n", true},                           //
+			{"\n", false},                            // dispatched
+			{":heartbeat\n", true},                   // a comment is a line of the block too
+			{"\n", false},                            //
+			{"da", true},                             // part of a line, not yet known to be data
+			{"ta: " + strings.Repeat("x", 20), true}, // over MaxLine: dropped, still in the block
+			{"\n\n", false},                          //
+			{"\r", false},                            // a CR alone ends an (empty) line: nothing begun
+		}
+		for i, st := range steps {
+			d.Feed([]byte(st.feed), nil)
+			assert.Equal(t, st.in, d.InBlock(), "DiscardData %v, step %d (%q)", dd, i, st.feed)
+		}
+	}
+}
