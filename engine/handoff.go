@@ -180,14 +180,23 @@ func (s *Server) HandOver(ctx context.Context, send func([]HandedConn) error) (h
 // gnet.Engine.Register path as accepted ones: fd is the received descriptor (Adopt owns it),
 // record its state. It returns once the loop has them; a record that does not decode (another
 // version, malformed) is refused and its connection closed.
-func (s *Server) Adopt(fds []int, records [][]byte) error {
+func (s *Server) Adopt(fds []int, records [][]byte) error { return <-s.AdoptAsync(fds, records) }
+
+// AdoptAsync is Adopt without waiting for the loop: it returns once every connection is on
+// its way to the loop (registered with gnet), and the channel gets what Adopt would return
+// once the loop has them all. A successor reads the next batch meanwhile, so that the
+// connections still in the predecessor's batches do not wait, each batch, for the loop to
+// take the one before (the delivery pause of a handoff: docs/operations.md).
+func (s *Server) AdoptAsync(fds []int, records [][]byte) <-chan error {
+	done := make(chan error, 1)
 	select {
 	case <-s.started:
 	default:
 		for _, fd := range fds {
 			_ = unix.Close(fd)
 		}
-		return errors.New("engine: Adopt before the server started")
+		done <- errors.New("engine: Adopt before the server started")
+		return done
 	}
 	var errs []error
 	var results []<-chan gnet.RegisteredResult
@@ -217,12 +226,15 @@ func (s *Server) Adopt(fds []int, records [][]byte) error {
 		}
 		results = append(results, res)
 	}
-	for _, res := range results {
-		if r := <-res; r.Err != nil {
-			errs = append(errs, r.Err)
+	go func() {
+		for _, res := range results {
+			if r := <-res; r.Err != nil {
+				errs = append(errs, r.Err)
+			}
 		}
-	}
-	return errors.Join(errs...)
+		done <- errors.Join(errs...)
+	}()
+	return done
 }
 
 // handOverBatch hands over up to max streaming connections, appending each one's record and

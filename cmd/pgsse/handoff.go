@@ -510,6 +510,15 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 	}
 	accepting := false
 	adopted := 0
+	var registering []<-chan error // batches on their way to the loop
+	settle := func() {
+		for _, res := range registering {
+			if err := <-res; err != nil {
+				log.Error("handoff: connections that could not be taken over were closed", "err", err)
+			}
+		}
+		registering = nil
+	}
 	for {
 		typ, body, fds, err := readFrame(su.ctrl)
 		if err != nil {
@@ -519,6 +528,7 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 				return
 			}
 			log.Error("handoff: the predecessor went away while handing over; serving what arrived", "adopted", adopted, "err", err)
+			settle()
 			return
 		}
 		switch typ {
@@ -534,11 +544,11 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 				log.Error("handoff: a bad batch; its connections are closed", "err", err)
 				continue
 			}
-			if err := srv.Adopt(fds, recs); err != nil {
-				log.Error("handoff: connections that could not be taken over were closed", "err", err)
-			}
+			// The next batch is read while the loop takes this one (engine.AdoptAsync).
+			registering = append(registering, srv.AdoptAsync(fds, recs))
 			adopted += len(fds)
 		case 'D':
+			settle()
 			_ = writeFrame(su.ctrl, 'K', bin.BigEndian.AppendUint32(nil, uint32(adopted)), nil)
 			log.Info("handoff complete: serving everything the predecessor served", "pid", os.Getpid(), "adopted", adopted)
 			return
