@@ -365,7 +365,15 @@ func (h *handoffer) spawn() (*exec.Cmd, *net.UnixConn, <-chan error, error) {
 		m.Admin = true
 		fds = append(fds, fd)
 	}
-	pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	// Close-on-exec set under ForkLock, as os/exec expects (SOCK_CLOEXEC is not on every
+	// platform pgsse builds for): the successor gets its end through ExtraFiles only.
+	syscall.ForkLock.RLock()
+	pair, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(pair[0])
+		syscall.CloseOnExec(pair[1])
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
 		return nil, nil, nil, err
 	}
