@@ -6,8 +6,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/pgsse/pgsse/auth"
 )
 
 // PubFanoutParams sizes scenario 16, publishers under a fan-out (issue 20): closed-loop
@@ -40,16 +38,11 @@ func smallPubFanout() PubFanoutParams {
 // in the data are not in commit order once several publish at once. The pgsse column is HTTP,
 // the baseline column SQL, so the ratio reads HTTP ÷ SQL.
 func PubFanout(ctx context.Context, e *Env, t Target, fp PubFanoutParams, p Params) ([]*Result, error) {
-	t.ExtraArgs = append(append([]string(nil), t.ExtraArgs...), "--jwt-secret", benchSecret)
-	r, err := e.start(ctx, t, p)
+	r, tok, err := e.startPublishing(ctx, t, p)
 	if err != nil {
 		return nil, err
 	}
 	defer r.stop()
-	tok, err := auth.Mint(auth.MintKey{Secret: []byte(benchSecret)}, auth.Claims{Publish: []string{"*"}}, time.Hour, "", "", time.Now())
-	if err != nil {
-		return nil, err
-	}
 	const scenario = "16 publishers under fan-out"
 	res := &Result{Scenario: scenario, Target: "pgsse"}
 	sql := &Result{Scenario: scenario, Target: "baseline"}

@@ -55,6 +55,22 @@ func smallPublish() PublishParams {
 // token with a publish grant).
 const benchSecret = "bench-secret-0123456789-abcdefghijklmn"
 
+// startPublishing starts the server with the bench's JWT secret and mints a token that may
+// publish to every stream (scenarios 9 and 16).
+func (e *Env) startPublishing(ctx context.Context, t Target, p Params) (*run, string, error) {
+	t.ExtraArgs = append(append([]string(nil), t.ExtraArgs...), "--jwt-secret", benchSecret)
+	r, err := e.start(ctx, t, p)
+	if err != nil {
+		return nil, "", err
+	}
+	tok, err := auth.Mint(auth.MintKey{Secret: []byte(benchSecret)}, auth.Claims{Publish: []string{"*"}}, time.Hour, "", "", time.Now())
+	if err != nil {
+		r.stop()
+		return nil, "", err
+	}
+	return r, tok, nil
+}
+
 // Publish is scenario 9 against pgsse, all phases in one run on one server and database:
 //
 //	(a) p.SQLConns connections calling SELECT pgsse.publish($1, $2), one transaction each
@@ -68,16 +84,11 @@ const benchSecret = "bench-secret-0123456789-abcdefghijklmn"
 // answer (its COMMIT) is back. The result's "baseline" column is (a), so that the ratio
 // column reads HTTP (group commit) ÷ pgsse.publish.
 func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) ([]*Result, error) {
-	t.ExtraArgs = append(append([]string(nil), t.ExtraArgs...), "--jwt-secret", benchSecret)
-	r, err := e.start(ctx, t, p)
+	r, tok, err := e.startPublishing(ctx, t, p)
 	if err != nil {
 		return nil, err
 	}
 	defer r.stop()
-	tok, err := auth.Mint(auth.MintKey{Secret: []byte(benchSecret)}, auth.Claims{Publish: []string{"*"}}, time.Hour, "", "", time.Now())
-	if err != nil {
-		return nil, err
-	}
 	res := &Result{Scenario: "9 publish", Target: "pgsse"}
 	sql := &Result{Scenario: "9 publish", Target: "baseline"}
 

@@ -256,7 +256,13 @@ func (s *subscriptions) started(sc *sseConn) {
 		}
 	}
 	s.conns.respond(sc)
-	for i := range n {
+	s.catchUp(sc)
+}
+
+// catchUp starts each of a streaming connection's catching-up stream subscriptions: from the
+// table when its cursor has not been checked yet, else from its stream's ring if it can.
+func (s *subscriptions) catchUp(sc *sseConn) {
+	for i := range sc.subCount() {
 		sub := sc.sub(i)
 		switch {
 		case sc.ending():
@@ -361,18 +367,7 @@ func (s *subscriptions) adopt(sc *sseConn, h *framing.HandoffConn) {
 		sub.gapChecked = r.Checked
 		sub.to(subCatchUp)
 	}
-	for i := range sc.subCount() {
-		sub := sc.sub(i)
-		switch {
-		case sc.ending():
-			return
-		case sub.state != subCatchUp:
-		case !sub.gapChecked:
-			s.replay(sub)
-		default:
-			s.tryJoin(sub)
-		}
-	}
+	s.catchUp(sc)
 }
 
 // --- live events --------------------------------------------------------------------------
