@@ -462,7 +462,7 @@ func TestHandoffFailedSuccessorKeepsServing(t *testing.T) {
 		name, script, log string
 	}{
 		{"exits at once", "exit 3", "the successor exited before it was ready (exit status 3)"},
-		{"another version", `printf '\000\000\000\002H\002' >&3; sleep 5`, "the successor speaks handoff version 2, this binary 1"},
+		{"another version", `printf '\000\000\000\002H\003' >&3; sleep 5`, "the successor speaks handoff version 3, this binary 2"},
 		{"hangs", "exec sleep 60", "the successor was not ready within 3s"},
 	}
 	for _, c := range cases {
