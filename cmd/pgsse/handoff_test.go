@@ -520,3 +520,101 @@ func stopPID(t *testing.T, pid int) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestHandoffChannelNotificationsNotLost (issue 22): channel subscribers on a raw channel
+// while NOTIFYs with increasing n are sent as fast as one session can, before, through and
+// after SIGUSR2; every subscriber sees every n after its first, none twice, none missing (SPEC
+// §6: channel traffic is not interrupted — the successor LISTENs the channel before the
+// predecessor lets go).
+func TestHandoffChannelNotificationsNotLost(t *testing.T) {
+	h := startHandoffServer(t, 0, 0, 1, 0)
+	var subs []*hoClient
+	for range 8 {
+		subs = append(subs, dialSSE(t, h.srv.Listen, "/channels/hraw", h.subTok))
+	}
+	var sent atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		conn := pgtest.Connect(t, h.dsn)
+		for n := int64(1); ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := conn.Exec(context.Background(), "SELECT pg_notify('hraw', '"+strconv.FormatInt(n, 10)+"')").Close(); err != nil {
+				t.Errorf("notify: %v", err)
+				return
+			}
+			sent.Store(n)
+		}
+	}()
+	type seen struct {
+		first, last int64
+		err         error
+	}
+	results := make([]seen, len(subs))
+	var rwg sync.WaitGroup
+	for i, c := range subs {
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
+			r := &results[i]
+			for r.err == nil {
+				e, err := c.stream.Next(5 * time.Second)
+				if err != nil {
+					select {
+					case <-stop:
+						if r.last >= sent.Load() {
+							return // nothing more is coming
+						}
+					default:
+					}
+					r.err = err
+					return
+				}
+				if !e.IsEvent() {
+					continue
+				}
+				n, _ := strconv.ParseInt(e.Data, 10, 64)
+				switch {
+				case r.first == 0:
+					r.first = n
+				case n != r.last+1:
+					r.err = fmt.Errorf("%d after %d", n, r.last)
+				}
+				r.last = n
+				select {
+				case <-stop:
+					if n >= sent.Load() {
+						return
+					}
+				default:
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	installBinary(t, binary(t), h.bin)
+	pred := h.srv.Process()
+	h.srv.Signal(syscall.SIGUSR2)
+	line, err := pred.WaitLine(ctxFor(t, 45*time.Second), func(l []byte) bool {
+		return bytes.Contains(l, []byte("handed everything over to the successor"))
+	})
+	require.NoError(t, err, "the predecessor hands over")
+	var m struct{ Successor int }
+	require.NoError(t, json.Unmarshal(line, &m))
+	t.Cleanup(func() { stopPID(t, m.Successor) })
+	assert.Equal(t, 0, h.srv.WaitExit(20*time.Second), "the predecessor exits 0")
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	rwg.Wait()
+	for i, r := range results {
+		assert.NoError(t, r.err, "subscriber %d (first %d, last %d, sent %d)", i, r.first, r.last, sent.Load())
+		assert.Equal(t, sent.Load(), r.last, "subscriber %d has the last notification", i)
+	}
+}
