@@ -268,3 +268,92 @@ func (s *Server) handOverConns(max int, out []HandedConn) ([]HandedConn, int) {
 	}
 	return out, waiting
 }
+
+// ListenedChannels is the raw channels this server holds on its LISTEN session — for its
+// /channels/ subscriptions, hub workers and --procs siblings; not the stream channel — for a
+// successor to LISTEN before it says ready (framing.AppendHandoffChannels).
+func (s *Server) ListenedChannels() ([]string, error) {
+	res := make(chan []string, 1)
+	if !s.tasks.push(func() {
+		var names []string
+		for name := range s.chans.byName {
+			if name != storeChannel {
+				names = append(names, name)
+			}
+		}
+		res <- names
+	}) {
+		return nil, errors.New("engine: stopped")
+	}
+	return <-res, nil
+}
+
+// HoldChannels holds each of names on this server's LISTEN session (as one more holder, beside
+// any subscription or worker) and returns once every LISTEN has completed, or failed, or ctx
+// ended: a successor holds its predecessor's channels so before it says ready, so that the
+// connections moving to it find their channels LISTENed (SPEC §6: the successor LISTENs on
+// every channel before the predecessor lets go). release gives the holds back (call it once
+// the moved connections hold their channels: after Adopt); it is safe to call on error. The
+// error names the channels whose LISTEN failed. Call once the server is Ready.
+func (s *Server) HoldChannels(ctx context.Context, names []string) (release func(), err error) {
+	type outcome struct {
+		name string
+		err  error
+	}
+	var held []*channel
+	got := make(chan outcome, len(names))
+	queued := make(chan int, 1)
+	if !s.tasks.push(func() {
+		n := 0
+		for _, name := range names {
+			if name == "" || reservedChannel([]byte(name)) {
+				continue
+			}
+			ch := s.chans.hold(name)
+			held = append(held, ch)
+			n++
+			switch ch.ref {
+			case refHeld:
+				got <- outcome{name, nil}
+			case refPending:
+				ch.waiters = append(ch.waiters, func(err error) { got <- outcome{name, err} })
+			default: // no LISTEN source, or its LISTEN failed before
+				got <- outcome{name, errors.New("not LISTENed")}
+			}
+		}
+		queued <- n
+	}) {
+		return func() {}, errors.New("engine: stopped")
+	}
+	var once bool
+	release = func() {
+		if once {
+			return
+		}
+		once = true
+		s.tasks.push(func() {
+			for _, ch := range held {
+				s.chans.release(ch)
+			}
+		})
+	}
+	var n int
+	select {
+	case n = <-queued:
+	case <-ctx.Done():
+		go func() { <-queued; release() }()
+		return func() {}, ctx.Err()
+	}
+	var errs []error
+	for range n {
+		select {
+		case o := <-got:
+			if o.err != nil {
+				errs = append(errs, fmt.Errorf("channel %s: %w", o.name, o.err))
+			}
+		case <-ctx.Done():
+			return release, ctx.Err()
+		}
+	}
+	return release, errors.Join(errs...)
+}
