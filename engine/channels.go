@@ -24,8 +24,6 @@ type channel struct {
 	ref       sessionRef
 	sse       channelSubs // the SSE subscriptions' side (fanout.go)
 	hub       hubChannel  // hub workers' side (hubserver.go)
-	// waiters are told the outcome of the channel's LISTEN in flight (HoldChannels)
-	waiters []func(error)
 }
 
 // channelTable is the loop's part for raw channels: the channels held, by name, each with
@@ -186,13 +184,6 @@ func (t *channelTable) release(ch *channel) {
 }
 
 func (t *channelTable) onListened(ch *channel, err error) {
-	waiters := ch.waiters
-	ch.waiters = nil
-	defer func() {
-		for _, w := range waiters {
-			w(err)
-		}
-	}()
 	if err != nil {
 		ch.ref = refNone
 		if t.byName[ch.name] == ch {

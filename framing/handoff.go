@@ -11,7 +11,7 @@ import (
 // connection's descriptor (SCM_RIGHTS). Big-endian, versioned, strict like the hub frames:
 //
 //	u8  version (HandoffVersion)
-//	u8  kind    (1 SSE connection, 2 hub worker, 3 channels)
+//	u8  kind    (1 SSE connection, 2 hub worker)
 //
 // an SSE connection (kind 1):
 //
@@ -33,27 +33,18 @@ import (
 //	                   predecessor had begun writing (0: tail starts at a frame)
 //	u32 len, tail      the hub frames the predecessor had not written yet
 //
-// the channels (kind 3; version 2 on): the raw channels the predecessor LISTENs — for its
-// /channels/ subscriptions, hub workers and --procs siblings, not the stream channel — which
-// the successor LISTENs before it says ready, so that no notification on them falls between
-// the two LISTEN sessions while connections move:
-//
-//	u16 n, n × (u16 len, channel)
-//
 // Nothing may follow. Decoding copies (records cross a process boundary once per connection
 // and deploy; they are not on a hot path) and never panics (fuzz: FuzzHandoffRecord).
 
 // HandoffVersion is the record version this binary writes and reads. A record from any other
 // version is refused with ErrHandoffVersion: a successor that does not speak the same
-// version takes nothing over (the predecessor keeps serving). Version 2 added the channels
-// record (kind 3): a version-1 successor would not LISTEN them before it said ready.
-const HandoffVersion = 2
+// version takes nothing over (the predecessor keeps serving).
+const HandoffVersion = 1
 
 // Record kinds.
 const (
 	HandoffSSE    = 1
 	HandoffWorker = 2
-	HandoffChans  = 3
 )
 
 // Subscription kinds and states in a record.
@@ -68,11 +59,10 @@ const (
 
 // Bounds a decoder enforces.
 const (
-	HandoffMaxSubs     = 255
-	HandoffMaxTags     = 4096
-	HandoffMaxName     = 4096
-	HandoffMaxTail     = 1 << 30
-	HandoffMaxChannels = 1<<16 - 1
+	HandoffMaxSubs = 255
+	HandoffMaxTags = 4096
+	HandoffMaxName = 4096
+	HandoffMaxTail = 1 << 30
 )
 
 var (
@@ -118,12 +108,11 @@ type HandoffWorkerRec struct {
 	Tail     []byte
 }
 
-// HandoffRecord is one decoded record: Kind says which of Conn, Worker and Channels is set.
+// HandoffRecord is one decoded record: Kind says which of Conn and Worker is set.
 type HandoffRecord struct {
-	Kind     uint8
-	Conn     HandoffConn
-	Worker   HandoffWorkerRec
-	Channels []string
+	Kind   uint8
+	Conn   HandoffConn
+	Worker HandoffWorkerRec
 }
 
 func bin32(dst []byte, v uint32) []byte { return binary.BigEndian.AppendUint32(dst, v) }
@@ -180,17 +169,6 @@ func AppendHandoffWorker(dst []byte, w *HandoffWorkerRec) []byte {
 	dst = bin32(dst, w.Partial)
 	dst = bin32(dst, uint32(len(w.Tail)))
 	return append(dst, w.Tail...)
-}
-
-// AppendHandoffChannels appends the channels record of names to dst: at most
-// HandoffMaxChannels names, each non-empty and within HandoffMaxName (the engine's are).
-func AppendHandoffChannels(dst []byte, names []string) []byte {
-	dst = append(dst, HandoffVersion, HandoffChans)
-	dst = binary.BigEndian.AppendUint16(dst, uint16(len(names)))
-	for _, n := range names {
-		dst = appendStr16(dst, n)
-	}
-	return dst
 }
 
 // recReader reads a record's fields; the first failure sticks.
@@ -264,8 +242,6 @@ func DecodeHandoff(src []byte) (HandoffRecord, error) {
 		decodeConn(&r, &rec.Conn)
 	case HandoffWorker:
 		decodeWorker(&r, &rec.Worker)
-	case HandoffChans:
-		rec.Channels = decodeChannels(&r)
 	default:
 		return HandoffRecord{}, fmt.Errorf("%w: kind %d", ErrHandoffRecord, rec.Kind)
 	}
@@ -351,22 +327,4 @@ func decodeWorker(r *recReader, w *HandoffWorkerRec) {
 	if tail := r.n(int(nb)); len(tail) > 0 {
 		w.Tail = append([]byte(nil), tail...)
 	}
-}
-
-func decodeChannels(r *recReader) []string {
-	n := r.u16()
-	if n*3 > len(r.b) {
-		r.bad = true
-		return nil
-	}
-	out := make([]string, 0, n)
-	for range n {
-		name := r.str16(HandoffMaxName)
-		if name == "" {
-			r.bad = true
-			return nil
-		}
-		out = append(out, name)
-	}
-	return out
 }

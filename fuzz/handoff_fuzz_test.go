@@ -22,7 +22,6 @@ func FuzzHandoffRecord(f *testing.F) {
 	}))
 	f.Add(framing.AppendHandoffWorker(nil, &framing.HandoffWorkerRec{PID: 1, Name: "w",
 		Channels: []framing.HandoffChan{{Mode: 1, Name: "jobs"}}, Partial: 1, Tail: []byte{0, 0, 0, 1, 0x84}}))
-	f.Add(framing.AppendHandoffChannels(nil, []string{"jobs", "chat.room-1"}))
 	f.Add([]byte{framing.HandoffVersion + 1, framing.HandoffSSE})
 	f.Fuzz(func(t *testing.T, src []byte) {
 		rec, err := framing.DecodeHandoff(src)
@@ -38,8 +37,6 @@ func FuzzHandoffRecord(f *testing.F) {
 			re = framing.AppendHandoffConn(nil, &rec.Conn)
 		case framing.HandoffWorker:
 			re = framing.AppendHandoffWorker(nil, &rec.Worker)
-		case framing.HandoffChans:
-			re = framing.AppendHandoffChannels(nil, rec.Channels)
 		default:
 			t.Fatalf("accepted kind %d", rec.Kind)
 		}

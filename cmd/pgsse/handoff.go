@@ -35,14 +35,8 @@ import (
 //	                                                  os.File.Fd would make them blocking for
 //	                                                  the predecessor's acceptors too)
 //	successor → predecessor   'H' u8 version          at once: the handoff version it speaks
-//	predecessor → successor   'C' record              once 'H' is in: the raw channels it LISTENs
-//	                                                  (framing's channels record)
-//	successor → predecessor   'R'                     its LISTEN session is up and LISTENs every
-//	                                                  channel of 'C': ready
+//	successor → predecessor   'R'                     its LISTEN session is up: ready
 //	predecessor → successor   'A'                     the predecessor no longer accepts: accept
-//	predecessor → successor   'C' record              the channels it LISTENs now (those taken
-//	                                                  since the first 'C' among them)
-//	successor → predecessor   'R'                     LISTENed them too: the predecessor hands over
 //	predecessor → successor   'B' u16 n, n × (u32 len, record)   n connections (≤ 64), their
 //	                                                  descriptors by SCM_RIGHTS on the same message
 //	predecessor → successor   'D'                     that was all
@@ -250,8 +244,7 @@ func (h *handoffer) run() bool {
 		h.log.Error("handoff failed, still serving everything: "+why, "successor", child.Process.Pid, "err", err)
 		return false
 	}
-	deadline := began.Add(readyTimeout())
-	_ = ctrl.SetReadDeadline(deadline)
+	_ = ctrl.SetReadDeadline(began.Add(readyTimeout()))
 	typ, body, fds, err := readFrame(ctrl)
 	closeFDs(fds)
 	switch {
@@ -261,10 +254,6 @@ func (h *handoffer) run() bool {
 		return giveUp("the successor does not speak the handoff protocol", nil)
 	case int(body[0]) != framing.HandoffVersion:
 		return giveUp(fmt.Sprintf("the successor speaks handoff version %d, this binary %d", body[0], framing.HandoffVersion), nil)
-	}
-	// The successor LISTENs every channel we do before it says ready (SPEC §6).
-	if err := h.sendChannels(ctrl); err != nil {
-		return giveUp("cannot tell the successor the channels", err)
 	}
 	typ, _, fds, err = readFrame(ctrl)
 	closeFDs(fds)
@@ -283,22 +272,6 @@ func (h *handoffer) run() bool {
 	}
 	if err := writeFrame(ctrl, 'A', nil, nil); err != nil {
 		h.log.Error("handoff: the successor went away as it took over; serving the connections we have, accepting no more", "err", err)
-		return false
-	}
-	// Channels taken since the first 'C' (connections accepted meanwhile, workers' SUBs): the
-	// successor LISTENs them too before any connection moves. Only a connection still in the
-	// middle of its request now can take a channel that is not among them (docs/operations.md).
-	_ = ctrl.SetReadDeadline(time.Now().Add(handoffMoveTimeout))
-	if err := h.sendChannels(ctrl); err == nil {
-		typ, _, fds, err = readFrame(ctrl)
-		closeFDs(fds)
-		if err == nil && typ != 'R' {
-			err = errors.New("the successor sent " + strconv.QuoteRune(rune(typ)) + " for 'R'")
-		}
-	}
-	_ = ctrl.SetReadDeadline(time.Time{})
-	if err != nil {
-		h.log.Error("handoff: the successor did not LISTEN the channels as it took over; serving the connections we have, accepting no more", "err", err)
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), handoffMoveTimeout)
@@ -326,18 +299,6 @@ func (h *handoffer) run() bool {
 	h.log.Info("handed everything over to the successor; exiting", "successor", child.Process.Pid,
 		"connections", handed, "adopted", adopted, "took", time.Since(began).Round(time.Millisecond).String())
 	return true
-}
-
-// sendChannels tells the successor the raw channels this process LISTENs ('C').
-func (h *handoffer) sendChannels(ctrl *net.UnixConn) error {
-	names, err := h.srv.ListenedChannels()
-	if err != nil {
-		return err
-	}
-	if len(names) > framing.HandoffMaxChannels {
-		return fmt.Errorf("%d channels, a record holds %d", len(names), framing.HandoffMaxChannels)
-	}
-	return writeFrame(ctrl, 'C', framing.AppendHandoffChannels(nil, names), nil)
 }
 
 // whyNotReady says why the successor did not get ready: it exited (with what), or the time.
@@ -550,46 +511,8 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// The predecessor's channels: LISTENed here before we say ready ('C', then 'R'), held
-	// until the connections that hold them have moved ('D').
-	var releases []func()
-	defer func() {
-		for _, r := range releases {
-			r()
-		}
-	}()
-	holdChannels := func(body []byte, until time.Time) error {
-		rec, err := framing.DecodeHandoff(body)
-		if err == nil && rec.Kind != framing.HandoffChans {
-			err = fmt.Errorf("a record of kind %d for the channels", rec.Kind)
-		}
-		if err != nil {
-			return err
-		}
-		ctx, cancel := context.WithDeadline(context.Background(), until)
-		defer cancel()
-		release, err := srv.HoldChannels(ctx, rec.Channels)
-		releases = append(releases, release)
-		if err != nil && ctx.Err() != nil {
-			return err
-		}
-		if err != nil { // refused by PostgreSQL: the subscriptions would be refused here too
-			log.Warn("handoff: not every channel of the predecessor could be LISTENed", "err", err)
-		}
-		return writeFrame(su.ctrl, 'R', nil, nil)
-	}
-	_ = su.ctrl.SetReadDeadline(deadline)
-	typ, body, fds, err := readFrame(su.ctrl)
-	_ = su.ctrl.SetReadDeadline(time.Time{})
-	closeFDs(fds)
-	if err == nil && typ != 'C' {
-		err = errors.New("the predecessor sent " + strconv.QuoteRune(rune(typ)) + " where it should say its channels")
-	}
-	if err == nil {
-		err = holdChannels(body, deadline)
-	}
-	if err != nil {
-		log.Error("handoff: not ready (the predecessor's channels); the predecessor keeps serving", "err", err)
+	if err := writeFrame(su.ctrl, 'R', nil, nil); err != nil {
+		log.Error("handoff: the predecessor went away; stopping", "err", err)
 		giveUp()
 		return
 	}
@@ -605,7 +528,7 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 		registering = nil
 	}
 	for {
-		typ, body, fds, err = readFrame(su.ctrl)
+		typ, body, fds, err := readFrame(su.ctrl)
 		if err != nil {
 			if !accepting {
 				log.Info("handoff: the predecessor kept serving; stopping", "err", err)
@@ -617,10 +540,6 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 			return
 		}
 		switch typ {
-		case 'C':
-			if err := holdChannels(body, time.Now().Add(handoffMoveTimeout)); err != nil {
-				log.Error("handoff: the predecessor's channels", "err", err)
-			}
 		case 'A':
 			if !accepting {
 				accepting = true
