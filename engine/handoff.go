@@ -344,8 +344,8 @@ func (s *Server) MarkHandoff(ctx context.Context, mark string) error {
 		return err
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "SELECT pg_notify('"+mark+"', '')").ReadAll(); err != nil {
-		return err
+	if res := conn.ExecParams(ctx, "SELECT pg_notify($1, '')", [][]byte{[]byte(mark)}, nil, nil, nil).Read(); res.Err != nil {
+		return res.Err
 	}
 	return s.loopWait(ctx, func(done func(error)) { s.chans.awaitMark(func() { done(nil) }) })
 }
