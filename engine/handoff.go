@@ -298,7 +298,13 @@ func (s *Server) loopDo(ctx context.Context, f func()) error {
 // waits for that (or ctx).
 func (s *Server) loopWait(ctx context.Context, start func(done func(error))) error {
 	res := make(chan error, 1)
-	if err := s.loopDo(ctx, func() { start(func(err error) { res <- err }) }); err != nil {
+	tell := func(err error) {
+		select {
+		case res <- err:
+		default: // told once; never block the loop
+		}
+	}
+	if err := s.loopDo(ctx, func() { start(tell) }); err != nil {
 		return err
 	}
 	select {
