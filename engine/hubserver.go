@@ -1226,12 +1226,13 @@ func (sub *hubSub) resume(h *hubServer, notes []heldNote, exact bool) {
 	}
 }
 
-// adoptedOne counts down a handed-over worker's channels not LISTENed here yet; true at
-// none: the caller queues its one RESYNC (adoptedResync).
+// adoptedOne counts down a handed-over worker's channels not resumed here yet; true at
+// none: the caller queues its one RESYNC (adoptedResync) if the worker is inexact.
 func (w *worker) adoptedOne() bool {
 	w.adopting--
 	return w.adopting == 0 && !w.closing
 }
 
-// adoptedResync is the RESYNC a handed-over worker gets once its channels are LISTENed here.
+// adoptedResync is the RESYNC a handed-over worker gets once its channels are live here, if
+// one of them could not be resumed at its handoff position (channelTable.resumeAt).
 const adoptedResync = "handed over to a new pgsse process: re-read your state"
