@@ -54,6 +54,12 @@ type ClientConfig struct {
 	Reconnect bool
 }
 
+// reconnectDialers bounds a Reconnect client's connects in progress at once: browsers come
+// back independently, so more than the initial Dialers — a few handfuls of blocking connects
+// could not follow a storm of thousands, and one the server does not answer blocks a slot
+// for the 30 s head timeout.
+const reconnectDialers = 512
+
 // DefaultRetryMS is the reconnection delay of a Reconnect client before the server sent a
 // retry: field (the WHATWG standard leaves it to the browser; they use 3 s).
 const DefaultRetryMS = 3000
@@ -165,7 +171,7 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 	}
 	if cfg.Reconnect {
 		c.redial = map[*sseConn]*time.Timer{}
-		c.dialSem = make(chan struct{}, cfg.Dialers)
+		c.dialSem = make(chan struct{}, reconnectDialers)
 	}
 	for range cfg.Readers {
 		epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)

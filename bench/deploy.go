@@ -83,7 +83,7 @@ const (
 const (
 	deployStream      = "deploy"
 	deployMaxSeq      = 1 << 16
-	deployWaitTimeout = 90 * time.Second
+	deployWaitTimeout = 3 * time.Minute
 )
 
 // DeployClientMain is a client process of scenario 17: n reconnecting subscribers of addr
@@ -334,7 +334,9 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 	if dp.Procs > 1 {
 		t.Procs = dp.Procs
 	}
-	t.MaxConns = max(16000, dp.Conns/max(dp.Procs, 1)*3/2) // the kernel's spread over the processes is uneven
+	// The kernel's spread over --procs processes is uneven: room for a quarter more, within
+	// the 20,000 descriptors a process may have.
+	t.MaxConns = min(19000, max(16000, dp.Conns/max(dp.Procs, 1)*5/4))
 	label := fmt.Sprintf("pgsse --procs %d", max(dp.Procs, 1))
 
 	srv, err := StartServer(ctx, t, db.URL, e.Dir)
@@ -384,125 +386,141 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 	whole := &Result{Scenario: "17 deploy", Target: DeployLabelRun}
 	results := []*Result{steady, restart, handoff, whole}
 
-	// The steady window: the pauses of a server that nobody deploys.
-	replays0 := replayReads(ctx, srv)
-	if _, err := d.mark(deploySteady); err != nil {
-		return nil, err
-	}
-	time.Sleep(dp.Window)
-	steady.add("catch-up reads (pgsse_replay_reads_total) during the window", "", replayReads(ctx, srv)-replays0, true)
-	rssOld, _ := srv.RSS()
-	steady.add("server RSS", "MiB", float64(rssOld)/(1<<20), true)
-
-	// (a) SIGTERM, and the same binary again on the same ports once the old one has gone.
-	e.logf("%s: (a) SIGTERM + restart", label)
-	signalAt, err := d.mark(deployRestart)
-	if err != nil {
-		return nil, err
-	}
-	_ = srv.proc.Signal(syscall.SIGTERM)
-	select {
-	case <-srv.proc.Exited():
-	case <-time.After(60 * time.Second):
-		return nil, errors.New("(a): the server did not exit within 60 s of SIGTERM")
-	}
-	exited := time.Since(time.Unix(0, signalAt))
-	srv2, err := StartServer(ctx, t, db.URL, e.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("(a): restart: %w", err)
-	}
-	servers = append(servers, srv2)
-	serving := time.Since(time.Unix(0, signalAt))
-	if err := d.caughtUp(); err != nil {
-		return nil, fmt.Errorf("(a): %w", err)
-	}
-	recovered := time.Since(time.Unix(0, signalAt))
-	restart.add("time from the signal until the old process exited", "ms", ms(exited), true)
-	restart.add("time from the signal until the new process serves", "ms", ms(serving), true)
-	restart.add("time from the signal until every subscriber has a new event", "ms", ms(recovered), true)
-	// The next binary, installed now: copying it stalls this process (the publisher) for a
-	// moment, which must not fall into (b)'s window.
-	if err := installBinary(t.Bin, bin); err != nil {
-		return nil, err
-	}
-	time.Sleep(dp.Settle)
-	restart.add("catch-up reads (pgsse_replay_reads_total of the new process)", "", replayReads(ctx, srv2), true)
-	rssNew, _ := srv2.RSS()
-	restart.add("server RSS", "MiB", float64(rssNew)/(1<<20), true)
-	restart.add("new process's RSS ÷ the old's", "×", float64(rssNew)/float64(max(rssOld, 1)), true)
-
-	// (b) SIGUSR2: the handoff to the binary at the same path.
-	e.logf("%s: (b) SIGUSR2", label)
-	waitProfile := func() {}
-	if e.ProfileDir != "" {
-		waitProfile = profileSuccessor(ctx, e, srv2, label)
-	}
-	rssPred, _ := srv2.RSS()
-	signalAt, err = d.mark(deployHandoff)
-	if err != nil {
-		return nil, err
-	}
-	_ = srv2.proc.Signal(syscall.SIGUSR2)
-	lctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	line, err := srv2.proc.WaitLine(lctx, func(l []byte) bool {
-		return strings.Contains(string(l), "handed everything over to the successor") || strings.Contains(string(l), "handoff failed")
-	})
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("(b): no word of the handoff: %w\n%s", err, tail(srv2.LogPath, 20))
-	}
-	// A text log line: key=value pairs (slog's TextHandler).
-	var m struct {
-		Successor, Connections int
-		Took                   string
-	}
-	for _, kv := range logfmtRE.FindAllStringSubmatch(string(line), -1) {
-		switch kv[1] {
-		case "successor":
-			m.Successor, _ = strconv.Atoi(kv[2])
-		case "connections":
-			m.Connections, _ = strconv.Atoi(kv[2])
-		case "took":
-			m.Took = strings.Trim(kv[2], `"`)
+	// The steps, as far as they go: a step that fails (a server that does not come back, or
+	// subscribers that do not catch up in time) ends them, and what was measured until then
+	// is reported with the clients' counts.
+	phases := func() error {
+		// The steady window: the pauses of a server that nobody deploys.
+		replays0, deliv0 := replayReads(ctx, srv), serverMetric(ctx, srv, "pgsse_deliveries_total")
+		w0 := time.Now()
+		if _, err := d.mark(deploySteady); err != nil {
+			return err
 		}
+		time.Sleep(dp.Window)
+		steady.add("catch-up reads (pgsse_replay_reads_total) during the window", "", replayReads(ctx, srv)-replays0, true)
+		steady.add("server deliveries ÷ (subscribers × rate) during the window", "×",
+			(serverMetric(ctx, srv, "pgsse_deliveries_total")-deliv0)/(float64(dp.Conns)*dp.Rate*time.Since(w0).Seconds()), false)
+		rssOld, _ := srv.RSS()
+		steady.add("server RSS", "MiB", float64(rssOld)/(1<<20), true)
+
+		// (a) SIGTERM, and the same binary again on the same ports once the old one has gone.
+		e.logf("%s: (a) SIGTERM + restart", label)
+		signalAt, err := d.mark(deployRestart)
+		if err != nil {
+			return err
+		}
+		_ = srv.proc.Signal(syscall.SIGTERM)
+		select {
+		case <-srv.proc.Exited():
+		case <-time.After(60 * time.Second):
+			return errors.New("(a): the server did not exit within 60 s of SIGTERM")
+		}
+		exited := time.Since(time.Unix(0, signalAt))
+		srv2, err := StartServer(ctx, t, db.URL, e.Dir)
+		if err != nil {
+			return fmt.Errorf("(a): restart: %w", err)
+		}
+		servers = append(servers, srv2)
+		serving := time.Since(time.Unix(0, signalAt))
+		if err := d.caughtUp(); err != nil {
+			return fmt.Errorf("(a): %w", err)
+		}
+		recovered := time.Since(time.Unix(0, signalAt))
+		restart.add("time from the signal until the old process exited", "ms", ms(exited), true)
+		restart.add("time from the signal until the new process serves", "ms", ms(serving), true)
+		restart.add("time from the signal until every subscriber has a new event", "ms", ms(recovered), true)
+		// The next binary, installed now: copying it stalls this process (the publisher) for a
+		// moment, which must not fall into (b)'s window.
+		if err := installBinary(t.Bin, bin); err != nil {
+			return err
+		}
+		time.Sleep(dp.Settle)
+		restart.add("catch-up reads (pgsse_replay_reads_total of the new process)", "", replayReads(ctx, srv2), true)
+		rssNew, _ := srv2.RSS()
+		restart.add("server RSS", "MiB", float64(rssNew)/(1<<20), true)
+		restart.add("new process's RSS ÷ the old's", "×", float64(rssNew)/float64(max(rssOld, 1)), true)
+
+		// (b) SIGUSR2: the handoff to the binary at the same path.
+		e.logf("%s: (b) SIGUSR2", label)
+		waitProfile := func() {}
+		if e.ProfileDir != "" {
+			waitProfile = profileSuccessor(ctx, e, srv2, label)
+		}
+		rssPred, _ := srv2.RSS()
+		signalAt, err = d.mark(deployHandoff)
+		if err != nil {
+			return err
+		}
+		_ = srv2.proc.Signal(syscall.SIGUSR2)
+		lctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		line, err := srv2.proc.WaitLine(lctx, func(l []byte) bool {
+			return strings.Contains(string(l), "handed everything over to the successor") || strings.Contains(string(l), "handoff failed")
+		})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("(b): no word of the handoff: %w\n%s", err, tail(srv2.LogPath, 20))
+		}
+		// A text log line: key=value pairs (slog's TextHandler).
+		var m struct {
+			Successor, Connections int
+			Took                   string
+		}
+		for _, kv := range logfmtRE.FindAllStringSubmatch(string(line), -1) {
+			switch kv[1] {
+			case "successor":
+				m.Successor, _ = strconv.Atoi(kv[2])
+			case "connections":
+				m.Connections, _ = strconv.Atoi(kv[2])
+			case "took":
+				m.Took = strings.Trim(kv[2], `"`)
+			}
+		}
+		if m.Successor == 0 {
+			return fmt.Errorf("(b): %s", line)
+		}
+		successor = m.Successor
+		orphans.Store(successor, struct{}{})
+		select {
+		case <-srv2.proc.Exited():
+		case <-time.After(60 * time.Second):
+			return errors.New("(b): the predecessor did not exit within 60 s of SIGUSR2")
+		}
+		exited = time.Since(time.Unix(0, signalAt))
+		if err := d.caughtUp(); err != nil {
+			return fmt.Errorf("(b): %w", err)
+		}
+		recovered = time.Since(time.Unix(0, signalAt))
+		took, _ := time.ParseDuration(m.Took)
+		handoff.add("time from the signal until the old process exited", "ms", ms(exited), true)
+		handoff.add("time from the signal until the handover was done (its log line)", "ms", ms(took), true)
+		handoff.add("time from the signal until every subscriber has a new event", "ms", ms(recovered), true)
+		handoff.add("connections handed over (its log line)", "", float64(m.Connections), false)
+		time.Sleep(dp.Settle)
+		succ := &Server{Name: t.Name, PID: successor, SSE: srv.SSE, Admin: srv.Admin, LogPath: srv2.LogPath}
+		waitProfile()
+		handoff.add("catch-up reads (pgsse_replay_reads_total of the new process)", "", replayReads(ctx, succ), true)
+		rssSucc, _ := succ.RSS()
+		handoff.add("server RSS", "MiB", float64(rssSucc)/(1<<20), true)
+		handoff.add("new process's RSS ÷ the old's", "×", float64(rssSucc)/float64(max(rssPred, 1)), true)
+		if exe, err := os.Readlink("/proc/" + strconv.Itoa(successor) + "/exe"); err != nil || exe != bin {
+			handoff.note("the successor runs %q, not the installed %s (%v)", exe, bin, err)
+		}
+		return nil
 	}
-	if m.Successor == 0 {
-		return nil, fmt.Errorf("(b): %s", line)
-	}
-	successor = m.Successor
-	orphans.Store(successor, struct{}{})
-	select {
-	case <-srv2.proc.Exited():
-	case <-time.After(60 * time.Second):
-		return nil, errors.New("(b): the predecessor did not exit within 60 s of SIGUSR2")
-	}
-	exited = time.Since(time.Unix(0, signalAt))
-	if err := d.caughtUp(); err != nil {
-		return nil, fmt.Errorf("(b): %w", err)
-	}
-	recovered = time.Since(time.Unix(0, signalAt))
-	took, _ := time.ParseDuration(m.Took)
-	handoff.add("time from the signal until the old process exited", "ms", ms(exited), true)
-	handoff.add("time from the signal until the handover was done (its log line)", "ms", ms(took), true)
-	handoff.add("time from the signal until every subscriber has a new event", "ms", ms(recovered), true)
-	handoff.add("connections handed over (its log line)", "", float64(m.Connections), false)
-	time.Sleep(dp.Settle)
-	succ := &Server{Name: t.Name, PID: successor, SSE: srv.SSE, Admin: srv.Admin, LogPath: srv2.LogPath}
-	waitProfile()
-	handoff.add("catch-up reads (pgsse_replay_reads_total of the new process)", "", replayReads(ctx, succ), true)
-	rssSucc, _ := succ.RSS()
-	handoff.add("server RSS", "MiB", float64(rssSucc)/(1<<20), true)
-	handoff.add("new process's RSS ÷ the old's", "×", float64(rssSucc)/float64(max(rssPred, 1)), true)
-	if exe, err := os.Readlink("/proc/" + strconv.Itoa(successor) + "/exe"); err != nil || exe != bin {
-		handoff.note("the successor runs %q, not the installed %s (%v)", exe, bin, err)
+	phaseErr := phases()
+	if phaseErr != nil {
+		e.logf("%s: %v; collecting what the clients saw", label, phaseErr)
 	}
 
 	// The end: every event to every subscriber, once, in order.
 	last, err := d.pub.Stop()
 	if err != nil {
-		return nil, err
+		phaseErr = errors.Join(phaseErr, err)
 	}
 	for _, h := range d.clients {
+		if phaseErr != nil {
+			break // the clients are counted as they are
+		}
 		if ok, err := h.Await(last); err != nil || !ok {
 			whole.note("client process %d: not every subscriber had the last event %d (%v)", h.PID, last, err)
 		}
@@ -511,7 +529,7 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 	for _, h := range d.clients {
 		st, err := h.FinishDeploy()
 		if err != nil {
-			return nil, err
+			return results, errors.Join(phaseErr, err)
 		}
 		sts = append(sts, st)
 	}
@@ -565,6 +583,9 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 	whole.add("subscribers reconnected at least once", "", float64(total.Reconnected), false)
 	whole.add("unparsable events", "", float64(total.Bad), true)
 	whole.note("load average (1 min) at the end %s", LoadAvg())
+	if phaseErr != nil {
+		return results, phaseErr
+	}
 	if total.Gaps+total.Dups > 0 || notAtEnd > 0 || int64(total.Conns)*last != total.Events || total.Bad > 0 {
 		return results, fmt.Errorf("not every subscriber had every event exactly once and in order: %d skipped, %d repeated, %d not at the last event %d, %d deliveries of %d",
 			total.Gaps, total.Dups, notAtEnd, last, total.Events, int64(total.Conns)*last)
@@ -576,11 +597,16 @@ var logfmtRE = regexp.MustCompile(`(\w+)=("[^"]*"|\S+)`)
 
 // replayReads is the server's pgsse_replay_reads_total (-1 if unreadable).
 func replayReads(ctx context.Context, s *Server) float64 {
+	return serverMetric(ctx, s, "pgsse_replay_reads_total")
+}
+
+// serverMetric is one of the server's metrics (-1 if unreadable).
+func serverMetric(ctx context.Context, s *Server, name string) float64 {
 	m, err := s.Metrics(ctx)
 	if err != nil {
 		return -1
 	}
-	v, err := m.Lookup("pgsse_replay_reads_total")
+	v, err := m.Lookup(name)
 	if err != nil {
 		return -1
 	}
