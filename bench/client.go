@@ -129,6 +129,7 @@ type sseConn struct {
 	prevAt     int64             // when the last event arrived
 	maxGap     [MaxWindows]int64 // the longest wait for an event within each window (see pause)
 	reconnects int64
+	headWindow int    // the window headAt fell in
 	closedAt   int64  // when the server last closed it
 	sentID     []byte // the Last-Event-ID of the current connection
 }
@@ -468,7 +469,7 @@ func (l *pollLoop) event(sc *sseConn, b *ssetest.Block, now int64) {
 		// start at the earliest (a pause that began after the signal that opened it).
 		from := max(sc.prevAt, l.c.windows[w].Load())
 		sc.maxGap[w] = max(sc.maxGap[w], now-from)
-		if sc.headAt != 0 && sent < sc.headAt {
+		if sc.headAt != 0 && sent < sc.headAt && w == sc.headWindow {
 			l.caughtUpW[w].Add(1)
 		}
 	}
@@ -586,6 +587,7 @@ func (c *Client) reopen(sc *sseConn) {
 	l.mu.Lock()
 	sc.fd, sc.s, sc.closed, sc.headAt = nc.fd, nc.s, false, now
 	sc.sentID = append(sc.sentID[:0], lastID...)
+	sc.headWindow = c.windowOf(now)
 	if nc.retryMS > 0 {
 		sc.retryMS = nc.retryMS
 	}

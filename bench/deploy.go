@@ -486,15 +486,15 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 			return errors.New("(b): the predecessor did not exit within 60 s of SIGUSR2")
 		}
 		exited = time.Since(time.Unix(0, signalAt))
+		took, _ := time.ParseDuration(m.Took)
+		handoff.add("time from the signal until the old process exited", "ms", ms(exited), true)
+		handoff.add("time from the signal until the handover was done (its log line)", "ms", ms(took), true)
+		handoff.add("connections handed over (its log line)", "", float64(m.Connections), false)
 		if err := d.caughtUp(); err != nil {
 			return fmt.Errorf("(b): %w", err)
 		}
 		recovered = time.Since(time.Unix(0, signalAt))
-		took, _ := time.ParseDuration(m.Took)
-		handoff.add("time from the signal until the old process exited", "ms", ms(exited), true)
-		handoff.add("time from the signal until the handover was done (its log line)", "ms", ms(took), true)
 		handoff.add("time from the signal until every subscriber has a new event", "ms", ms(recovered), true)
-		handoff.add("connections handed over (its log line)", "", float64(m.Connections), false)
 		time.Sleep(dp.Settle)
 		succ := &Server{Name: t.Name, PID: successor, SSE: srv.SSE, Admin: srv.Admin, LogPath: srv2.LogPath}
 		waitProfile()
