@@ -444,7 +444,11 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 		e.logf("%s: (b) SIGUSR2", label)
 		waitProfile := func() {}
 		if e.ProfileDir != "" {
-			waitProfile = profileSuccessor(ctx, e, srv2, label)
+			waitSucc := profileSuccessor(ctx, e, srv2, label)
+			// The predecessor's side of the move: 4 s from the signal (it serves the admin
+			// endpoint alone until then; a profile in progress keeps it up to 5 s longer).
+			waitPred := (&run{e: e, t: Target{Name: "pgsse", Label: scenarioFile(label) + "-predecessor"}, srv: srv2}).profile(ctx, "17-deploy", 4*time.Second)
+			waitProfile = func() { waitSucc(); waitPred() }
 		}
 		rssPred, _ := srv2.RSS()
 		signalAt, err = d.mark(deployHandoff)
