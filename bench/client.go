@@ -354,10 +354,11 @@ func (l *pollLoop) add(sc *sseConn) error {
 	l.mu.Lock()
 	idx := len(l.conns)
 	sc.loop, sc.idx = l, idx
+	fd := sc.fd // once registered, the loop owns sc (a Reconnect close changes fd)
 	l.conns = append(l.conns, sc)
 	l.mu.Unlock()
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(idx)}
-	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, sc.fd, &ev); err != nil {
+	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return fmt.Errorf("epoll_ctl: %w", err)
 	}
 	return nil
@@ -605,8 +606,12 @@ func (c *Client) reopen(sc *sseConn) {
 	}
 	l.reopenedW[c.windowOf(now)].Add(1)
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(sc.idx)}
-	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, sc.fd, &ev); err != nil {
+	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, nc.fd, &ev); err != nil {
 		l.dialFailsW[c.windowOf(now)].Add(1)
+		l.mu.Lock()
+		closeAbort(sc.fd)
+		sc.fd = -1
+		l.mu.Unlock()
 		c.schedule(sc, time.Duration(delay)*time.Millisecond)
 	}
 }
