@@ -88,14 +88,23 @@ func (s *Server) OnClose(c gnet.Conn, _ error) gnet.Action {
 	// gnet runs OnClose synchronously when the loop's own code closes a socket (a failed
 	// write), inside an entry; or on its own, outside any: then this is the entry, and the
 	// connection is removed from the tables on the way out.
-	defer s.hurry()
 	switch x := c.Context().(type) {
 	case *sseConn:
+		// A connection handed to a successor (handoff.go) is no client going away: its close
+		// does not hurry the queued deliveries — a handoff closes thousands, and each would
+		// run a delivery round to the connections not moved yet (bench/RESULTS.md, scenario
+		// 17), between the loop tasks that move them.
+		if x.state != stateHandedOver {
+			defer s.hurry()
+		}
 		s.enter()
 		defer s.leave()
 		s.conns.closed(x)
 	case *worker:
+		defer s.hurry()
 		s.hub.closed(x)
+	default:
+		defer s.hurry()
 	}
 	return gnet.None
 }
