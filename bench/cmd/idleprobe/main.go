@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/pgsse/pgsse/bench"
 )
@@ -38,10 +39,12 @@ func main() {
 		log.Fatal(err)
 	}
 	defer c.Close()
+	start := time.Now()
 	if err := c.Connect(*n, false); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("connected", c.Conns())
+	took := time.Since(start)
+	fmt.Printf("connected %d in %.2f s (%.0f conn/s)\n", c.Conns(), took.Seconds(), float64(c.Conns())/took.Seconds())
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	<-sig
