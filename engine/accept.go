@@ -230,36 +230,21 @@ type acceptor struct {
 }
 
 // acceptBurst tells keepMemory (budget.go) when a burst of accepts is over: once at least
-// burstConns connections were accepted and none accepted or opened on the loop for
-// burstQuiet, the garbage their setup left
+// burstConns connections were accepted and none for burstQuiet, the garbage their setup left
 // (request heads, token checks, gnet's hand-over) is collected and given back to the
 // operating system (rate-limited there), instead of staying resident beside the idle
 // connections — up to twice their live heap with GOGC=100 (issue 25).
-//
-// While a burst goes on the garbage collector runs more often (began: budget.go,
-// burstGCPercent), so that less of that garbage is left between the connections' own
-// objects when it is over.
 type acceptBurst struct {
 	n      atomic.Int64 // accepted since the last notice
 	last   atomic.Int64 // when the last one was accepted, unix ns
 	timer  *time.Timer  // armed once n reaches burstConns (the accepting goroutine, then the timer's)
-	notify func()       // the burst is over
-	began  func()       // burstConns accepted since the last notice
+	notify func()
 }
 
 const (
 	burstConns = 1000
 	burstQuiet = time.Second
 )
-
-// opened records that a connection was opened on the loop (the enrolling goroutine): under
-// a burst the loop runs behind the accepts, and the garbage of a connection's setup comes
-// when the loop takes it, so the burst is over once neither happened for burstQuiet.
-func (b *acceptBurst) opened() {
-	if b.notify != nil && b.n.Load() > 0 {
-		b.last.Store(time.Now().UnixNano())
-	}
-}
 
 // accepted counts one accepted connection (the accepting goroutine).
 func (b *acceptBurst) accepted() {
@@ -268,9 +253,6 @@ func (b *acceptBurst) accepted() {
 	}
 	b.last.Store(time.Now().UnixNano())
 	if b.n.Add(1) == burstConns {
-		if b.began != nil {
-			b.began()
-		}
 		if b.timer == nil {
 			b.timer = time.AfterFunc(burstQuiet, b.check)
 		} else {
@@ -279,8 +261,7 @@ func (b *acceptBurst) accepted() {
 	}
 }
 
-// check runs on the timer: the burst is over once nothing was accepted or opened for
-// burstQuiet.
+// check runs on the timer: the burst is over once nothing was accepted for burstQuiet.
 func (b *acceptBurst) check() {
 	if wait := burstQuiet - time.Since(time.Unix(0, b.last.Load())); wait > 0 {
 		b.timer.Reset(wait)
@@ -301,7 +282,7 @@ func (s *Server) newAcceptor(name string, ln net.Listener, o origin, open *atomi
 		ctx:   gnet.NewContext(context.Background(), o),
 		queue: make(chan net.Conn, acceptQueue),
 		stop:  make(chan struct{}),
-		burst: acceptBurst{notify: s.out.heapToGiveBack, began: s.out.acceptBurstBegan},
+		burst: acceptBurst{notify: s.out.heapToGiveBack},
 	}
 }
 
@@ -386,7 +367,6 @@ func (a *acceptor) collect(wait bool) bool {
 		a.inflight[0] = nil
 		a.inflight = a.inflight[1:]
 		a.pending.Add(-1) // opened on the loop (counted in open now), or failed
-		a.burst.opened()
 		if r.Err != nil {
 			a.enrollFailed(r.Err) // gnet has closed the connection
 		}

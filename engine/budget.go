@@ -61,20 +61,6 @@ const (
 
 	freeOSMemoryEvery = 10 * time.Second // debug.FreeOSMemory at most this often
 	memoryLimitEvery  = time.Second      // how often the soft memory limit is recomputed
-
-	// burstGCPercent is the garbage collector's GOGC while a burst of accepts goes on
-	// (accept.go: acceptBurst), unless GOGC is already lower or off. Each connection's setup
-	// leaves about twice its lasting bytes as garbage, allocated between them, so the
-	// spans its lasting objects land in are mostly garbage by the end of a GC cycle; what the
-	// last cycle of the burst allocated stays resident as free slots beside the idle
-	// connections (Go does not move objects). With GOGC=100 that cycle is as large as the
-	// live heap: 15,000 idle connections held ≈ 170 B each of such slots (bench/RESULTS.md,
-	// "Idle bytes per connection, measured and cut"). A smaller GOGC during the burst makes the
-	// cycles (and that remainder) smaller, for more collections while connections arrive —
-	// each marks the live heap: 0.74–0.80× the connect rate on the 2-core test VM, for
-	// ≈ 13 % fewer bytes per idle connection. It goes back to what it was once the burst is
-	// over (and the heap is given back), so traffic afterwards collects as before.
-	burstGCPercent = 20
 )
 
 // outLimits are the write limits of the moment (see the table above), in bytes.
@@ -158,41 +144,6 @@ func (o *outbound) heapToGiveBack() {
 	}
 }
 
-// acceptBurstBegan tells keepMemory that a burst of accepts began (any goroutine, accept.go):
-// it collects with burstGCPercent until the heap is given back (heapToGiveBack).
-func (o *outbound) acceptBurstBegan() {
-	select {
-	case o.bursting <- struct{}{}:
-	default:
-	}
-}
-
-// burstGC is the garbage collector's percentage during accept bursts (keepMemory's
-// goroutine only): lower sets burstGCPercent for one, restore puts back what it found.
-type burstGC struct {
-	prev    int
-	lowered bool
-}
-
-func (g *burstGC) lower() {
-	if g.lowered {
-		return
-	}
-	prev := debug.SetGCPercent(burstGCPercent)
-	if prev >= 0 && prev <= burstGCPercent { // the operator's GOGC is lower already, or off
-		debug.SetGCPercent(prev)
-		return
-	}
-	g.prev, g.lowered = prev, true
-}
-
-func (g *burstGC) restore() {
-	if g.lowered {
-		debug.SetGCPercent(g.prev)
-		g.lowered = false
-	}
-}
-
 // keepMemory runs beside the loop (Run): it returns freed heap to the operating system when
 // the loop says the pressure has passed (rate-limited), and keeps the soft memory limit in
 // step with the budget when Config.GoMemoryLimit is set. It restores the previous limit when
@@ -211,16 +162,11 @@ func (o *outbound) keepMemory(ctx context.Context) {
 		defer t.Stop()
 		tick = t.C
 	}
-	var gc burstGC
-	defer gc.restore()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-o.bursting:
-			gc.lower()
 		case <-o.relieved:
-			gc.restore()
 			if time.Since(lastFree) >= freeOSMemoryEvery {
 				lastFree = time.Now()
 				debug.FreeOSMemory()

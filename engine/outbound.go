@@ -144,11 +144,10 @@ type outbound struct {
 
 	totalSeen atomic.Int64  // total as of the last tick, for keepMemory
 	relieved  chan struct{} // the loop tells keepMemory that the outbound pressure passed
-	bursting  chan struct{} // the acceptors tell keepMemory that a burst of accepts began
 }
 
 func newOutbound(env *loopEnv, conns *connTable) outbound {
-	return outbound{loopEnv: env, conns: conns, epfd: -1, relieved: make(chan struct{}, 1), bursting: make(chan struct{}, 1)}
+	return outbound{loopEnv: env, conns: conns, epfd: -1, relieved: make(chan struct{}, 1)}
 }
 
 // anyQueued reports whether a connection's queue holds bytes.
