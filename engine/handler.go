@@ -60,7 +60,7 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	return gnet.None
 }
 
-// Every callback but the anchor's calls Server.hurry, so that the queued tasks (deliveries
+// Every callback but the anchor's (and a handed-over connection's close) calls Server.hurry, so that the queued tasks (deliveries
 // among them) do not wait behind a storm of sockets gnet's poller handles first (loop.go):
 // OnTraffic and OnClose on their way out, OnOpen before the new connection is in the tables —
 // gnet goes on with it after OnOpen returns, so no task may have closed it meanwhile.
