@@ -141,11 +141,12 @@ func (s *Server) StopAcceptingAll() {
 
 // HandOver gives every streaming SSE connection and every hub worker (not --procs siblings)
 // to a successor, as many per loop task as are ready within its budget (handoffTaskMin,
-// handoffTaskBudget), send carrying each batch of at most handoffBatch (descriptors by SCM_RIGHTS); idle keep-alive publishers are closed
-// between requests, and a connection in the middle of a request is waited for (a publish is
-// answered here; a subscription is handed over once it streams). It returns when nothing is
-// left to hand over, or when ctx ends (what is left is then drained as at SIGTERM), or when
-// send fails. Call StopAcceptingAll first.
+// handoffTaskBudget), send carrying each batch of at most handoffBatch (descriptors by
+// SCM_RIGHTS); idle keep-alive publishers are closed between requests, and a connection in
+// the middle of a request is waited for (a publish is answered here; a subscription is handed
+// over once it streams). It returns when nothing is left to hand over, or when ctx ends (what
+// is left is then drained as at SIGTERM), or when send fails (what that task handed over and
+// was not sent is closed). Call StopAcceptingAll first.
 func (s *Server) HandOver(ctx context.Context, send func([]HandedConn) error) (handed int, err error) {
 	var batch []HandedConn
 	for {
