@@ -40,7 +40,7 @@ import (
 // keeps what arrives meanwhile — gives it what it missed, no more, no less.
 
 // A loop task hands over every connection that is ready, at least handoffTaskMin of them and
-// after that for as long as handoffTaskBudget lasts: recording a connection costs a few
+// after that for as long as handoffTaskBudget lasts, up to handoffTaskMax: recording a connection costs a few
 // microseconds, but a loop task waits its turn behind a delivery round to every connection
 // still here — at 15,000 connections, one batch of 64 per task made the move 235 turns of
 // tens of milliseconds each (bench/RESULTS.md, scenario 17), past the 30 s move timeout.
@@ -49,6 +49,7 @@ import (
 const (
 	handoffBatch      = 64                    // connections per send
 	handoffTaskMin    = 4 * handoffBatch      // connections per loop task at least (if ready)
+	handoffTaskMax    = 16 * handoffBatch     // and at most: each holds a second descriptor until sent
 	handoffTaskBudget = 4 * time.Millisecond  // loop time per task, once handoffTaskMin are moved
 	handoffPoll       = 20 * time.Millisecond // while connections finish a request or flush gnet's buffer
 )
@@ -266,7 +267,7 @@ func (s *Server) AdoptAsync(fds []int, records [][]byte) <-chan error {
 }
 
 // handOverConns hands over the streaming connections — at least `least` of them (as many as are
-// ready), then more until the loop's clock passes until — appending each one's record and
+// ready), then more until the loop's clock passes until (handoffTaskMax at most) — appending each one's record and
 // descriptor to out; idle keep-alive publishers are closed between requests (docs/operations.md:
 // they reconnect to the successor). waiting counts the connections left that may still be
 // handed over or finish here (a request in progress, a response not yet sent).
@@ -279,7 +280,7 @@ func (s *Server) handOverConns(least int, until time.Time, out []HandedConn) ([]
 		}
 		switch sc.state {
 		case stateStreaming:
-			if !full && len(out) >= least && !time.Now().Before(until) {
+			if !full && (len(out) >= handoffTaskMax || len(out) >= least && !time.Now().Before(until)) {
 				full = true
 			}
 			if full {
