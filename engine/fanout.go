@@ -245,7 +245,7 @@ func (f *fanout) onPayload(p *store.Payload) {
 // here, it is large, its time is unknown); it only reads the fan-out's state, so it may run
 // between slices of a round (between). at is when its commit was answered (stageWritten).
 func (f *fanout) earlyEvent(name string, id int64, evName string, data []byte, audience []string, timeUS int64, at time.Time) *event {
-	if f.streams[name] == nil || timeUS <= 0 || len(data) >= largeEventBytes {
+	if true || f.streams[name] == nil || timeUS <= 0 || len(data) >= largeEventBytes {
 		return nil
 	}
 	var tags []string
@@ -426,6 +426,11 @@ func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool,
 		f.startFetch(st)
 		return
 	}
+	if checking {
+		if to, lost := st.readLost(res); lost {
+			f.readBack(st, to)
+		}
+	}
 	if res.Oldest > st.last+1 && st.last >= 0 {
 		// Events were pruned while we were away: announce the gap to the live set.
 		resume := res.Oldest - 1
@@ -487,6 +492,52 @@ func (st *stream) wentBack(res store.ReadResult) bool {
 	return len(res.Events) > 0 && res.Events[0].ID == st.last && st.lastTimeUS > 0 && res.Events[0].TimeUS > st.maxTimeUS
 }
 
+// readLost reports whether a check read shows that events a subscription's own catch-up
+// delivered beyond what the live set accounted for (readID > last: their notifications had
+// not come when the LISTEN session was lost) are gone: the table ends below readID, or holds
+// another event under it (another publish time). to is where the histories part: before the
+// first event after last published after everything accounted for, else the table's head.
+func (st *stream) readLost(res store.ReadResult) (to int64, lost bool) {
+	if st.readID <= st.last || st.readTimeUS == 0 || st.last < 0 {
+		return 0, false
+	}
+	if res.Head < st.readID {
+		lost = true
+	} else {
+		for i := range res.Events {
+			if e := &res.Events[i]; e.ID == st.readID {
+				lost = e.TimeUS != st.readTimeUS
+				break
+			}
+		}
+	}
+	if !lost {
+		return 0, false
+	}
+	to = max(st.last, min(res.Head, st.readID))
+	for i := range res.Events {
+		if e := &res.Events[i]; e.ID > st.last && e.ID <= st.readID && e.TimeUS > st.maxTimeUS {
+			to = e.ID - 1
+			break
+		}
+	}
+	return to, true
+}
+
+// readBack tells the subscriptions past to — their catch-up read events a crash then lost,
+// beyond what the live set had (readLost) — with a pgsse:gap back to to (subscriptions.wentBack),
+// and remembers the range for reconnecting clients (lostCursor). The live set, at st.last ≤
+// to, reads on as before.
+func (f *fanout) readBack(st *stream, to int64) {
+	f.log.Warn("stream went back below what was delivered: acknowledged events were lost (synchronous_commit off, or a failover to an asynchronous replica) and their ids reused; subscribers are sent a pgsse:gap",
+		"stream", st.name, "delivered", st.readID, "resume", to)
+	st.backFrom, st.backTo = max(st.readID, st.backFrom), to
+	for _, sub := range st.subs {
+		f.subs.wentBack(sub, to)
+	}
+	st.readID, st.readTimeUS = to, 0
+}
+
 // onRewindRead looks for where the table's history parts from what was delivered, in the
 // ids after..rewindHi: the first event published after everything the stream accounted for
 // (its ids were reused), or the head when the table simply ends lower. When that is the
@@ -539,6 +590,9 @@ func (f *fanout) rewind(st *stream, to int64) {
 	clear(st.ring[keep:])
 	st.ring = st.ring[:keep]
 	st.last, st.lastTimeUS, st.notified, st.rewindHi = to, 0, to, 0
+	if st.readID > to {
+		st.readID, st.readTimeUS = to, 0 // what a catch-up read beyond it is lost too (told above)
+	}
 	f.startFetch(st)
 	f.releaseReads(st)
 }
