@@ -217,7 +217,7 @@ func (f *fanout) onPayload(p *store.Payload) {
 		if !f.received.IsZero() {
 			ev.received = f.received.UnixNano()
 		}
-		if id == st.last+1 && !st.fetching && !st.check {
+		if id == st.last+1 && !st.fetching && !st.unchecked() {
 			f.appendLive(st, ev)
 			return
 		}
