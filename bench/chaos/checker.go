@@ -299,6 +299,16 @@ func (c *checker) publishes() {
 			}
 		case Unknown, NoAnswer:
 			c.r.stat("publishes with unknown outcome found in the table", int64(min(present, 1)))
+			acked := p.Acked
+			if acked == 0 {
+				acked = c.rec.RunEnd // no answer: the commit may have come at any time after
+			}
+			if present == 0 && c.inCrashWindow(p.Sent, acked) {
+				// Perhaps committed — and notified, so delivered — then lost by the crash.
+				for _, e := range durable {
+					c.noteLost(e)
+				}
+			}
 			if present != 0 && present != len(durable) {
 				c.r.fail(FailPubPartial, who, "%d of %d events are in the table (%s)", present, len(durable), p.Detail)
 			}
