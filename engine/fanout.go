@@ -245,7 +245,7 @@ func (f *fanout) onPayload(p *store.Payload) {
 // here, it is large, its time is unknown); it only reads the fan-out's state, so it may run
 // between slices of a round (between). at is when its commit was answered (stageWritten).
 func (f *fanout) earlyEvent(name string, id int64, evName string, data []byte, audience []string, timeUS int64, at time.Time) *event {
-	if true || f.streams[name] == nil || timeUS <= 0 || len(data) >= largeEventBytes {
+	if f.streams[name] == nil || timeUS <= 0 || len(data) >= largeEventBytes {
 		return nil
 	}
 	var tags []string
