@@ -24,7 +24,53 @@ type channel struct {
 	ref       sessionRef
 	sse       channelSubs // the SSE subscriptions' side (fanout.go)
 	hub       hubChannel  // hub workers' side (hubserver.go)
+
+	// A handoff (handoff.go; docs/architecture.md, Handoff positions). pos counts the
+	// channel's notifications since the handoff mark (−1: not counted — no mark yet, or the
+	// channel was not LISTENed throughout since it). In a successor, armed says the LISTEN
+	// was confirmed before the predecessor was told ready (so before its mark), notes are the
+	// newest notifications since the mark (pos − len(notes) = base is the first one's), and
+	// parked are handed-over subscriptions waiting for the notification at their position.
+	pos     int64
+	armed   bool
+	base    int64
+	notes   []heldNote
+	parked  []parkedResume
+	waiters []func(error) // told once the LISTEN completed or failed (HoldChannels, BeginHandoff)
 }
+
+// heldNote is one notification a successor keeps for handed-over subscriptions.
+type heldNote struct {
+	pid     uint32
+	payload []byte
+}
+
+// parkedResume is a handed-over subscription waiting for its channel's notification at pos.
+type parkedResume struct {
+	pos int64
+	fn  func(notes []heldNote, exact bool)
+}
+
+// handoffChans is the table's side of a handoff: the mark's channel, whether the mark has
+// arrived, and in a successor the holds taken for the predecessor and the kept notes' bytes.
+type handoffChans struct {
+	mark      *channel
+	successor bool
+	marked    bool
+	onMark    []func() // a predecessor waiting for its own mark
+	held      []*channel
+	keep      bool // a successor keeps notes (until releaseHeld)
+	bytes     int
+	endMS     int64 // a successor lets go of everything (holds, notes, parked) at this time
+}
+
+// Bounds of what a successor keeps (docs/architecture.md, Handoff positions).
+const (
+	handoffKeepBytes   = 16 << 20 // notes of all channels together, payload + heldNoteOverhead each
+	heldNoteOverhead   = 48
+	handoffHoldMS      = 90_000 // the predecessor's holds and parked subscriptions at most this long
+	handoffParkAfterMS = 10_000 // parked subscriptions after the holds were released
+)
 
 // channelTable is the loop's part for raw channels: the channels held, by name, each with
 // its LISTEN on the session (held by its first holder, released by its last), and the news
@@ -36,6 +82,7 @@ type channelTable struct {
 	hub    *hubServer
 	byName map[string]*channel
 	shares channelShares
+	ho     handoffChans
 }
 
 // channelShares is how the LISTEN session's channels are shared out (docs/hub-protocol.md,
@@ -132,7 +179,7 @@ const (
 func (t *channelTable) hold(name string) *channel {
 	ch := t.byName[name]
 	if ch == nil {
-		ch = &channel{name: name}
+		ch = &channel{name: name, pos: -1}
 		t.byName[name] = ch
 	}
 	ch.holders++
@@ -184,6 +231,7 @@ func (t *channelTable) release(ch *channel) {
 }
 
 func (t *channelTable) onListened(ch *channel, err error) {
+	defer t.tellWaiters(ch, err)
 	if err != nil {
 		ch.ref = refNone
 		if t.byName[ch.name] == ch {
@@ -230,6 +278,9 @@ func (t *channelTable) failed(ch *channel, err error) {
 func (t *channelTable) down() {
 	for _, ch := range t.byName {
 		ch.listening = false
+		// Positions count a session's notifications: a new session's are not comparable.
+		ch.pos, ch.armed = -1, false
+		t.unpark(ch)
 	}
 }
 
@@ -261,6 +312,302 @@ func (t *channelTable) notify(channel []byte, pid uint32, payload []byte) (stall
 	if ch == nil {
 		return false
 	}
+	if ch == t.ho.mark {
+		t.marked()
+		return false // the mark is pgsse's own: nobody else LISTENs its channel
+	}
+	if ch.pos >= 0 {
+		t.countNote(ch, pid, payload)
+	}
 	t.fan.channelNotify(ch, payload)
 	return t.hub.notify(ch, pid, payload)
+}
+
+// --- handoff (handoff.go; docs/architecture.md, Handoff positions) ------------------------
+
+// tellWaiters tells those waiting for ch's LISTEN how it went.
+func (t *channelTable) tellWaiters(ch *channel, err error) {
+	w := ch.waiters
+	ch.waiters = nil
+	for _, f := range w {
+		f(err)
+	}
+}
+
+// whenListened runs done once ch's LISTEN is complete (at once if it is) or has failed.
+func (t *channelTable) whenListened(ch *channel, done func(error)) {
+	if t.isLive(ch) {
+		done(nil)
+		return
+	}
+	ch.waiters = append(ch.waiters, done)
+}
+
+// listened are the raw channels held, not the stream channel (the successor holds it itself):
+// what a predecessor tells its successor to LISTEN (framing.HandoffChannels).
+func (t *channelTable) listened() []string {
+	out := make([]string, 0, len(t.byName))
+	for name := range t.byName {
+		if name != storeChannel {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// beginMark (a predecessor) holds the mark's channel, done once its LISTEN is complete.
+func (t *channelTable) beginMark(name string, done func(error)) {
+	t.endSuccession() // a successor handing over in turn: what it kept is done with
+	t.endMark()
+	t.ho.mark = t.hold(name)
+	t.whenListened(t.ho.mark, done)
+}
+
+// awaitMark (a predecessor) runs done once its own mark has arrived.
+func (t *channelTable) awaitMark(done func()) {
+	if t.ho.marked {
+		done()
+		return
+	}
+	t.ho.onMark = append(t.ho.onMark, done)
+}
+
+// endMark (a predecessor whose handoff failed) lets go of the mark: positions count no more.
+func (t *channelTable) endMark() {
+	if t.ho.mark == nil || t.ho.successor {
+		return
+	}
+	t.release(t.ho.mark)
+	for _, ch := range t.byName {
+		ch.pos = -1
+	}
+	t.ho = handoffChans{}
+}
+
+// marked: the mark arrived. From here each channel LISTENed throughout counts its
+// notifications — in a predecessor every channel LISTENed now, in a successor those armed
+// (LISTENed before the predecessor was told ready, so before the mark was notified): the
+// two sessions see the same notifications after the mark, in the same order (PostgreSQL's
+// one notification queue), so the same position names the same notification in both.
+func (t *channelTable) marked() {
+	if t.ho.marked {
+		return
+	}
+	t.ho.marked = true
+	for _, ch := range t.byName {
+		ch.pos, ch.base = -1, 0
+		if t.isLive(ch) && (ch.armed || !t.ho.successor) && ch != t.ho.mark {
+			ch.pos = 0
+		}
+		t.resumeParked(ch)
+	}
+	w := t.ho.onMark
+	t.ho.onMark = nil
+	for _, f := range w {
+		f()
+	}
+}
+
+// countNote is a notification on a counted channel: parked subscriptions waiting for this one
+// start (they get it and what follows), a successor keeps it, and the position moves on.
+func (t *channelTable) countNote(ch *channel, pid uint32, payload []byte) {
+	t.resumeParked(ch)
+	if t.ho.keep && ch.armed {
+		t.keepNote(ch, pid, payload)
+	}
+	ch.pos++
+	if len(ch.notes) == 0 {
+		ch.base = ch.pos
+	}
+}
+
+// keepNote keeps a copy of a notification, within handoffKeepBytes: the channel's oldest go
+// first; one that does not fit then is not kept (a subscription that would need it is not
+// exact: channelTable.resumeAt).
+func (t *channelTable) keepNote(ch *channel, pid uint32, payload []byte) {
+	need := len(payload) + heldNoteOverhead
+	for t.ho.bytes+need > handoffKeepBytes && len(ch.notes) > 0 {
+		t.ho.bytes -= len(ch.notes[0].payload) + heldNoteOverhead
+		ch.notes[0] = heldNote{}
+		ch.notes = ch.notes[1:]
+		ch.base++
+	}
+	if t.ho.bytes+need > handoffKeepBytes {
+		return // count moves base past it
+	}
+	if len(ch.notes) == 0 {
+		ch.base = ch.pos
+	}
+	ch.notes = append(ch.notes, heldNote{pid: pid, payload: append([]byte(nil), payload...)})
+	t.ho.bytes += need
+}
+
+// ssePosition and hubPosition are the handoff position of a subscription to ch that is
+// handed over now (framing.HandoffNoPosition: not counted): the notifications since the mark
+// it was given — an SSE subscription's, those already written (the loop pass's queued
+// notifications, fanout.pendingNotes, are not), a hub worker's, those in its ring.
+func (t *channelTable) ssePosition(ch *channel) int64 {
+	if !t.ho.marked || ch.pos < 0 {
+		return framing.HandoffNoPosition
+	}
+	p := ch.pos - int64(t.fan.pendingNotes(ch))
+	if p < 0 {
+		return framing.HandoffNoPosition // some of them came before the mark
+	}
+	return p
+}
+
+func (t *channelTable) hubPosition(ch *channel) int64 {
+	if !t.ho.marked || ch.pos < 0 {
+		return framing.HandoffNoPosition
+	}
+	return ch.pos
+}
+
+// holdFor (a successor) holds the predecessor's channels and the mark's, done once every
+// LISTEN is complete (the first failure otherwise); those confirmed then are armed.
+func (t *channelTable) holdFor(mark string, names []string, done func(error)) {
+	t.ho.successor, t.ho.keep = true, true
+	t.ho.endMS = t.nowMS + handoffHoldMS
+	held := make(map[string]bool, len(t.ho.held))
+	for _, ch := range t.ho.held {
+		held[ch.name] = true
+	}
+	if mark != "" {
+		names = append(names, mark)
+	}
+	var wait []*channel
+	for _, name := range names {
+		if held[name] || name == storeChannel {
+			continue
+		}
+		held[name] = true
+		ch := t.hold(name)
+		t.ho.held = append(t.ho.held, ch)
+		if name == mark {
+			t.ho.mark = ch
+		}
+		wait = append(wait, ch)
+	}
+	left := len(wait) + 1
+	var first error
+	one := func(err error) {
+		if first == nil {
+			first = err
+		}
+		if left--; left > 0 {
+			return
+		}
+		if first == nil && !t.ho.marked {
+			for _, ch := range t.ho.held {
+				ch.armed = ch.armed || t.isLive(ch)
+			}
+		}
+		done(first)
+	}
+	for _, ch := range wait {
+		t.whenListened(ch, one)
+	}
+	one(nil)
+}
+
+// resumeAt (a successor) says how a subscription handed over at pos on ch continues: fn
+// gets the kept notifications it has not had (it writes them, then is live) and exact. At
+// once when it can — pos is within what is kept, or the channel or the record is not
+// counted (exact false: as good as it gets) — or, when the subscription is ahead of this
+// session (the predecessor's session read further, or the mark has not arrived here yet),
+// once the notification at pos arrives (before it is delivered).
+func (t *channelTable) resumeAt(ch *channel, pos int64, fn func(notes []heldNote, exact bool)) {
+	switch {
+	case pos < 0 || !ch.armed || t.ho.marked && ch.pos < 0:
+		fn(nil, false)
+	case !t.ho.marked || pos > ch.pos:
+		ch.parked = append(ch.parked, parkedResume{pos: pos, fn: fn})
+	case pos < ch.base:
+		fn(nil, false) // what it needs was not kept
+	default:
+		fn(ch.notes[pos-ch.base:], true)
+	}
+}
+
+// resumeParked starts the parked subscriptions whose position the channel has reached.
+func (t *channelTable) resumeParked(ch *channel) {
+	if len(ch.parked) == 0 || !t.ho.marked {
+		return
+	}
+	keep := ch.parked[:0]
+	var due []parkedResume
+	for _, p := range ch.parked {
+		if ch.pos >= 0 && p.pos <= ch.pos {
+			due = append(due, p)
+		} else if ch.pos < 0 {
+			due = append(due, parkedResume{pos: -1, fn: p.fn})
+		} else {
+			keep = append(keep, p)
+		}
+	}
+	clear(ch.parked[len(keep):])
+	ch.parked = keep
+	for _, p := range due {
+		if p.pos < 0 || p.pos < ch.base {
+			p.fn(nil, false)
+		} else {
+			p.fn(ch.notes[p.pos-ch.base:], true)
+		}
+	}
+}
+
+// unpark starts every parked subscription of ch as not exact.
+func (t *channelTable) unpark(ch *channel) {
+	p := ch.parked
+	ch.parked = nil
+	for _, r := range p {
+		r.fn(nil, false)
+	}
+}
+
+// releaseHeld (a successor) lets go of the predecessor's holds — the adopted subscriptions
+// hold their channels themselves — and of the kept notes; parked subscriptions wait
+// handoffParkAfterMS more at most.
+func (t *channelTable) releaseHeld() {
+	held := t.ho.held
+	t.ho.held, t.ho.keep = nil, false
+	for _, ch := range t.byName {
+		clear(ch.notes)
+		ch.notes = nil
+		ch.base = ch.pos
+	}
+	t.ho.bytes = 0
+	for _, ch := range held {
+		t.release(ch)
+	}
+	t.ho.endMS = t.nowMS + handoffParkAfterMS
+}
+
+// handoffTick ends what a successor kept for a handoff that did not finish in time.
+func (t *channelTable) handoffTick() {
+	if !t.ho.successor || t.ho.endMS == 0 || t.nowMS < t.ho.endMS {
+		return
+	}
+	if t.ho.held != nil || t.ho.keep {
+		t.releaseHeld()
+		return
+	}
+	t.endSuccession()
+}
+
+// endSuccession ends a successor's handoff state: parked subscriptions start (not exact),
+// positions count no more.
+func (t *channelTable) endSuccession() {
+	if !t.ho.successor {
+		return
+	}
+	if t.ho.held != nil || t.ho.keep {
+		t.releaseHeld()
+	}
+	for _, ch := range t.byName {
+		t.unpark(ch)
+		ch.pos, ch.armed = -1, false
+	}
+	t.ho = handoffChans{}
 }

@@ -717,6 +717,23 @@ func (f *fanout) channelNotify(ch *channel, payload []byte) {
 	}
 }
 
+// pendingNotes is how many of the channel's notifications this loop pass has queued and not
+// yet written (flushChannels): a subscription handed over now has not had them.
+func (f *fanout) pendingNotes(ch *channel) int { return len(ch.sse.out) }
+
+// resumeChannel writes to a subscription a predecessor handed over, now live, the
+// notifications it missed between the two processes (channelTable.resumeAt).
+func (f *fanout) resumeChannel(sub *subscription, notes []heldNote) {
+	if len(notes) == 0 {
+		return
+	}
+	evs := make([]*event, 0, len(notes))
+	for _, n := range notes {
+		evs = append(evs, &event{enc: f.tr.event(nil, 0, nil, n.payload)})
+	}
+	f.metrics.deliveries.Add(float64(f.subs.deliverChannel(sub, evs)))
+}
+
 // channelLive: the channel's LISTEN is complete on the current session; its waiting
 // subscriptions start.
 func (f *fanout) channelLive(ch *channel) {

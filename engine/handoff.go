@@ -2,12 +2,16 @@ package engine
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
@@ -27,6 +31,13 @@ import (
 // duplicated and the loop's own closed — so nothing is written to it after its record is
 // made; the successor writes the record's tail first, then catches each stream up from the
 // cursor, which is the last durable id written or queued. No byte is duplicated or lost.
+//
+// Raw channels (docs/architecture.md, Handoff positions): before anything is handed over, the
+// successor LISTENs every channel the predecessor holds (ListenedChannels → HoldChannels),
+// then the predecessor notifies a channel of its own, the mark (BeginHandoff, MarkHandoff),
+// which both sessions LISTEN: from it each side counts each channel's notifications, so a
+// record says where each channel subscription stood in the count, and the successor — which
+// keeps what arrives meanwhile — gives it what it missed, no more, no less.
 
 const (
 	handoffBatch = 64                    // connections per loop task
@@ -268,3 +279,96 @@ func (s *Server) handOverConns(max int, out []HandedConn) ([]HandedConn, int) {
 	}
 	return out, waiting
 }
+
+// loopDo runs f on the loop and waits for it (or ctx).
+func (s *Server) loopDo(ctx context.Context, f func()) error {
+	done := make(chan struct{})
+	if !s.tasks.push(func() { f(); close(done) }) {
+		return errors.New("engine: stopped")
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// loopWait runs start on the loop, which calls its argument (on the loop) when done; it
+// waits for that (or ctx).
+func (s *Server) loopWait(ctx context.Context, start func(done func(error))) error {
+	res := make(chan error, 1)
+	tell := func(err error) {
+		select {
+		case res <- err:
+		default: // told once; never block the loop
+		}
+	}
+	if err := s.loopDo(ctx, func() { start(tell) }); err != nil {
+		return err
+	}
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ListenedChannels (a predecessor) is the raw channels this server holds — SSE channel
+// subscriptions', hub workers', the handoff mark's — for its successor to LISTEN
+// (HoldChannels) before it takes anything over. Read on the loop.
+func (s *Server) ListenedChannels(ctx context.Context) ([]string, error) {
+	var names []string
+	err := s.loopDo(ctx, func() { names = s.chans.listened() })
+	return names, err
+}
+
+// BeginHandoff (a predecessor) LISTENs a channel of its own, the handoff mark's (a random
+// name no one else uses), and returns its name once the LISTEN is complete; its successor
+// LISTENs it too (it is among ListenedChannels). EndHandoff lets go of it if the handoff
+// fails.
+func (s *Server) BeginHandoff(ctx context.Context) (string, error) {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	name := "pgsse_handoff_" + hex.EncodeToString(b[:])
+	return name, s.loopWait(ctx, func(done func(error)) { s.chans.beginMark(name, done) })
+}
+
+// MarkHandoff (a predecessor, once its successor has LISTENed every channel: after its last
+// ready) notifies the mark's channel and returns once this server's loop has seen the mark:
+// from there each channel's notifications are counted, and a record handed over says where
+// each channel subscription stands in that count (its handoff position).
+func (s *Server) MarkHandoff(ctx context.Context, mark string) error {
+	cfg, err := pgconn.ParseConfig(s.cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	cfg.RuntimeParams["application_name"] = "pgsse-handoff"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if res := conn.ExecParams(ctx, "SELECT pg_notify($1, '')", [][]byte{[]byte(mark)}, nil, nil, nil).Read(); res.Err != nil {
+		return res.Err
+	}
+	return s.loopWait(ctx, func(done func(error)) { s.chans.awaitMark(func() { done(nil) }) })
+}
+
+// EndHandoff (a predecessor whose handoff failed) lets go of the mark.
+func (s *Server) EndHandoff() { s.tasks.push(s.chans.endMark) }
+
+// HoldChannels (a successor) holds and LISTENs the channels its predecessor holds
+// (ListenedChannels) and the mark's, and returns once every LISTEN is complete (or the first
+// failed): only then may it say ready. From the mark on it keeps what those channels get
+// (bounded: handoffKeepBytes) for the subscriptions that will be handed over. It may be called
+// again with the channels the predecessor took on meanwhile. The holds are released by
+// ReleaseHeldChannels, once every connection is adopted, or after handoffHoldMS.
+func (s *Server) HoldChannels(ctx context.Context, mark string, names []string) error {
+	return s.loopWait(ctx, func(done func(error)) { s.chans.holdFor(mark, names, done) })
+}
+
+// ReleaseHeldChannels (a successor) lets go of the holds HoldChannels took: the adopted
+// connections hold their channels themselves.
+func (s *Server) ReleaseHeldChannels() { s.tasks.push(s.chans.releaseHeld) }

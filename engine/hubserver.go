@@ -153,9 +153,11 @@ type worker struct {
 	subs          map[string]*hubSub
 	marked        []*hubSub // wake subscriptions owing a RESYNC once the ring drains
 	idx           int32     // in hubServer.workers
-	// adopting: channels of a worker handed over by a predecessor (handoff.go) whose LISTEN
-	// here has not completed yet; once none is left it gets one RESYNC.
+	// adopting: channels of a worker handed over by a predecessor (handoff.go) not resumed
+	// here yet (their LISTEN, or the notification at their handoff position, is awaited);
+	// once none is left it gets one RESYNC if one of them was not resumed exactly (inexact).
 	adopting int
+	inexact  bool
 }
 
 // hubSub is one worker's subscription to one channel.
@@ -950,9 +952,10 @@ func (h *hubServer) channelLive(ch *channel) {
 	}
 	h.enter()
 	for _, sub := range ch.hub.subs {
-		if sub.adopting {
+		if sub.adopting { // its handoff position was not known here: it is told to re-read
 			sub.adopting, sub.acked = false, true
 			ch.hub.waiting--
+			sub.w.inexact = true
 			if sub.w.adoptedOne() {
 				h.push(sub.w, h.status(framing.StatusResync, nil, adoptedResync))
 			}
@@ -989,6 +992,7 @@ func (h *hubServer) channelFailed(ch *channel, err error) {
 		if sub.adopting { // handed over: the worker asked on the predecessor; it is told to re-read
 			sub.adopting = false
 			ch.hub.waiting--
+			sub.w.inexact = true
 			if sub.w.adoptedOne() {
 				h.push(sub.w, h.status(framing.StatusResync, nil, adoptedResync))
 			}
@@ -1109,7 +1113,11 @@ func (h *hubServer) handOverBatch(max int, out []HandedConn) ([]HandedConn, int)
 		}
 		rec := framing.HandoffWorkerRec{PID: w.pid, Name: w.name, Partial: uint32(w.partial)}
 		for name, sub := range w.subs {
-			rec.Channels = append(rec.Channels, framing.HandoffChan{Mode: uint8(sub.mode), Name: name})
+			pos := h.chans.hubPosition(sub.ch)
+			if sub.marked {
+				pos = framing.HandoffNoPosition // it owes a RESYNC: the successor sends one
+			}
+			rec.Channels = append(rec.Channels, framing.HandoffChan{Mode: uint8(sub.mode), Pos: pos, Name: name})
 		}
 		fd, err := unix.FcntlInt(uintptr(w.c.Fd()), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
@@ -1140,9 +1148,12 @@ func (w *worker) subWaiting() bool {
 
 // adopt registers a worker a predecessor handed over (handoff.go) as it stood there: HELLO
 // said, its channels held (LISTENed here if they are not yet — the worker is not asked
-// again), the frames the predecessor had not written queued first. Once every channel is
-// LISTENed here it gets one RESYNC: notifications that fell between the two sessions may
-// be missing (docs/hub-protocol.md).
+// again), the frames the predecessor had not written queued first, each channel resumed at
+// its handoff position (channelTable.resumeAt: the notifications it missed between the two
+// processes, then live). If one of them cannot be resumed exactly — its position is not
+// known here, or what it missed was not kept — it gets one RESYNC once every channel is
+// live here: notifications that fell between the two sessions may be missing
+// (docs/hub-protocol.md; docs/architecture.md, Handoff positions).
 func (h *hubServer) adopt(c gnet.Conn, rec *framing.HandoffWorkerRec) {
 	if _, act := h.accept(c, false); act != gnet.None {
 		_ = c.Close()
@@ -1157,6 +1168,7 @@ func (h *hubServer) adopt(c gnet.Conn, rec *framing.HandoffWorkerRec) {
 		w.partial = int(rec.Partial)
 	}
 	h.enter()
+	w.adopting++ // adopted's own count: the RESYNC goes out once, after the loop
 	for _, hc := range rec.Channels {
 		ch := h.chans.hold(hc.Name)
 		if ch.hub.workers == 0 {
@@ -1169,28 +1181,58 @@ func (h *hubServer) adopt(c gnet.Conn, rec *framing.HandoffWorkerRec) {
 		sub := &hubSub{w: w, ch: ch, mode: framing.Mode(hc.Mode), idx: int32(len(ch.hub.subs))}
 		ch.hub.subs = append(ch.hub.subs, sub)
 		w.subs[ch.name] = sub
-		if h.chans.isLive(ch) {
-			sub.acked = true
-			continue
-		}
 		sub.adopting = true
 		ch.hub.waiting++
 		w.adopting++
+		h.chans.resumeAt(ch, hc.Pos, func(notes []heldNote, exact bool) { sub.resume(h, notes, exact) })
 	}
-	w.adopting++ // adopted's own count: the RESYNC goes out once, after the loop
-	if w.adoptedOne() {
+	if w.adoptedOne() && w.inexact {
 		h.push(w, h.status(framing.StatusResync, nil, adoptedResync))
 	}
 	h.leave()
 	h.flush()
 }
 
-// adoptedOne counts down a handed-over worker's channels not LISTENed here yet; true at
-// none: the caller queues its one RESYNC (adoptedResync).
+// resume starts a handed-over worker's subscription (channelTable.resumeAt): the
+// notifications it missed between the two processes first, then live — unless its LISTEN
+// here is not complete yet (channelLive starts it then, owing a RESYNC).
+func (sub *hubSub) resume(h *hubServer, notes []heldNote, exact bool) {
+	w := sub.w
+	if sub.dropped || !sub.adopting || w.closing {
+		return
+	}
+	if !exact {
+		w.inexact = true
+	}
+	if !h.chans.isLive(sub.ch) {
+		return
+	}
+	sub.adopting, sub.acked = false, true
+	sub.ch.hub.waiting--
+	for _, n := range notes {
+		frame := framing.AppendNotify(h.nbuf[:0], n.pid, sub.ch.hub.name, n.payload)
+		h.nbuf = frame
+		if !w.out.Push(frame) {
+			h.pump(w)
+			if w.closing || !w.out.Push(frame) {
+				w.inexact = true // its ring cannot take what it missed: it re-reads instead
+				break
+			}
+		}
+	}
+	h.queue(w)
+	if w.adoptedOne() && w.inexact {
+		h.push(w, h.status(framing.StatusResync, nil, adoptedResync))
+	}
+}
+
+// adoptedOne counts down a handed-over worker's channels not resumed here yet; true at
+// none: the caller queues its one RESYNC (adoptedResync) if the worker is inexact.
 func (w *worker) adoptedOne() bool {
 	w.adopting--
 	return w.adopting == 0 && !w.closing
 }
 
-// adoptedResync is the RESYNC a handed-over worker gets once its channels are LISTENed here.
+// adoptedResync is the RESYNC a handed-over worker gets once its channels are live here, if
+// one of them could not be resumed at its handoff position (channelTable.resumeAt).
 const adoptedResync = "handed over to a new pgsse process: re-read your state"

@@ -121,6 +121,7 @@ func (s *Server) tick() {
 	}
 	s.subs.resumeLagging()
 	s.hub.tick()
+	s.chans.handoffTick()
 	s.pres.tick()
 	s.out.observe()
 	if s.nowMS-s.lastSweepMS < sweepIntervalMS {

@@ -83,6 +83,10 @@ var lentFields = map[string]string{
 	"channel.name": "read",
 	"channel.sse":  "fanout",
 	"channel.hub":  "hubServer",
+	// What a successor kept for a handed-over subscription (channels.go: resumeAt) is read by
+	// the side that writes it.
+	"heldNote.pid":     "read",
+	"heldNote.payload": "read",
 	// An event (fanout.go) is read by whoever writes it; how many queues hold it is the
 	// write path's count.
 	"event.id":       "read",

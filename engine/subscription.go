@@ -336,6 +336,7 @@ func (s *subscriptions) record(sc *sseConn, dst []framing.HandoffSub) ([]framing
 			r.Kind, r.Name = framing.HandoffStream, sub.st.name
 		case sub.ch != nil:
 			r.Kind, r.Name = framing.HandoffChannel, sub.ch.name
+			r.Cursor = s.chans.ssePosition(sub.ch) // its handoff position
 		default:
 			return dst, false
 		}
@@ -347,19 +348,17 @@ func (s *subscriptions) record(sc *sseConn, dst []framing.HandoffSub) ([]framing
 // adopt gives a connection handed over by a predecessor its subscriptions as they stood
 // there: each stream at its cursor, catching up from the ring or the table (exactly once, in
 // order: the cursor is the last event written or queued there, and the queue came along);
-// each channel live once its LISTEN here has completed (the successor LISTENed the
-// predecessor's channels before it took over, so usually at once).
+// each channel at its handoff position (channelTable.resumeAt: the notifications it missed
+// between the two processes first, then live; docs/architecture.md, Handoff positions), or
+// live once its LISTEN here has completed if its position is not known here.
 func (s *subscriptions) adopt(sc *sseConn, h *framing.HandoffConn) {
 	s.hold(sc, len(h.Subs), h.Composite)
 	for i, r := range h.Subs {
 		sub := sc.sub(i)
 		if r.Kind == framing.HandoffChannel {
 			sub.ch = s.fan.joinChannel(r.Name, sub)
-			if s.chans.isLive(sub.ch) {
-				sub.to(subLive)
-			} else {
-				sub.to(subStarting)
-			}
+			sub.to(subStarting)
+			s.chans.resumeAt(sub.ch, r.Cursor, func(notes []heldNote, _ bool) { s.resumeChannel(sub, notes) })
 			continue
 		}
 		sub.st = s.fan.join(r.Name, sub)
@@ -368,6 +367,17 @@ func (s *subscriptions) adopt(sc *sseConn, h *framing.HandoffConn) {
 		sub.to(subCatchUp)
 	}
 	s.catchUp(sc)
+}
+
+// resumeChannel starts a handed-over channel subscription (channelTable.resumeAt): the
+// notifications it missed first, then live — unless its LISTEN here is not complete yet
+// (channelStarted starts it then; a subscription's notifications are best effort).
+func (s *subscriptions) resumeChannel(sub *subscription, notes []heldNote) {
+	if sub.state != subStarting || sub.conn.closed || sub.ch == nil || !s.chans.isLive(sub.ch) {
+		return
+	}
+	sub.to(subLive)
+	s.fan.resumeChannel(sub, notes)
 }
 
 // --- live events --------------------------------------------------------------------------

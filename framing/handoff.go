@@ -11,7 +11,7 @@ import (
 // connection's descriptor (SCM_RIGHTS). Big-endian, versioned, strict like the hub frames:
 //
 //	u8  version (HandoffVersion)
-//	u8  kind    (1 SSE connection, 2 hub worker)
+//	u8  kind    (1 SSE connection, 2 hub worker, 3 channels)
 //
 // an SSE connection (kind 1):
 //
@@ -22,29 +22,39 @@ import (
 //	u8  n (1–255), n × subscription:
 //	    u8 kind (1 stream, 2 channel), u8 state (HandoffLive…), u8 flags (bit 0: cursor
 //	    checked against the table), i64 cursor, u16 len, name
+//	    (a channel's cursor is its handoff position: how many of the channel's notifications
+//	    after the handoff mark the predecessor had written or queued for it; −1: not counted)
 //	u32 len, tail      the bytes the predecessor has not written yet (the unsent remainder
 //	                   of a partly written event first), which the successor writes first
 //
 // a hub worker (kind 2):
 //
 //	u32 pid, u8 flags (bit 0: a --procs sibling), u16 len, name,
-//	u16 n, n × (u8 mode, u16 len, channel),
+//	u16 n, n × (u8 mode, i64 position (as a channel subscription's cursor above), u16 len, channel),
 //	u32 partial        bytes of tail's first frame that are the rest of a frame the
 //	                   predecessor had begun writing (0: tail starts at a frame)
 //	u32 len, tail      the hub frames the predecessor had not written yet
+//
+// the raw channels a predecessor holds (kind 3), sent before it hands anything over so that
+// its successor LISTENs them first:
+//
+//	u16 len, mark      the handoff mark's channel (docs/architecture.md, Handoff positions)
+//	u32 n (≤ HandoffMaxChannels), n × (u16 len, channel)
 //
 // Nothing may follow. Decoding copies (records cross a process boundary once per connection
 // and deploy; they are not on a hot path) and never panics (fuzz: FuzzHandoffRecord).
 
 // HandoffVersion is the record version this binary writes and reads. A record from any other
 // version is refused with ErrHandoffVersion: a successor that does not speak the same
-// version takes nothing over (the predecessor keeps serving).
-const HandoffVersion = 1
+// version takes nothing over (the predecessor keeps serving). Version 2 added the channels
+// record and the handoff positions of channels.
+const HandoffVersion = 2
 
 // Record kinds.
 const (
-	HandoffSSE    = 1
-	HandoffWorker = 2
+	HandoffSSE      = 1
+	HandoffWorker   = 2
+	HandoffChannels = 3
 )
 
 // Subscription kinds and states in a record.
@@ -63,6 +73,10 @@ const (
 	HandoffMaxTags = 4096
 	HandoffMaxName = 4096
 	HandoffMaxTail = 1 << 30
+	// HandoffMaxChannels bounds a channels record: more than one LISTEN session holds.
+	HandoffMaxChannels = 1 << 16
+	// HandoffNoPosition is the position of a channel the predecessor did not count.
+	HandoffNoPosition = -1
 )
 
 var (
@@ -95,6 +109,7 @@ type HandoffConn struct {
 // HandoffChannel is one channel a hub worker holds.
 type HandoffChan struct {
 	Mode uint8 // 0 lossless, 1 wake
+	Pos  int64 // the handoff position (HandoffNoPosition: not counted)
 	Name string
 }
 
@@ -108,11 +123,19 @@ type HandoffWorkerRec struct {
 	Tail     []byte
 }
 
-// HandoffRecord is one decoded record: Kind says which of Conn and Worker is set.
+// HandoffChannelList is the channels record: the raw channels a predecessor holds, and the
+// channel its handoff mark is notified on.
+type HandoffChannelList struct {
+	Mark  string
+	Names []string
+}
+
+// HandoffRecord is one decoded record: Kind says which of Conn, Worker and Channels is set.
 type HandoffRecord struct {
-	Kind   uint8
-	Conn   HandoffConn
-	Worker HandoffWorkerRec
+	Kind     uint8
+	Conn     HandoffConn
+	Worker   HandoffWorkerRec
+	Channels HandoffChannelList
 }
 
 func bin32(dst []byte, v uint32) []byte { return binary.BigEndian.AppendUint32(dst, v) }
@@ -164,11 +187,24 @@ func AppendHandoffWorker(dst []byte, w *HandoffWorkerRec) []byte {
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(w.Channels)))
 	for _, c := range w.Channels {
 		dst = append(dst, c.Mode)
+		dst = binary.BigEndian.AppendUint64(dst, uint64(c.Pos))
 		dst = appendStr16(dst, c.Name)
 	}
 	dst = bin32(dst, w.Partial)
 	dst = bin32(dst, uint32(len(w.Tail)))
 	return append(dst, w.Tail...)
+}
+
+// AppendHandoffChannels appends the channels record l to dst. Names must be within the
+// decoder's bounds (at most HandoffMaxChannels, each 1–HandoffMaxName bytes).
+func AppendHandoffChannels(dst []byte, l *HandoffChannelList) []byte {
+	dst = append(dst, HandoffVersion, HandoffChannels)
+	dst = appendStr16(dst, l.Mark)
+	dst = bin32(dst, uint32(len(l.Names)))
+	for _, n := range l.Names {
+		dst = appendStr16(dst, n)
+	}
+	return dst
 }
 
 // recReader reads a record's fields; the first failure sticks.
@@ -242,6 +278,8 @@ func DecodeHandoff(src []byte) (HandoffRecord, error) {
 		decodeConn(&r, &rec.Conn)
 	case HandoffWorker:
 		decodeWorker(&r, &rec.Worker)
+	case HandoffChannels:
+		decodeChannels(&r, &rec.Channels)
 	default:
 		return HandoffRecord{}, fmt.Errorf("%w: kind %d", ErrHandoffRecord, rec.Kind)
 	}
@@ -306,13 +344,13 @@ func decodeWorker(r *recReader, w *HandoffWorkerRec) {
 	w.Sibling = flags&1 != 0
 	w.Name = r.str16(HandoffMaxName)
 	nc := r.u16()
-	if nc*3 > len(r.b) {
+	if nc*11 > len(r.b) {
 		r.bad = true
 		return
 	}
 	for range nc {
-		c := HandoffChan{Mode: r.u8(), Name: r.str16(HandoffMaxName)}
-		if c.Mode > 1 || c.Name == "" {
+		c := HandoffChan{Mode: r.u8(), Pos: r.i64(), Name: r.str16(HandoffMaxName)}
+		if c.Mode > 1 || c.Name == "" || c.Pos < HandoffNoPosition {
 			r.bad = true
 			return
 		}
@@ -326,5 +364,25 @@ func decodeWorker(r *recReader, w *HandoffWorkerRec) {
 	}
 	if tail := r.n(int(nb)); len(tail) > 0 {
 		w.Tail = append([]byte(nil), tail...)
+	}
+}
+
+func decodeChannels(r *recReader, l *HandoffChannelList) {
+	l.Mark = r.str16(HandoffMaxName)
+	n := r.u32()
+	if n > HandoffMaxChannels || int(n)*2 > len(r.b) {
+		r.bad = true
+		return
+	}
+	if n > 0 {
+		l.Names = make([]string, 0, n)
+	}
+	for range n {
+		name := r.str16(HandoffMaxName)
+		if name == "" {
+			r.bad = true
+			return
+		}
+		l.Names = append(l.Names, name)
 	}
 }

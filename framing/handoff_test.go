@@ -15,7 +15,8 @@ func TestHandoffConnRoundTrip(t *testing.T) {
 		Subs: []HandoffSub{
 			{Kind: HandoffStream, State: HandoffLive, Checked: true, Cursor: 42, Name: "orders"},
 			{Kind: HandoffStream, State: HandoffLagging, Cursor: 0, Name: "chat.room-1"},
-			{Kind: HandoffChannel, State: HandoffLive, Name: "jobs"},
+			{Kind: HandoffChannel, State: HandoffLive, Cursor: 7, Name: "jobs"},
+			{Kind: HandoffChannel, State: HandoffLive, Cursor: HandoffNoPosition, Name: "jobs2"},
 		},
 		Tail: []byte("data: half an ev"),
 	}
@@ -29,7 +30,7 @@ func TestHandoffConnRoundTrip(t *testing.T) {
 
 func TestHandoffWorkerRoundTrip(t *testing.T) {
 	w := HandoffWorkerRec{PID: 77, Sibling: true, Name: "pgsse sibling",
-		Channels: []HandoffChan{{Mode: 0, Name: "pgsse"}, {Mode: 1, Name: "jobs"}},
+		Channels: []HandoffChan{{Mode: 0, Pos: HandoffNoPosition, Name: "pgsse"}, {Mode: 1, Pos: 12, Name: "jobs"}},
 		Partial:  3, Tail: []byte("\x00\x00\x00\x01\x84")}
 	rec, err := DecodeHandoff(AppendHandoffWorker(nil, &w))
 	require.NoError(t, err)
@@ -43,16 +44,45 @@ func TestHandoffRefusesFutureVersionAndJunk(t *testing.T) {
 	future := append([]byte{HandoffVersion + 1}, b[1:]...)
 	_, err := DecodeHandoff(future)
 	require.ErrorIs(t, err, ErrHandoffVersion)
-	assert.Contains(t, err.Error(), "version 2, this binary speaks 1")
+	assert.Contains(t, err.Error(), "version 3, this binary speaks 2")
+
+	// A version-1 record (what the binary before the channels record wrote) is refused too:
+	// its predecessor or successor restarts instead of handing over (docs/operations.md).
+	_, err = DecodeHandoff(append([]byte{1}, b[1:]...))
+	require.ErrorIs(t, err, ErrHandoffVersion)
+	assert.Contains(t, err.Error(), "version 1, this binary speaks 2")
+	l := AppendHandoffChannels(nil, &HandoffChannelList{Mark: "m", Names: []string{"a"}})
+	_, err = DecodeHandoff(append([]byte{HandoffVersion + 1}, l[1:]...))
+	require.ErrorIs(t, err, ErrHandoffVersion, "a channels record of a future version")
 
 	for name, bad := range map[string][]byte{
-		"empty":     nil,
-		"truncated": b[:len(b)-1],
-		"trailing":  append(append([]byte(nil), b...), 0),
-		"kind":      append([]byte{HandoffVersion, 9}, b[2:]...),
-		"no subs":   AppendHandoffConn(nil, &HandoffConn{}),
+		"empty":              nil,
+		"truncated":          b[:len(b)-1],
+		"trailing":           append(append([]byte(nil), b...), 0),
+		"kind":               append([]byte{HandoffVersion, 9}, b[2:]...),
+		"no subs":            AppendHandoffConn(nil, &HandoffConn{}),
+		"channels truncated": l[:len(l)-1],
+		"channels trailing":  append(append([]byte(nil), l...), 0),
+		"empty channel":      AppendHandoffChannels(nil, &HandoffChannelList{Names: []string{""}}),
+		"channels count":     {HandoffVersion, HandoffChannels, 0, 0, 0xff, 0xff, 0xff, 0xff},
+		"worker position": AppendHandoffWorker(nil, &HandoffWorkerRec{Name: "w",
+			Channels: []HandoffChan{{Pos: -2, Name: "j"}}}),
 	} {
 		_, err := DecodeHandoff(bad)
 		assert.True(t, errors.Is(err, ErrHandoffRecord), "%s: %v", name, err)
+	}
+}
+
+func TestHandoffChannelsRoundTrip(t *testing.T) {
+	for _, l := range []HandoffChannelList{
+		{Mark: "pgsse_handoff_0123abcd", Names: []string{"jobs", "pgsse_handoff_0123abcd", "chat.room-1"}},
+		{Mark: "", Names: nil},
+	} {
+		b := AppendHandoffChannels(nil, &l)
+		rec, err := DecodeHandoff(b)
+		require.NoError(t, err)
+		assert.Equal(t, uint8(HandoffChannels), rec.Kind)
+		assert.Equal(t, l, rec.Channels)
+		assert.Equal(t, b, AppendHandoffChannels(nil, &rec.Channels), "canonical")
 	}
 }

@@ -20,14 +20,26 @@ import (
 // depends far less on other work sharing the machine than wall time does; for
 // comparison, pgsse.publish's per event, one transaction each, in the same run.
 //
+// The "-one-stream" variants put a whole group in one stream (a different one per group),
+// so that the cost per transaction, per event and per stream can be told apart: with c(n, s)
+// the backend-µs/tx of n events over s streams, c(300, 1) − c(30, 1) is 270 events' worth,
+// what is left of c(30, 1) is the transaction's own, and c(30, 26) − c(30, 1) is 25 streams'.
+//
 //	scripts/pg.sh with go test -run '^$' -bench BenchmarkPublishManyBackendCPU -benchtime 2000x ./store/
 func BenchmarkPublishManyBackendCPU(b *testing.B) {
 	dsn := migrated(b)
 	data := []byte(`{"seq":12345,"t":1764584040123456789,"pad":"xxxxxxxxxxxxxxxxxxxxxxxx"}`)
 	ctx := context.Background()
 
-	for _, size := range []int{1, 30, 300} {
-		b.Run("publish_many-"+strconv.Itoa(size), func(b *testing.B) {
+	for _, v := range []struct {
+		size      int
+		oneStream bool
+	}{{1, false}, {30, false}, {300, false}, {30, true}, {300, true}} {
+		size, name := v.size, "publish_many-"+strconv.Itoa(v.size)
+		if v.oneStream {
+			name += "-one-stream"
+		}
+		b.Run(name, func(b *testing.B) {
 			c := connect(b, dsn)
 			oid := messageOIDOf(b, c)
 			stmt, err := c.Prepare(ctx, "bench_pm", publishSQL, nil)
@@ -42,10 +54,12 @@ func BenchmarkPublishManyBackendCPU(b *testing.B) {
 				for range n {
 					for i := range events {
 						events[i].Stream = "bench/" + strconv.Itoa(next%100)
-						next += 7 // 100 streams, neighbours in a group mostly distinct
+						if !v.oneStream || i == len(events)-1 {
+							next += 7 // 100 streams, neighbours in a group mostly distinct
+						}
 					}
 					buf = appendMessageArray(buf[:0], oid, events)
-					res := c.ExecPrepared(ctx, stmt.Name, [][]byte{buf}, []int16{1}, []int16{1, 1}).Read()
+					res := c.ExecPrepared(ctx, stmt.Name, [][]byte{buf}, []int16{1}, []int16{1, 1, 1}).Read()
 					require.NoError(b, res.Err)
 				}
 			}
@@ -55,7 +69,9 @@ func BenchmarkPublishManyBackendCPU(b *testing.B) {
 			b.ResetTimer()
 			run(b.N)
 			b.StopTimer()
-			b.ReportMetric(float64(schedCPU(b, pid)-cpu0)/1e3/float64(b.N*size), "backend-µs/event")
+			cpu := float64(schedCPU(b, pid)-cpu0) / 1e3
+			b.ReportMetric(cpu/float64(b.N*size), "backend-µs/event")
+			b.ReportMetric(cpu/float64(b.N), "backend-µs/tx")
 		})
 	}
 

@@ -35,7 +35,12 @@ import (
 //	                                                  os.File.Fd would make them blocking for
 //	                                                  the predecessor's acceptors too)
 //	successor → predecessor   'H' u8 version          at once: the handoff version it speaks
-//	successor → predecessor   'R'                     its LISTEN session is up: ready
+//	predecessor → successor   'C' record              the raw channels it holds and its handoff
+//	                                                  mark's (framing.HandoffChannels)
+//	successor → predecessor   'R'                     its LISTEN session is up and every one of
+//	                                                  them is LISTENed: ready
+//	                          (the predecessor stops accepting, then 'C' and 'R' once more: the
+//	                          channels it took on meanwhile; then it notifies its mark)
 //	predecessor → successor   'A'                     the predecessor no longer accepts: accept
 //	predecessor → successor   'B' u16 n, n × (u32 len, record)   n connections (≤ 64), their
 //	                                                  descriptors by SCM_RIGHTS on the same message
@@ -48,6 +53,12 @@ import (
 // accepting. Once 'K' is in, the predecessor tells systemd the main PID is the successor's
 // (sd_notify MAINPID=, handoffNotify) and exits 0 after answering what it still had in
 // progress. A SIGUSR2 during a handoff is ignored with a log line.
+//
+// The channels and the mark make the raw channels' move exact (docs/architecture.md,
+// Handoff positions): the successor LISTENs every channel before the predecessor lets go of
+// any subscription, the mark — notified after the last 'R' — is where both processes start
+// counting each channel's notifications, a record says where its subscription stood in that
+// count, and the successor keeps what arrives meanwhile to give it exactly what it missed.
 const (
 	handoffEnv          = "PGSSE_INTERNAL_HANDOFF" // JSON handoffMarker; set only by a predecessor
 	handoffCtrlFD       = 3
@@ -255,13 +266,20 @@ func (h *handoffer) run() bool {
 	case int(body[0]) != framing.HandoffVersion:
 		return giveUp(fmt.Sprintf("the successor speaks handoff version %d, this binary %d", body[0], framing.HandoffVersion), nil)
 	}
-	typ, _, fds, err = readFrame(ctrl)
-	closeFDs(fds)
-	switch {
-	case err != nil:
-		return giveUp(h.whyNotReady(err, exited), err)
-	case typ != 'R':
-		return giveUp("the successor sent "+strconv.QuoteRune(rune(typ))+" where it should say ready", nil)
+	// The successor LISTENs every raw channel we hold, and our mark's, before it says ready.
+	rctx, rcancel := context.WithDeadline(context.Background(), began.Add(readyTimeout()))
+	defer rcancel()
+	mark, err := h.srv.BeginHandoff(rctx)
+	if err != nil {
+		h.srv.EndHandoff()
+		return giveUp("cannot LISTEN the handoff mark's channel", err)
+	}
+	if err := h.channels(rctx, ctrl, mark); err != nil {
+		h.srv.EndHandoff()
+		if ne := net.Error(nil); errors.As(err, &ne) || errors.Is(err, io.EOF) {
+			return giveUp(h.whyNotReady(err, exited), err)
+		}
+		return giveUp("the successor did not LISTEN our channels", err)
 	}
 	_ = ctrl.SetReadDeadline(time.Time{})
 
@@ -269,6 +287,19 @@ func (h *handoffer) run() bool {
 	h.srv.StopAcceptingAll()
 	if h.adminLn != nil {
 		_ = h.adminLn.Close() // the successor serves the admin endpoint on its own copy
+	}
+	// The channels taken on since (by connections accepted before we stopped, by workers),
+	// then the mark: every channel the successor LISTENs now counts from it exactly.
+	mctx, mcancel := context.WithTimeout(context.Background(), handoffReadyTimeout)
+	defer mcancel()
+	if err := h.channels(mctx, ctrl, mark); err != nil {
+		_ = child.Process.Kill()
+		h.log.Error("handoff: the successor went away as it took over; serving the connections we have, accepting no more", "err", err)
+		return false
+	}
+	_ = ctrl.SetReadDeadline(time.Time{})
+	if err := h.srv.MarkHandoff(mctx, mark); err != nil {
+		h.log.Warn("handoff: cannot notify the handoff mark; channel subscriptions are handed over without their positions (hub workers get one RESYNC)", "err", err)
 	}
 	if err := writeFrame(ctrl, 'A', nil, nil); err != nil {
 		h.log.Error("handoff: the successor went away as it took over; serving the connections we have, accepting no more", "err", err)
@@ -299,6 +330,31 @@ func (h *handoffer) run() bool {
 	h.log.Info("handed everything over to the successor; exiting", "successor", child.Process.Pid,
 		"connections", handed, "adopted", adopted, "took", time.Since(began).Round(time.Millisecond).String())
 	return true
+}
+
+// channels sends the raw channels this process holds and its mark ('C'), and waits for the
+// successor's ready ('R'), which it sends once it LISTENs them all.
+func (h *handoffer) channels(ctx context.Context, ctrl *net.UnixConn, mark string) error {
+	names, err := h.srv.ListenedChannels(ctx)
+	if err != nil {
+		return err
+	}
+	rec := framing.AppendHandoffChannels(nil, &framing.HandoffChannelList{Mark: mark, Names: names})
+	if err := writeFrame(ctrl, 'C', rec, nil); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok {
+		_ = ctrl.SetReadDeadline(d)
+	}
+	typ, _, fds, err := readFrame(ctrl)
+	closeFDs(fds)
+	switch {
+	case err != nil:
+		return err
+	case typ != 'R':
+		return errors.New("the successor sent " + strconv.QuoteRune(rune(typ)) + " where it should say ready")
+	}
+	return nil
 }
 
 // whyNotReady says why the successor did not get ready: it exited (with what), or the time.
@@ -511,12 +567,7 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := writeFrame(su.ctrl, 'R', nil, nil); err != nil {
-		log.Error("handoff: the predecessor went away; stopping", "err", err)
-		giveUp()
-		return
-	}
-	accepting := false
+	accepting, ready := false, false
 	adopted := 0
 	var registering []<-chan error // batches on their way to the loop
 	settle := func() {
@@ -540,6 +591,23 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 			return
 		}
 		switch typ {
+		case 'C':
+			// The first time, a failure leaves the predecessor serving; once it has stopped
+			// accepting (the second time), this process takes over whatever happens.
+			if err := su.hold(srv, body, time.Now().Add(handoffReadyTimeout)); err != nil {
+				if !ready {
+					log.Error("handoff: cannot LISTEN the predecessor's channels; the predecessor keeps serving", "err", err)
+					giveUp()
+					return
+				}
+				log.Error("handoff: cannot LISTEN some of the predecessor's channels; their subscriptions resume without their positions", "err", err)
+			}
+			if err := writeFrame(su.ctrl, 'R', nil, nil); err != nil && !ready {
+				log.Error("handoff: the predecessor went away; stopping", "err", err)
+				giveUp()
+				return
+			}
+			ready = true
 		case 'A':
 			if !accepting {
 				accepting = true
@@ -557,6 +625,7 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 			adopted += len(fds)
 		case 'D':
 			settle()
+			srv.ReleaseHeldChannels() // the adopted connections hold their channels themselves
 			_ = writeFrame(su.ctrl, 'K', bin.BigEndian.AppendUint32(nil, uint32(adopted)), nil)
 			log.Info("handoff complete: serving everything the predecessor served", "pid", os.Getpid(), "adopted", adopted)
 			return
@@ -564,6 +633,20 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 			closeFDs(fds)
 		}
 	}
+}
+
+// hold LISTENs the channels of a 'C' record (engine.Server.HoldChannels) before deadline.
+func (su *successor) hold(srv *engine.Server, body []byte, deadline time.Time) error {
+	rec, err := framing.DecodeHandoff(body)
+	if err != nil {
+		return err
+	}
+	if rec.Kind != framing.HandoffChannels {
+		return fmt.Errorf("handoff: a record of kind %d where the channels should be", rec.Kind)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	return srv.HoldChannels(ctx, rec.Channels.Mark, rec.Channels.Names)
 }
 
 func unixConnFD(fd int) (*net.UnixConn, error) {

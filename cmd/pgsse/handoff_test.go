@@ -25,9 +25,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/framing"
 	"github.com/pgsse/pgsse/internal/testkit/pgtest"
 	"github.com/pgsse/pgsse/internal/testkit/servetest"
 	"github.com/pgsse/pgsse/internal/testkit/ssetest"
+	"github.com/pgsse/pgsse/pglisten"
 	"github.com/pgsse/pgsse/store"
 )
 
@@ -37,6 +39,9 @@ import (
 // durable event exactly once, in order, while publishers publish over SQL and over keep-alive
 // HTTP; the census of LISTEN sessions never shows 0. A successor that exits at once, one that
 // speaks another handoff version and one that hangs leave the predecessor serving everyone.
+// Channel notifications are published throughout too: every channel subscriber and every hub
+// worker gets every one of them, in order (a worker at most one RESYNC, which an exact
+// handoff does not need: docs/architecture.md, Handoff positions).
 
 const handoffSecret = "handoff-secret-0123456789abcdef012345"
 
@@ -48,6 +53,7 @@ type hoClient struct {
 
 	mu        sync.Mutex
 	last      []int64
+	note      int // a channel client's last notification (n<i>), -1 before the first
 	events    int
 	headRetry bool
 	err       error
@@ -95,8 +101,13 @@ func (c *hoClient) run(done <-chan struct{}) {
 		case !e.IsEvent():
 		case e.Type != "":
 			c.err = fmt.Errorf("event %s: %s", e.Type, e.Data)
-		case !e.HasID:
-			c.events++ // a channel notification
+		case !e.HasID: // a channel notification: n<i>, each the previous one's i + 1
+			c.events++
+			i, perr := strconv.Atoi(strings.TrimPrefix(e.Data, "n"))
+			if perr != nil || c.note >= 0 && i != c.note+1 {
+				c.err = fmt.Errorf("channel notification %q after n%d (a duplicate or a gap)", e.Data, c.note)
+			}
+			c.note = i
 		default:
 			c.events++
 			if !c.prevAt.IsZero() {
@@ -129,6 +140,12 @@ func (c *hoClient) run(done <-chan struct{}) {
 	}
 }
 
+func (c *hoClient) lastNote() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.note
+}
+
 func (c *hoClient) state() ([]int64, int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -149,6 +166,7 @@ func startFleet(t *testing.T, addr, tok string, single, multi, channel int, head
 	f := &hoFleet{done: make(chan struct{})}
 	add := func(c *hoClient, k int, want func() []int64) {
 		c.last = make([]int64, max(k, 1))
+		c.note = -1
 		c.multi = k
 		f.clients = append(f.clients, c)
 		f.wants = append(f.wants, want)
@@ -203,14 +221,18 @@ func (f *hoFleet) events() []int {
 	return n
 }
 
-// check waits until every durable client has the heads and asserts that none lost its
-// connection, saw an id twice or missed one, and that every client got events after before.
-func (f *hoFleet) check(t *testing.T, before []int) {
+// check waits until every durable client has the heads and every channel client the last
+// notification, and asserts that none lost its connection, saw an id or a notification twice
+// or missed one, and that every client got events after before.
+func (f *hoFleet) check(t *testing.T, before []int, lastNote int) {
 	t.Helper()
 	waitFor(t, 30*time.Second, "every subscriber has every event", func() bool {
 		for i, c := range f.clients {
 			last, _, err := c.state()
 			if err == nil && f.wants[i] != nil && !assert.ObjectsAreEqual(f.wants[i](), last) {
+				return false
+			}
+			if err == nil && f.wants[i] == nil && c.lastNote() != lastNote {
 				return false
 			}
 		}
@@ -226,6 +248,8 @@ func (f *hoFleet) check(t *testing.T, before []int) {
 		}
 		if f.wants[i] != nil {
 			assert.Equal(t, f.wants[i](), last, "client %d has every event of its streams", i)
+		} else {
+			assert.Equal(t, lastNote, c.lastNote(), "channel client %d has every notification", i)
 		}
 		assert.Greater(t, n, before[i], "client %d got events after the signal", i)
 	}
@@ -236,6 +260,7 @@ func (f *hoFleet) check(t *testing.T, before []int) {
 // channel hjobs, until stopped; heads are the last ids each stream's publishers got back.
 type hoLoad struct {
 	heads   [2]atomic.Int64
+	note    atomic.Int64 // the last notification on hjobs (n<i>)
 	httpErr atomic.Int64
 	stop    chan struct{}
 	wg      sync.WaitGroup
@@ -244,6 +269,7 @@ type hoLoad struct {
 func startLoad(t *testing.T, dsn, base, pubTok string, pubs int) *hoLoad {
 	t.Helper()
 	l := &hoLoad{stop: make(chan struct{})}
+	l.note.Store(-1)
 	conn := pgtest.Connect(t, dsn)
 	l.wg.Add(1)
 	go func() {
@@ -259,6 +285,9 @@ func startLoad(t *testing.T, dsn, base, pubTok string, pubs int) *hoLoad {
 			if err == nil {
 				l.heads[0].Store(id)
 				err = conn.Exec(ctx, "SELECT pg_notify('hjobs', 'n"+strconv.Itoa(i)+"')").Close()
+				if err == nil {
+					l.note.Store(int64(i))
+				}
 			}
 			cancel()
 			if err != nil {
@@ -370,28 +399,117 @@ func watchListenSessions(t *testing.T, dsn string) (stop func() int) {
 	return func() int { close(quit); return <-res }
 }
 
-type hoSetup struct {
-	srv    *servetest.Server
-	bin    string
-	dsn    string
-	fleet  *hoFleet
-	load   *hoLoad
-	subTok string
+// hoWorker is one hub worker (pglisten's hub client) on hjobs: each notification is the
+// previous one's i + 1, unless a RESYNC came in between.
+type hoWorker struct {
+	l    pglisten.Listener
+	mode framing.Mode
+
+	mu      sync.Mutex
+	note    int
+	resyncs int
+	err     error
 }
 
-func startHandoffServer(t *testing.T, single, multi, channel, pubs int, extraEnv ...string) *hoSetup {
+func startWorker(t *testing.T, sock string, i int, mode framing.Mode) *hoWorker {
+	t.Helper()
+	l, err := pglisten.NewHub(pglisten.HubConfig{Socket: sock, Name: "hw" + strconv.Itoa(i), Mode: mode})
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	require.NoError(t, l.Listen(ctxFor(t, 10*time.Second), "hjobs"))
+	w := &hoWorker{l: l, mode: mode, note: -1}
+	go w.run()
+	return w
+}
+
+func (w *hoWorker) run() {
+	resynced := false
+	for ev := range w.l.Events() {
+		w.mu.Lock()
+		switch ev.Kind {
+		case pglisten.KindResync:
+			w.resyncs++
+			resynced = true
+		case pglisten.KindNotification:
+			i, err := strconv.Atoi(strings.TrimPrefix(string(ev.Payload), "n"))
+			if w.err == nil && (err != nil || w.note >= 0 && i != w.note+1 && !(resynced && i > w.note)) {
+				w.err = fmt.Errorf("notification %q after n%d without a RESYNC", ev.Payload, w.note)
+			}
+			w.note, resynced = i, false
+		default:
+			if w.err == nil {
+				w.err = fmt.Errorf("event %v", ev.Kind)
+			}
+		}
+		w.mu.Unlock()
+	}
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = errors.New("the worker's listener stopped")
+	}
+	w.mu.Unlock()
+}
+
+func (w *hoWorker) state() (note, resyncs int, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.note, w.resyncs, w.err
+}
+
+// checkWorkers waits until every worker has the last notification and asserts that none
+// lost its connection or missed one without a RESYNC, and that a lossless one needed none.
+func checkWorkers(t *testing.T, workers []*hoWorker, lastNote int) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "every worker has every notification", func() bool {
+		for _, w := range workers {
+			if n, _, err := w.state(); err == nil && n != lastNote {
+				return false
+			}
+		}
+		return true
+	})
+	for i, w := range workers {
+		n, resyncs, err := w.state()
+		assert.NoError(t, err, "worker %d", i)
+		assert.Equal(t, lastNote, n, "worker %d has the last notification", i)
+		if w.mode == framing.ModeLossless {
+			assert.Zero(t, resyncs, "lossless worker %d: every notification, no RESYNC needed", i)
+		}
+	}
+}
+
+type hoSetup struct {
+	srv     *servetest.Server
+	workers []*hoWorker
+	bin     string
+	dsn     string
+	fleet   *hoFleet
+	load    *hoLoad
+	subTok  string
+}
+
+func startHandoffServer(t *testing.T, single, multi, channel, workers, pubs int, extraEnv ...string) *hoSetup {
 	t.Helper()
 	dsn := migrated(t)
+	sock := filepath.Join(t.TempDir(), "hub.sock")
 	bin := filepath.Join(t.TempDir(), "pgsse")
 	installBinary(t, binary(t), bin)
 	srv := servetest.Start(t, servetest.Options{Bin: bin,
 		Env:  append([]string{"DATABASE_URL=" + dsn, "PGSSE_JWT_SECRET=" + handoffSecret}, extraEnv...),
-		Args: []string{"--retention", "0", "--max-connections-per-subject", "0", "--hub-socket", filepath.Join(t.TempDir(), "hub.sock")}})
+		Args: []string{"--retention", "0", "--max-connections-per-subject", "0", "--hub-socket", sock}})
 	subTok := mintHandoff(t, auth.Claims{Streams: []string{"*"}, Channels: []string{"*"}})
 	pubTok := mintHandoff(t, auth.Claims{Publish: []string{"*"}})
 	load := startLoad(t, dsn, srv.URL(""), pubTok, pubs)
+	var ws []*hoWorker
+	for i := range workers {
+		mode := framing.ModeLossless
+		if i%4 == 3 {
+			mode = framing.ModeWake
+		}
+		ws = append(ws, startWorker(t, sock, i, mode))
+	}
 	fleet := startFleet(t, srv.Listen, subTok, single, multi, channel, load.Heads)
-	return &hoSetup{srv: srv, bin: bin, dsn: dsn, fleet: fleet, load: load, subTok: subTok}
+	return &hoSetup{srv: srv, workers: ws, bin: bin, dsn: dsn, fleet: fleet, load: load, subTok: subTok}
 }
 
 // handoffScale is how many single-stream subscribers TestHandoffSIGUSR2KeepsEveryClient runs
@@ -406,7 +524,7 @@ func handoffScale() int {
 
 func TestHandoffSIGUSR2KeepsEveryClient(t *testing.T) {
 	n := handoffScale()
-	h := startHandoffServer(t, n, n/5, n/10, 8)
+	h := startHandoffServer(t, n, n/5, n/10, 20, 8)
 	pred := h.srv.Process()
 	installBinary(t, binary(t), h.bin) // the new version, installed
 	before := h.fleet.events()
@@ -426,7 +544,7 @@ func TestHandoffSIGUSR2KeepsEveryClient(t *testing.T) {
 	require.NoError(t, json.Unmarshal(line, &m))
 	require.NotZero(t, m.Successor)
 	t.Cleanup(func() { stopPID(t, m.Successor) })
-	assert.Equal(t, len(h.fleet.clients), m.Connections, "every SSE client was handed over")
+	assert.Equal(t, len(h.fleet.clients)+len(h.workers), m.Connections, "every SSE client and hub worker was handed over")
 	assert.Equal(t, 0, h.srv.WaitExit(20*time.Second), "the predecessor exits 0")
 	exe, _ := os.Readlink("/proc/" + strconv.Itoa(m.Successor) + "/exe")
 	assert.Equal(t, h.bin, exe, "the successor runs the installed binary")
@@ -436,7 +554,8 @@ func TestHandoffSIGUSR2KeepsEveryClient(t *testing.T) {
 	_ = late
 	time.Sleep(500 * time.Millisecond)
 	h.load.Stop()
-	h.fleet.check(t, before)
+	h.fleet.check(t, before, int(h.load.note.Load()))
+	checkWorkers(t, h.workers, int(h.load.note.Load()))
 	assert.LessOrEqual(t, h.load.httpErr.Load(), int64(0), "keep-alive HTTP publishes that failed")
 	var gaps []time.Duration
 	for _, c := range h.fleet.clients {
@@ -457,12 +576,13 @@ func TestHandoffSIGUSR2KeepsEveryClient(t *testing.T) {
 }
 
 func TestHandoffFailedSuccessorKeepsServing(t *testing.T) {
-	h := startHandoffServer(t, 30, 6, 6, 2, "PGSSE_INTERNAL_HANDOFF_TIMEOUT=3s")
+	h := startHandoffServer(t, 30, 6, 6, 4, 2, "PGSSE_INTERNAL_HANDOFF_TIMEOUT=3s")
 	cases := []struct {
 		name, script, log string
 	}{
 		{"exits at once", "exit 3", "the successor exited before it was ready (exit status 3)"},
-		{"another version", `printf '\000\000\000\002H\002' >&3; sleep 5`, "the successor speaks handoff version 2, this binary 1"},
+		{"another version", `printf '\000\000\000\002H\003' >&3; sleep 5`, "the successor speaks handoff version 3, this binary 2"},
+		{"the previous version", `printf '\000\000\000\002H\001' >&3; sleep 5`, "the successor speaks handoff version 1, this binary 2"},
 		{"hangs", "exec sleep 60", "the successor was not ready within 3s"},
 	}
 	for _, c := range cases {
@@ -497,7 +617,8 @@ func TestHandoffFailedSuccessorKeepsServing(t *testing.T) {
 		dialSSE(t, h.srv.Listen, "/streams/h/1", h.subTok)
 	}
 	h.load.Stop()
-	h.fleet.check(t, make([]int, len(h.fleet.clients)))
+	h.fleet.check(t, make([]int, len(h.fleet.clients)), int(h.load.note.Load()))
+	checkWorkers(t, h.workers, int(h.load.note.Load()))
 	assert.Zero(t, h.load.httpErr.Load(), "HTTP publishes that failed")
 }
 

@@ -1,0 +1,271 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/pgsse/pgsse/framing"
+)
+
+// Raw channels across a handoff (docs/architecture.md, Handoff positions): the successor
+// LISTENs the predecessor's channels before it takes anything over, and every channel
+// subscription — SSE and hub worker — resumes at its handoff position, so that with
+// notifications published throughout, each one gets every notification exactly once, in
+// order, and no worker needs a RESYNC. The handover of each batch is slowed down on purpose
+// (handoffChannelsDelay) so that plenty of notifications arrive at the successor's session
+// for connections still between the two processes: the gap an earlier attempt left.
+
+const handoffChannelsDelay = 30 * time.Millisecond
+
+// seqReader reads one channel client's or worker's notifications, each the previous one's
+// number plus one.
+type seqReader struct {
+	mu      sync.Mutex
+	first   int
+	last    int
+	n       int
+	resyncs int
+	err     error
+}
+
+func (r *seqReader) got(v int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n > 0 && v != r.last+1 && r.err == nil {
+		r.err = errors.New("notification " + strconv.Itoa(v) + " after " + strconv.Itoa(r.last) + " (a duplicate or a gap)")
+	}
+	if r.n == 0 {
+		r.first = v
+	}
+	r.last = v
+	r.n++
+}
+
+func (r *seqReader) fail(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err == nil {
+		r.err = err
+	}
+}
+
+func (r *seqReader) state() (n, last, resyncs int, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n, r.last, r.resyncs, r.err
+}
+
+func TestHandoffChannelsLoseNothing(t *testing.T) {
+	t.Parallel()
+	a := startHub(t, nil)
+	addr := a.Addr().String()
+	tok := bearerH(allStreams(t))
+
+	// Notifications on two channels, one after the other, throughout.
+	var published [2]atomic.Int64
+	published[0].Store(-1)
+	published[1].Store(-1)
+	notifyStop := make(chan struct{})
+	notifyDone := make(chan struct{})
+	go func() {
+		defer close(notifyDone)
+		conn := connectPlain(a.DSN)
+		if conn == nil {
+			return
+		}
+		defer conn.Close(context.Background())
+		for i := 0; ; i++ {
+			select {
+			case <-notifyStop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			for c, name := range []string{"hco1", "hco2"} {
+				if err := conn.Exec(context.Background(), "SELECT pg_notify('"+name+"', '"+strconv.Itoa(i)+"')").Close(); err != nil {
+					return
+				}
+				published[c].Store(int64(i))
+			}
+		}
+	}()
+
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() { close(done); wg.Wait() }()
+	type reader struct {
+		r  *seqReader
+		ch int
+	}
+	var readers []reader
+	for i := range 16 {
+		c := dial(t, addr, "/channels/hco"+strconv.Itoa(1+i%2), tok)
+		require.Equal(t, 200, c.Status, c.Body)
+		r := &seqReader{}
+		readers = append(readers, reader{r, i % 2})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			headRetry := false
+			for {
+				ev, err := c.next(200 * time.Millisecond)
+				select {
+				case <-done:
+					return
+				default:
+				}
+				var ne net.Error
+				switch {
+				case errors.As(err, &ne) && ne.Timeout():
+				case err != nil:
+					r.fail(err)
+					return
+				case ev.Retry != "" && ev.Data == "" && !headRetry:
+					headRetry = true // the response head's
+				case ev.Retry != "" || ev.Event != "" || ev.HasID:
+					r.fail(errors.New("unexpected event " + ev.Event + ev.Retry + ev.IDValue))
+					return
+				default:
+					v, _ := strconv.Atoi(ev.Data)
+					r.got(v)
+				}
+			}
+		}()
+	}
+	var workers []reader
+	for i := range 6 {
+		w := dialHub(t, a.cfg.HubSocket)
+		w.hello("w" + strconv.Itoa(i))
+		mode := framing.ModeLossless
+		if i%3 == 2 {
+			mode = framing.ModeWake
+		}
+		name := "hco" + strconv.Itoa(1+i%2)
+		require.Equal(t, framing.AckOK, w.sub(1, mode, name).Ack)
+		r := &seqReader{}
+		workers = append(workers, reader{r, i % 2})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				f, err := w.read(200 * time.Millisecond)
+				select {
+				case <-done:
+					return
+				default:
+				}
+				var ne net.Error
+				switch {
+				case errors.As(err, &ne) && ne.Timeout():
+				case err != nil:
+					r.fail(err)
+					return
+				case f.Type == framing.TypeStatus && f.Status == framing.StatusResync:
+					r.mu.Lock()
+					r.resyncs++
+					r.mu.Unlock()
+				case f.Type == framing.TypeNotify:
+					v, _ := strconv.Atoi(string(f.Text))
+					r.got(v)
+				default:
+					r.fail(errors.New("unexpected frame " + f.Type.String()))
+					return
+				}
+			}
+		}()
+	}
+	all := append(append([]reader(nil), readers...), workers...)
+	waitFor(t, 10*time.Second, "every client has notifications", func() bool {
+		for _, r := range all {
+			if n, _, _, _ := r.r.state(); n == 0 {
+				return false
+			}
+		}
+		return true
+	})
+
+	// The successor, and the handoff as cmd/pgsse runs it.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sseFD, hubFD, err := a.ListenerFDs()
+	require.NoError(t, err)
+	inherit := func(fd int) net.Listener {
+		f := os.NewFile(uintptr(fd), "inherited")
+		ln, err := net.FileListener(f)
+		require.NoError(t, err)
+		_ = f.Close()
+		return ln
+	}
+	accept := make(chan struct{})
+	b := startServer(t, a.DSN, func(c *Config) {
+		c.Listen = addr
+		c.HubSocket = a.cfg.HubSocket
+		c.Inherited = &Inheritance{SSE: inherit(sseFD), Hub: inherit(hubFD), Accept: accept}
+	})
+	mark, err := a.BeginHandoff(ctx)
+	require.NoError(t, err)
+	names, err := a.ListenedChannels(ctx)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"hco1", "hco2", mark}, names, "the channels the predecessor holds, and its mark's")
+	require.NoError(t, b.HoldChannels(ctx, mark, names))
+	a.StopAcceptingAll()
+	names, err = a.ListenedChannels(ctx)
+	require.NoError(t, err)
+	require.NoError(t, b.HoldChannels(ctx, mark, names))
+	require.NoError(t, a.MarkHandoff(ctx, mark))
+	close(accept)
+	handed, err := a.HandOver(ctx, func(batch []HandedConn) error {
+		fds := make([]int, len(batch))
+		recs := make([][]byte, len(batch))
+		for i, h := range batch {
+			fd, err := unix.Dup(h.FD)
+			if err != nil {
+				return err
+			}
+			fds[i], recs[i] = fd, h.Record
+		}
+		time.Sleep(handoffChannelsDelay) // a slow handover: notifications reach b's session meanwhile
+		return b.Adopt(fds, recs)
+	})
+	require.NoError(t, err)
+	assert.Equal(t, len(all), handed)
+	b.ReleaseHeldChannels()
+	a.Stop(t)
+
+	time.Sleep(300 * time.Millisecond) // notifications go on after the move
+	close(notifyStop)
+	<-notifyDone
+	waitFor(t, 15*time.Second, "every client has every notification", func() bool {
+		for _, r := range all {
+			_, last, _, err := r.r.state()
+			if err == nil && int64(last) != published[r.ch].Load() {
+				return false
+			}
+		}
+		return true
+	})
+	for i, r := range all {
+		n, last, resyncs, err := r.r.state()
+		what := "channel client " + strconv.Itoa(i)
+		if i >= len(readers) {
+			what = "worker " + strconv.Itoa(i-len(readers))
+		}
+		assert.NoError(t, err, "%s (%d notifications, last %d)", what, n, last)
+		assert.Equal(t, published[r.ch].Load(), int64(last), "%s has every notification", what)
+		assert.Zero(t, resyncs, "%s: no RESYNC (every position was known)", what)
+	}
+	// The holds for the predecessor are gone: only the subscriptions' own remain.
+	b.onLoop(t, func() {
+		assert.ElementsMatch(t, []string{"hco1", "hco2"}, b.chans.names())
+	})
+}
