@@ -122,7 +122,7 @@ func (s *subscriptions) onHead(sub *subscription, res store.ReadResult) {
 
 // replay reads the next batch of history for one subscription.
 func (s *subscriptions) replay(sub *subscription) {
-	if s.replayer == nil || sub.replaying || sub.st.holdRead(sub) || !s.mayRead(sub) {
+	if s.replayer == nil || sub.replaying || sub.conn.ending() || sub.st.holdRead(sub) || !s.mayRead(sub) {
 		return
 	}
 	sub.replaying = true
@@ -143,16 +143,6 @@ func (s *subscriptions) replay(sub *subscription) {
 		s.log.Warn("replay queue full; client told to retry", "stream", sub.st.name)
 		s.conns.closeWithRetry(sub.conn)
 	}
-}
-
-// readHeld starts the catch-up read of sub that its stream held while unchecked
-// (stream.holdRead), if sub still follows st and is catching up.
-func (s *subscriptions) readHeld(sub *subscription, st *stream) {
-	if sub.st != st || sub.state != subCatchUp || sub.conn.ending() {
-		return
-	}
-	s.replay(sub)
-	s.nextRead(sub.conn)
 }
 
 func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadResult) {

@@ -627,8 +627,8 @@ func (f *fanout) releaseReads(st *stream) {
 	}
 	held := st.heldReads
 	st.heldReads = nil
-	for _, sub := range held {
-		f.subs.readHeld(sub, st)
+	for _, sub := range held { // (one that left was taken off the list: leave)
+		f.subs.replay(sub)
 	}
 }
 
