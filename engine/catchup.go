@@ -34,7 +34,7 @@ const (
 // mayRead reports whether sub may start a table read now; if not, it waits its turn (and
 // when none is in flight, the first one waiting starts).
 func (s *subscriptions) mayRead(sub *subscription) bool {
-	set := sub.conn.more
+	set := sub.conn.moreSubs()
 	switch {
 	case set == nil, set.reading == sub:
 		return true
@@ -61,7 +61,7 @@ func (s *subscriptions) waitRead(set *subSet, sub *subscription) {
 
 // readDone gives sub's turn back once its read has come back (or could not be queued).
 func (s *subscriptions) readDone(sub *subscription) {
-	if set := sub.conn.more; set != nil && set.reading == sub {
+	if set := sub.conn.moreSubs(); set != nil && set.reading == sub {
 		set.reading = nil
 	}
 }
@@ -70,7 +70,7 @@ func (s *subscriptions) readDone(sub *subscription) {
 // flight; one that no longer needs a read (it joined the live set, or was paused) is dropped
 // from the line.
 func (s *subscriptions) nextRead(sc *sseConn) {
-	set := sc.more
+	set := sc.moreSubs()
 	if set == nil || sc.ending() {
 		return
 	}

@@ -20,8 +20,10 @@ import (
 // the net.TCPConn the acceptor handed it (accept.go), and the net package made each address's
 // IP a slice of the sockaddr the accept or getsockname returned. pgsse never asks a
 // connection for its addresses, but they stay readable: the local IP is one slice shared by
-// every connection with that address (local, on the loop only), the peer's a copy of its own.
-func compactAddrs(c gnet.Conn, local *net.IP) {
+// every connection with that address (local, on the loop only), the peer's IPv4 address one
+// slice shared by the connections from it while peers holds at most maxSharedPeerIPs of them
+// (behind a proxy, a handful of addresses make every connection), a copy of its own otherwise.
+func compactAddrs(c gnet.Conn, local *net.IP, peers map[[4]byte]net.IP) {
 	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
 		if !a.IP.Equal(*local) {
 			*local = slices.Clone(a.IP)
@@ -29,13 +31,25 @@ func compactAddrs(c gnet.Conn, local *net.IP) {
 		a.IP = *local
 	}
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		if ip4 := a.IP.To4(); ip4 != nil {
-			a.IP = slices.Clone(ip4)
-		} else {
+		ip4 := a.IP.To4()
+		if ip4 == nil {
 			a.IP = slices.Clone(a.IP)
+			return
 		}
+		key := [4]byte(ip4)
+		shared, ok := peers[key]
+		if !ok {
+			shared = slices.Clone(ip4)
+			if len(peers) < maxSharedPeerIPs {
+				peers[key] = shared
+			}
+		}
+		a.IP = shared
 	}
 }
+
+// maxSharedPeerIPs bounds compactAddrs's table of peer addresses (≈ 50 B each).
+const maxSharedPeerIPs = 1024
 
 // anchorMark is the context of the anchor connection.
 type anchorMark struct{}
@@ -76,7 +90,7 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		s.hurry()
 		s.enter()
 		defer s.leave()
-		compactAddrs(c, &s.sseLocalIP)
+		compactAddrs(c, &s.sseLocalIP, s.ssePeerIPs)
 		s.conns.open(c)
 		return nil, gnet.None
 	}

@@ -77,7 +77,6 @@ var lentFields = map[string]string{
 	"sseConn.q":      "outbound",
 	"sseConn.pub":    "publishing",
 	"sseConn.nsub":   "subscriptions",
-	"sseConn.more":   "subscriptions",
 	"sseConn.first":  "subscriptions",
 	// A raw channel (channels.go) has an SSE side (fanout.go) and a hub side (hubserver.go).
 	"channel.name": "read",

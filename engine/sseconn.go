@@ -140,24 +140,26 @@ type sseConn struct {
 	setup *subRequest  // what it asked for, from its head until its response head is sent (request.go)
 	ext   *connExt     // what only some tokens bring (tags, subject, exp); nil for none
 
-	enteredMS   int64 // when the connection entered its state (head and pending time rules)
-	lastWriteMS int64 // when it was last written to (heartbeats)
+	// atMS is when the connection entered its state (the time rules of the states other than
+	// streaming) and, while it streams, when it was last written to (heartbeats): one field,
+	// since a state's time rule counts from its entry and only streaming counts from writes
+	// (entering streaming is the response head's write).
+	atMS int64
 
-	all     int32 // index in connTable.list
+	all int32 // index in connTable.list
+	// beatPos is 1 + its index in its slot of connTable.beats (beat), 0 when it is not in the
+	// wheel: a connection that closes leaves the wheel at once (unbeat), not when its slot
+	// comes round.
+	beatPos int32
 	state   connState
 	closed  bool // OnClose ran: late results (replay reads, verdicts, COMMITs) are ignored
 	counted bool // counted in connTable.active (admitted)
-
-	// Its subscriptions (subscription.go): nsub of them, the first inline, the others in more
-	// (with what a connection following several streams needs besides).
+	timed   bool // listed in connTable.timed (sweep)
+	beat    uint8
+	// Its subscriptions (subscription.go): nsub of them, the first inline, the others in
+	// ext.more (with what a connection following several streams needs besides).
 	nsub  uint8
-	timed bool  // listed in connTable.timed (sweep)
-	beat  uint8 // its slot in connTable.beats while beatPos > 0
-	// beatPos is 1 + its index in that slot, 0 when it is not in the wheel: a connection that
-	// closes leaves the wheel at once (unbeat), not when its slot comes round.
-	beatPos int32
-	more    *subSet
-	first   subscription
+	first subscription
 }
 
 // connExt is what a token may bring a connection beyond the bare stream: its tags (audience),
@@ -168,7 +170,20 @@ type connExt struct {
 	tags      []string // the token's tags (audience)
 	subject   string   // its key in admission.subjects while counted there ("" = not counted; admission.go)
 	expiresMS int64    // the token's exp, unix ms; 0 = none
+	more      *subSet  // its subscriptions after the first (subscription.go); nil for one
 }
+
+// moreSubs is what a connection following several streams holds besides its first
+// subscription (nil for one: subscription.go).
+func (sc *sseConn) moreSubs() *subSet {
+	if sc.ext == nil {
+		return nil
+	}
+	return sc.ext.more
+}
+
+// setMoreSubs gives the connection its subscriptions after the first (subscription.go).
+func (sc *sseConn) setMoreSubs(m *subSet) { sc.extended().more = m }
 
 // tags is the token's tags (nil: none).
 func (sc *sseConn) tags() []string {
@@ -211,7 +226,7 @@ func (sc *sseConn) setSubject(key string) {
 	}
 	if sc.ext != nil {
 		sc.ext.subject = ""
-		if sc.ext.tags == nil && sc.ext.expiresMS == 0 {
+		if sc.ext.tags == nil && sc.ext.expiresMS == 0 && sc.ext.more == nil {
 			sc.ext = nil
 		}
 	}
@@ -220,7 +235,7 @@ func (sc *sseConn) setSubject(key string) {
 // to is the one assignment of a state; only the transition helpers below call it.
 func (sc *sseConn) to(state connState, nowMS int64) {
 	sc.state = state
-	sc.enteredMS = nowMS
+	sc.atMS = nowMS
 }
 
 // enter moves sc to state (the transition helpers below call it): a state other than
@@ -246,8 +261,13 @@ func (sc *sseConn) ending() bool {
 // everyone; docs/http.md, Audience).
 func (sc *sseConn) sees(audience []string) bool { return auth.InAudience(sc.tags(), audience) }
 
-// wrote records a write to the socket (heartbeats count from it).
-func (sc *sseConn) wrote(nowMS int64) { sc.lastWriteMS = nowMS }
+// wrote records a write to the socket: heartbeats count from the last one. In the other
+// states the time rules count from the state's entry, which a write does not move.
+func (sc *sseConn) wrote(nowMS int64) {
+	if sc.state == stateStreaming {
+		sc.atMS = nowMS
+	}
+}
 
 // cors is the CORS part of a response head: the request's Origin when it is allowed.
 func (sc *sseConn) cors() sse.CORS {
@@ -643,7 +663,9 @@ func (t *connTable) remove(sc *sseConn) {
 	t.out.unwatch(sc)
 	t.out.dropQueue(sc)
 	sc.c = nil
-	sc.ext = nil
+	if sc.ext != nil { // the subscriptions after the first stay where late results find them
+		*sc.ext = connExt{more: sc.ext.more}
+	}
 	sc.setup = nil
 }
 
@@ -679,41 +701,41 @@ func (t *connTable) sweepTimed() {
 		}
 		switch sc.state {
 		case stateHead:
-			if t.nowMS-sc.enteredMS >= headTimeoutMS {
+			if t.nowMS-sc.atMS >= headTimeoutMS {
 				t.finish(sc, nil)
 			}
 		case stateVerifying:
-			if t.nowMS-sc.enteredMS > verifyTimeoutMS {
+			if t.nowMS-sc.atMS > verifyTimeoutMS {
 				t.shed(sc, shedOverCapacity)
 			}
 		case statePending:
 			switch {
 			case dbDown:
 				t.shed(sc, shedDatabaseUnavailable)
-			case t.nowMS-sc.enteredMS > pendingTimeoutMS:
+			case t.nowMS-sc.atMS > pendingTimeoutMS:
 				t.shed(sc, shedOverCapacity)
 			}
 		case stateIdle:
-			if t.nowMS-sc.enteredMS >= keepAliveIdleMS {
+			if t.nowMS-sc.atMS >= keepAliveIdleMS {
 				t.finish(sc, nil)
 			}
 		case stateLinger:
-			if t.nowMS-sc.enteredMS >= lingerTimeoutMS {
+			if t.nowMS-sc.atMS >= lingerTimeoutMS {
 				t.finish(sc, nil)
 			}
 		case statePublishBody:
-			if timeout := t.pub.bodyTimeoutMS(); t.nowMS-sc.enteredMS >= timeout {
+			if timeout := t.pub.bodyTimeoutMS(); t.nowMS-sc.atMS >= timeout {
 				t.pub.refuse(sc, 408, "the request body did not arrive within "+
 					strconv.FormatInt(timeout/1000, 10)+" s")
 			}
 		case stateClosing:
 			slow := t.isSlow(sc)
 			switch {
-			case slow && t.nowMS-sc.enteredMS >= slowCloseGraceMS:
+			case slow && t.nowMS-sc.atMS >= slowCloseGraceMS:
 				t.abort(sc) // sent away for not reading, and it still does not
 			case slow && sc.pending() == 0:
 				t.finished(sc) // once the kernel has delivered the last bytes
-			case sc.pending() > 0 && t.nowMS-sc.enteredMS >= closeLingerMS:
+			case sc.pending() > 0 && t.nowMS-sc.atMS >= closeLingerMS:
 				t.abort(sc) // the client does not read: give up on the last bytes
 			}
 		}
@@ -733,7 +755,7 @@ func (t *connTable) schedule(sc *sseConn) {
 		t.beats = make([][]*sseConn, beatSlots)
 		t.beatTick = now - 1
 	}
-	due := sc.lastWriteMS + t.cfg.Heartbeat.Milliseconds()
+	due := sc.atMS + t.cfg.Heartbeat.Milliseconds()
 	if exp := sc.expiresMS(); exp > 0 {
 		due = min(due, exp)
 	}
@@ -784,7 +806,7 @@ func (t *connTable) sweepBeats() {
 				t.closeWithRetrySaying(sc, tokenExpiredComment)
 				continue
 			}
-			if t.nowMS-sc.lastWriteMS >= heartbeatMS {
+			if t.nowMS-sc.atMS >= heartbeatMS {
 				t.write(sc, t.tr.heartbeat())
 			}
 			if sc.streaming() {
@@ -808,14 +830,14 @@ func (t *connTable) sweepBeats() {
 // it all now).
 func (t *connTable) write(sc *sseConn, b []byte) {
 	t.out.sendOne(sc, b)
-	sc.lastWriteMS = t.nowMS
+	sc.wrote(t.nowMS)
 }
 
 // writeEvents sends the encodings of evs, which are shared by every subscriber: what the
 // socket does not take is kept by reference, never copied.
 func (t *connTable) writeEvents(sc *sseConn, evs []*event) {
 	t.out.sendEvents(sc, evs)
-	sc.lastWriteMS = t.nowMS
+	sc.wrote(t.nowMS)
 }
 
 // writeLive sends live events (items built by the subscriptions: the events' shared
@@ -827,7 +849,7 @@ func (t *connTable) writeLive(sc *sseConn, items []outItem, limit int) int {
 		return len(items)
 	}
 	n := t.out.sendLive(sc, items, limit)
-	sc.lastWriteMS = t.nowMS
+	sc.wrote(t.nowMS)
 	return n
 }
 
@@ -838,7 +860,7 @@ func (t *connTable) writev(sc *sseConn, items []outItem) {
 		return
 	}
 	t.out.send(sc, items)
-	sc.lastWriteMS = t.nowMS
+	sc.wrote(t.nowMS)
 }
 
 // jitteredRetryMS is a retry: value between retryJitterMinMS and retryJitterMaxMS.

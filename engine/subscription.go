@@ -64,7 +64,7 @@ type subSet struct {
 }
 
 // subscription is one thing a connection follows: a durable stream (st) or a raw channel
-// (ch). It lives inside its connection (sseConn.first, or sseConn.more) for as long as the
+// (ch). It lives inside its connection (sseConn.first, or its subSet) for as long as the
 // connection does, so the fan-out's pointers to it stay valid until the connection is removed.
 type subscription struct {
 	conn   *sseConn
@@ -99,12 +99,12 @@ func (sc *sseConn) sub(i int) *subscription {
 	if i == 0 {
 		return &sc.first
 	}
-	return &sc.more.subs[i-1]
+	return &sc.moreSubs().subs[i-1]
 }
 
 // composite reports whether the connection's durable events carry composite ids (it came
 // through GET /streams).
-func (sc *sseConn) composite() bool { return sc.more != nil && sc.more.composite }
+func (sc *sseConn) composite() bool { return sc.moreSubs() != nil && sc.moreSubs().composite }
 
 // position is sub's place in its connection's subscriptions (the k of a composite id).
 func (sub *subscription) position() int {
@@ -192,7 +192,7 @@ func (s *subscriptions) subscribe(sc *sseConn, req *subRequest) {
 // array of their own (a subSet, which a composite connection has even for one stream).
 func (s *subscriptions) hold(sc *sseConn, k int, composite bool) {
 	if k > 1 || composite {
-		sc.more = &subSet{subs: make([]subscription, k-1), composite: composite}
+		sc.setMoreSubs(&subSet{subs: make([]subscription, k-1), composite: composite})
 	}
 	sc.nsub = uint8(k)
 	for i := range k {
@@ -498,8 +498,8 @@ func (s *subscriptions) idsWritten() {
 // queueMulti lists a connection with several subscriptions for this pass's write
 // (flushMulti), once.
 func (s *subscriptions) queueMulti(sc *sseConn) {
-	if pass := s.pass + 1; sc.more.pass != pass {
-		sc.more.pass = pass
+	if pass := s.pass + 1; sc.moreSubs().pass != pass {
+		sc.moreSubs().pass = pass
 		s.multi = append(s.multi, sc)
 	}
 }
