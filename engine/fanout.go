@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"time"
 
 	"github.com/pgsse/pgsse/store"
@@ -66,6 +67,9 @@ type stream struct {
 	check            bool
 	rewindHi         int64
 	backFrom, backTo int64
+	// heldReads are catching-up subscriptions whose next table read waits for the check
+	// (unchecked): until it, the table may hold another history than what was delivered.
+	heldReads []*subscription
 }
 
 // channelSubs is a raw channel's SSE side (channel.sse): its subscriptions, in a compact
@@ -162,6 +166,9 @@ func (f *fanout) join(name string, sub *subscription) *stream {
 // leave removes a subscription from its stream; a stream nobody follows is dropped.
 func (f *fanout) leave(st *stream, sub *subscription) {
 	st.subs = swapRemove(st.subs, sub, subIndex)
+	if len(st.heldReads) > 0 {
+		st.heldReads = slices.DeleteFunc(st.heldReads, func(s *subscription) bool { return s == sub })
+	}
 	f.maybeDropStream(st)
 }
 
@@ -210,7 +217,7 @@ func (f *fanout) onPayload(p *store.Payload) {
 		if !f.received.IsZero() {
 			ev.received = f.received.UnixNano()
 		}
-		if id == st.last+1 && !st.fetching && !st.check {
+		if id == st.last+1 && !st.fetching && !st.unchecked() {
 			f.appendLive(st, ev)
 			return
 		}
@@ -394,6 +401,8 @@ func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool,
 	st.fetching = false
 	if f.streams[st.name] != st || len(st.subs) == 0 {
 		st.rewindHi = 0
+		clear(st.heldReads)
+		st.heldReads = st.heldReads[:0]
 		f.maybeDropStream(st)
 		return
 	}
@@ -416,6 +425,11 @@ func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool,
 		st.rewindHi = st.last
 		f.startFetch(st)
 		return
+	}
+	if checking {
+		if to, lost := st.readLost(res); lost {
+			f.readBack(st, to)
+		}
 	}
 	if res.Oldest > st.last+1 && st.last >= 0 {
 		// Events were pruned while we were away: announce the gap to the live set.
@@ -462,6 +476,7 @@ func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool,
 	if !res.Done || st.notified > st.last || len(st.pending) > 0 || st.check {
 		f.startFetch(st)
 	}
+	f.releaseReads(st)
 }
 
 // wentBack reports whether a read shows the stream's history rewound below st.last: its head
@@ -475,6 +490,52 @@ func (st *stream) wentBack(res store.ReadResult) bool {
 		return true
 	}
 	return len(res.Events) > 0 && res.Events[0].ID == st.last && st.lastTimeUS > 0 && res.Events[0].TimeUS > st.maxTimeUS
+}
+
+// readLost reports whether a check read shows that events a subscription's own catch-up
+// delivered beyond what the live set accounted for (readID > last: their notifications had
+// not come when the LISTEN session was lost) are gone: the table ends below readID, or holds
+// another event under it (another publish time). to is where the histories part: before the
+// first event after last published after everything accounted for, else the table's head.
+func (st *stream) readLost(res store.ReadResult) (to int64, lost bool) {
+	if st.readID <= st.last || st.readTimeUS == 0 || st.last < 0 {
+		return 0, false
+	}
+	if res.Head < st.readID {
+		lost = true
+	} else {
+		for i := range res.Events {
+			if e := &res.Events[i]; e.ID == st.readID {
+				lost = e.TimeUS != st.readTimeUS
+				break
+			}
+		}
+	}
+	if !lost {
+		return 0, false
+	}
+	to = max(st.last, min(res.Head, st.readID))
+	for i := range res.Events {
+		if e := &res.Events[i]; e.ID > st.last && e.ID <= st.readID && e.TimeUS > st.maxTimeUS {
+			to = e.ID - 1
+			break
+		}
+	}
+	return to, true
+}
+
+// readBack tells the subscriptions past to — their catch-up read events a crash then lost,
+// beyond what the live set had (readLost) — with a pgsse:gap back to to (subscriptions.wentBack),
+// and remembers the range for reconnecting clients (lostCursor). The live set, at st.last ≤
+// to, reads on as before.
+func (f *fanout) readBack(st *stream, to int64) {
+	f.log.Warn("stream went back below what was delivered: acknowledged events were lost (synchronous_commit off, or a failover to an asynchronous replica) and their ids reused; subscribers are sent a pgsse:gap",
+		"stream", st.name, "delivered", st.readID, "resume", to)
+	st.backFrom, st.backTo = max(st.readID, st.backFrom), to
+	for _, sub := range st.subs {
+		f.subs.wentBack(sub, to)
+	}
+	st.readID, st.readTimeUS = to, 0
 }
 
 // onRewindRead looks for where the table's history parts from what was delivered, in the
@@ -529,7 +590,59 @@ func (f *fanout) rewind(st *stream, to int64) {
 	clear(st.ring[keep:])
 	st.ring = st.ring[:keep]
 	st.last, st.lastTimeUS, st.notified, st.rewindHi = to, 0, to, 0
+	if st.readID > to {
+		st.readID, st.readTimeUS = to, 0 // what a catch-up read beyond it is lost too (told above)
+	}
 	f.startFetch(st)
+	f.releaseReads(st)
+}
+
+// unchecked reports whether what the stream delivered is yet to be compared with the table:
+// its LISTEN session was lost (down) and its check read after the session came back has not
+// answered, or a rewind is being looked for. Meanwhile a crash may have given the delivered
+// ids to other events: nothing is delivered early (committed), live events wait (onPayload),
+// and subscriptions' catch-up reads wait (holdRead) — the new history read from the table
+// would be mixed with the lost one the subscription holds, its publish times would hide the
+// rewind (sawPublished), and a cursor from the lost history cannot be told apart yet
+// (lostCursor).
+func (st *stream) unchecked() bool { return st.check || st.rewindHi > 0 }
+
+// holdRead holds sub's next catch-up read until the stream is checked, and reports whether
+// it did.
+func (st *stream) holdRead(sub *subscription) bool {
+	if !st.unchecked() {
+		return false
+	}
+	if !slices.Contains(st.heldReads, sub) {
+		st.heldReads = append(st.heldReads, sub)
+	}
+	return true
+}
+
+// releaseReads starts the catch-up reads held while the stream was unchecked, once it is
+// checked (after a rewind, the lost cursors are known: lostCursor).
+func (f *fanout) releaseReads(st *stream) {
+	if st.unchecked() || len(st.heldReads) == 0 {
+		return
+	}
+	held := st.heldReads
+	st.heldReads = nil
+	for _, sub := range held { // (one that left was taken off the list: leave)
+		f.subs.replay(sub)
+	}
+}
+
+// down marks every stream whose head is known as unchecked when the LISTEN session is lost
+// (listenState.onDown): the session's loss may be a crash's, which the check read after the
+// session is back (resync) finds. Until then an HTTP publish reusing the id after the last
+// delivered one must not be delivered early — its publish time would make the check find
+// nothing, and the new events under the other lost ids would be skipped silently.
+func (f *fanout) down() {
+	for _, st := range f.streams {
+		if st.last >= 0 {
+			st.check = true
+		}
+	}
 }
 
 // sawPublished notes the publish time of an event delivered from the stream by a

@@ -284,6 +284,7 @@ func (l *listenState) onDown(err error) {
 	l.upNow.Store(false)
 	l.log.Warn("LISTEN session lost; clients keep their connections and will be caught up", "err", err)
 	l.chans.down()
+	l.fan.down()
 	l.hub.sessionStatus(false)
 	l.pres.listenDown()
 }

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -298,6 +299,16 @@ func (c *checker) publishes() {
 			}
 		case Unknown, NoAnswer:
 			c.r.stat("publishes with unknown outcome found in the table", int64(min(present, 1)))
+			acked := p.Acked
+			if acked == 0 {
+				acked = c.rec.RunEnd // no answer: the commit may have come at any time after
+			}
+			if present == 0 && c.inCrashWindow(p.Sent, acked) {
+				// Perhaps committed — and notified, so delivered — then lost by the crash.
+				for _, e := range durable {
+					c.noteLost(e)
+				}
+			}
 			if present != 0 && present != len(durable) {
 				c.r.fail(FailPubPartial, who, "%d of %d events are in the table (%s)", present, len(durable), p.Detail)
 			}
@@ -336,13 +347,15 @@ type streamState struct {
 	firstAt  int32 // the connection of the first item
 	gaps     [][2]int64
 	seenLost map[int64]Key // ids at which it saw an event a crash then lost
+	got      map[int64]Key // the event last received under each id
+	conn     int32         // the connection of the last item of this stream
 }
 
 func (c *checker) durable(sl *SubLog) {
 	who := sl.Name
 	st := make([]*streamState, len(sl.Streams))
 	for i := range sl.Streams {
-		st[i] = &streamState{start: sl.Start[i], lastID: sl.Start[i], pos: sl.Start[i], seenLost: map[int64]Key{}}
+		st[i] = &streamState{start: sl.Start[i], lastID: sl.Start[i], pos: sl.Start[i], seenLost: map[int64]Key{}, got: map[int64]Key{}}
 	}
 	index := map[string]int{}
 	for i, s := range sl.Streams {
@@ -385,10 +398,23 @@ func (c *checker) durable(sl *SubLog) {
 					c.r.fail(FailGap, who, "%s: a gap moves the cursor back from %d to %d without a crash that lost commits", sl.Streams[it.Stream], it.ID, it.Resume)
 				}
 				c.r.stat("pgsse:gap announcing a head that went back", 1)
+				if it.Conn != s.conn {
+					// A reconnection's Last-Event-ID in the ids the rewind reused is from the lost
+					// events or from the new ones under the same ids — the server cannot tell, and
+					// treats it as lost (docs/http.md, When the stream went back): the client drops
+					// what it holds after resume and gets the events after resume, perhaps again.
+					for id := it.Resume + 1; id <= it.ID; id++ {
+						if k, ok := s.got[id]; ok && seen[k] {
+							delete(seen, k)
+							c.r.stat("events received again after a reconnection's gap back (its cursor among the reused ids)", 1)
+						}
+					}
+				}
 			default:
 				c.r.fail(FailGap, who, "%s: a gap with after = resume = %d", sl.Streams[it.Stream], it.ID)
 			}
 			s.pos = it.Resume
+			s.conn = it.Conn
 		case ItemEvent:
 			s := st[it.Stream]
 			stream := sl.Streams[it.Stream]
@@ -431,6 +457,8 @@ func (c *checker) durable(sl *SubLog) {
 				continue
 			}
 			seen[it.Key] = true
+			s.got[it.ID] = it.Key
+			s.conn = it.Conn
 			if s.lastID < 0 {
 				s.lastID, s.pos = it.ID-1, it.ID-1
 				s.firstAt = it.Conn
@@ -557,6 +585,19 @@ func (c *checker) completeness(sl *SubLog, stream string, s *streamState, seen m
 			}
 		}
 	}
+	// The first of the lost events the subscriber received last, with nothing but lost events
+	// after it (math.MaxInt64: its last event is the table's).
+	trailingLost := int64(math.MaxInt64)
+	for id := s.lastID; id > 0; id-- {
+		k, ok := s.got[id]
+		if !ok {
+			continue // hidden from it, or never received (a gap moved its cursor)
+		}
+		if _, lost := s.seenLost[id]; !lost || s.seenLost[id] != k {
+			break
+		}
+		trailingLost = id
+	}
 	var missing []int64
 	silent := 0
 	for _, t := range c.byStream[stream] {
@@ -565,6 +606,12 @@ func (c *checker) completeness(sl *SubLog, stream string, s *streamState, seen m
 		}
 		if sl.Retired && t.id > s.lastID {
 			break // it left: only what precedes its last event was owed
+		}
+		if sl.Retired && t.id >= trailingLost {
+			// It left holding lost events it was never told of (nothing came after them): the
+			// new events under their ids came after its last one.
+			c.r.stat("retired subscribers' trailing lost events (it left before the rewind was announced)", 1)
+			break
 		}
 		if t.pruned && coveredByGap(s.gaps, t.id) {
 			continue
