@@ -151,15 +151,9 @@ func (h *Holder) Mark(w int, ns int64) error {
 
 // FinishDeploy closes a deploy client process's connections and returns what it saw.
 func (h *Holder) FinishDeploy() (*DeployClientStats, error) {
-	_ = h.stdin.Close()
-	line, err := h.out.ReadString('\n')
-	h.Close()
-	if err != nil {
-		return nil, fmt.Errorf("client process %d: no stats: %w", h.PID, err)
-	}
 	st := &DeployClientStats{}
-	if err := json.Unmarshal([]byte(line), st); err != nil {
-		return nil, fmt.Errorf("client process %d: %w", h.PID, err)
+	if err := h.finish("client process", st); err != nil {
+		return nil, err
 	}
 	return st, nil
 }

@@ -175,17 +175,26 @@ func (h *Holder) Await(seq int64) (bool, error) {
 
 // Finish closes the holder's connections and returns what it saw.
 func (h *Holder) Finish() (*HoldStats, error) {
+	st := &HoldStats{}
+	if err := h.finish("holder", st); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// finish closes the process's stdin (it then closes its connections), reads the one JSON
+// line of what it saw into st, and closes the holder; what names the process in errors.
+func (h *Holder) finish(what string, st any) error {
 	_ = h.stdin.Close()
 	line, err := h.out.ReadString('\n')
 	h.Close()
 	if err != nil {
-		return nil, fmt.Errorf("holder %d: no stats: %w", h.PID, err)
+		return fmt.Errorf("%s %d: no stats: %w", what, h.PID, err)
 	}
-	st := &HoldStats{}
 	if err := json.Unmarshal([]byte(line), st); err != nil {
-		return nil, fmt.Errorf("holder %d: %w", h.PID, err)
+		return fmt.Errorf("%s %d: %w", what, h.PID, err)
 	}
-	return st, nil
+	return nil
 }
 
 // ProcsIdle is scenario 10's first part: p.ProcsConns idle connections to `pgsse serve

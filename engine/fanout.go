@@ -529,13 +529,20 @@ func (st *stream) readLost(res store.ReadResult) (to int64, lost bool) {
 // and remembers the range for reconnecting clients (lostCursor). The live set, at st.last ≤
 // to, reads on as before.
 func (f *fanout) readBack(st *stream, to int64) {
+	f.tellBack(st, st.readID, to)
+	st.readID, st.readTimeUS = to, 0
+}
+
+// tellBack logs that the stream went back from delivered to to, remembers the range for
+// reconnecting clients (lostCursor) and tells every subscription past to
+// (subscriptions.wentBack: a pgsse:gap resuming at to).
+func (f *fanout) tellBack(st *stream, delivered, to int64) {
 	f.log.Warn("stream went back below what was delivered: acknowledged events were lost (synchronous_commit off, or a failover to an asynchronous replica) and their ids reused; subscribers are sent a pgsse:gap",
-		"stream", st.name, "delivered", st.readID, "resume", to)
-	st.backFrom, st.backTo = max(st.readID, st.backFrom), to
+		"stream", st.name, "delivered", delivered, "resume", to)
+	st.backFrom, st.backTo = max(delivered, st.backFrom), to
 	for _, sub := range st.subs {
 		f.subs.wentBack(sub, to)
 	}
-	st.readID, st.readTimeUS = to, 0
 }
 
 // onRewindRead looks for where the table's history parts from what was delivered, in the
@@ -576,12 +583,7 @@ func (f *fanout) onRewindRead(st *stream, after int64, res store.ReadResult) {
 // ring forgets the events after it, and the table is read on from to — the events that
 // reused the lost ids are delivered under them.
 func (f *fanout) rewind(st *stream, to int64) {
-	f.log.Warn("stream went back below what was delivered: acknowledged events were lost (synchronous_commit off, or a failover to an asynchronous replica) and their ids reused; subscribers are sent a pgsse:gap",
-		"stream", st.name, "delivered", st.last, "resume", to)
-	st.backFrom, st.backTo = max(st.last, st.backFrom), to
-	for _, sub := range st.subs {
-		f.subs.wentBack(sub, to)
-	}
+	f.tellBack(st, st.last, to)
 	keep := len(st.ring)
 	for keep > 0 && st.ring[keep-1].id > to {
 		keep--
