@@ -60,7 +60,7 @@ func (s *Server) OnBoot(eng gnet.Engine) gnet.Action {
 	return gnet.None
 }
 
-// Every callback but the anchor's calls Server.hurry, so that the queued tasks (deliveries
+// Every callback but the anchor's (and a handed-over connection's close) calls Server.hurry, so that the queued tasks (deliveries
 // among them) do not wait behind a storm of sockets gnet's poller handles first (loop.go):
 // OnTraffic and OnClose on their way out, OnOpen before the new connection is in the tables —
 // gnet goes on with it after OnOpen returns, so no task may have closed it meanwhile.
@@ -102,14 +102,23 @@ func (s *Server) OnClose(c gnet.Conn, _ error) gnet.Action {
 	// gnet runs OnClose synchronously when the loop's own code closes a socket (a failed
 	// write), inside an entry; or on its own, outside any: then this is the entry, and the
 	// connection is removed from the tables on the way out.
-	defer s.hurry()
 	switch x := c.Context().(type) {
 	case *sseConn:
+		// A connection handed to a successor (handoff.go) is no client going away: its close
+		// does not hurry the queued deliveries — a handoff closes thousands, and each would
+		// run a delivery round to the connections not moved yet (bench/RESULTS.md, scenario
+		// 17), between the loop tasks that move them.
+		if x.state != stateHandedOver {
+			defer s.hurry()
+		}
 		s.enter()
 		defer s.leave()
 		s.conns.closed(x)
 	case *worker:
+		defer s.hurry()
 		s.hub.closed(x)
+	default:
+		defer s.hurry()
 	}
 	return gnet.None
 }

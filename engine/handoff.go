@@ -39,9 +39,19 @@ import (
 // record says where each channel subscription stood in the count, and the successor — which
 // keeps what arrives meanwhile — gives it what it missed, no more, no less.
 
+// A loop task hands over every connection that is ready, at least handoffTaskMin of them and
+// after that for as long as handoffTaskBudget lasts, up to handoffTaskMax: recording a connection costs a few
+// microseconds, but a loop task waits its turn behind a delivery round to every connection
+// still here — at 15,000 connections, one batch of 64 per task made the move 235 turns of
+// tens of milliseconds each (bench/RESULTS.md, scenario 17), past the 30 s move timeout.
+// What one task hands over goes to the successor handoffBatch at a time (one message of
+// descriptors each).
 const (
-	handoffBatch = 64                    // connections per loop task
-	handoffPoll  = 20 * time.Millisecond // while connections finish a request or flush gnet's buffer
+	handoffBatch      = 64                    // connections per send
+	handoffTaskMin    = 4 * handoffBatch      // connections per loop task at least (if ready)
+	handoffTaskMax    = 16 * handoffBatch     // and at most: each holds a second descriptor until sent
+	handoffTaskBudget = 4 * time.Millisecond  // loop time per task, once handoffTaskMin are moved
+	handoffPoll       = 20 * time.Millisecond // while connections finish a request or flush gnet's buffer
 )
 
 // HandedConn is one connection on its way to a successor: its descriptor (a duplicate the
@@ -131,20 +141,21 @@ func (s *Server) StopAcceptingAll() {
 }
 
 // HandOver gives every streaming SSE connection and every hub worker (not --procs siblings)
-// to a successor, handoffBatch per loop task,
-// send carrying each batch (descriptors by SCM_RIGHTS); idle keep-alive publishers are closed
-// between requests, and a connection in the middle of a request is waited for (a publish is
-// answered here; a subscription is handed over once it streams). It returns when nothing is
-// left to hand over, or when ctx ends (what is left is then drained as at SIGTERM), or when
-// send fails. Call StopAcceptingAll first.
+// to a successor, as many per loop task as are ready within its budget (handoffTaskMin,
+// handoffTaskBudget), send carrying each batch of at most handoffBatch (descriptors by
+// SCM_RIGHTS); idle keep-alive publishers are closed between requests, and a connection in
+// the middle of a request is waited for (a publish is answered here; a subscription is handed
+// over once it streams). It returns when nothing is left to hand over, or when ctx ends (what
+// is left is then drained as at SIGTERM), or when send fails (what that task handed over and
+// was not sent is closed). Call StopAcceptingAll first.
 func (s *Server) HandOver(ctx context.Context, send func([]HandedConn) error) (handed int, err error) {
 	var batch []HandedConn
 	for {
 		res := make(chan handBatch, 1)
 		out := batch[:0]
 		if !s.tasks.push(func() {
-			conns, waiting := s.handOverConns(handoffBatch, out)
-			conns, more := s.hub.handOverBatch(handoffBatch, conns)
+			conns, waiting := s.handOverConns(handoffTaskMin, time.Now().Add(handoffTaskBudget), out)
+			conns, more := s.hub.handOverBatch(len(conns)+handoffBatch, conns)
 			res <- handBatch{conns, waiting + more}
 		}) {
 			return handed, errors.New("engine: stopped")
@@ -163,12 +174,19 @@ func (s *Server) HandOver(ctx context.Context, send func([]HandedConn) error) (h
 		}
 		batch = r.conns
 		if len(batch) > 0 {
-			err := send(batch)
-			for i, h := range batch {
-				_ = unix.Close(h.FD)
-				batch[i] = HandedConn{}
+			var err error
+			for rest := batch; len(rest) > 0; rest = rest[min(handoffBatch, len(rest)):] {
+				part := rest[:min(handoffBatch, len(rest))]
+				if err == nil {
+					err = send(part)
+					handed += len(part)
+				}
+				// After a failed send the rest are closed unsent: the loop let go of them.
+				for i, h := range part {
+					_ = unix.Close(h.FD)
+					part[i] = HandedConn{}
+				}
 			}
-			handed += len(batch)
 			if err != nil {
 				return handed, err
 			}
@@ -248,19 +266,24 @@ func (s *Server) AdoptAsync(fds []int, records [][]byte) <-chan error {
 	return done
 }
 
-// handOverBatch hands over up to max streaming connections, appending each one's record and
+// handOverConns hands over the streaming connections — at least `least` of them (as many as are
+// ready), then more until the loop's clock passes until (handoffTaskMax at most) — appending each one's record and
 // descriptor to out; idle keep-alive publishers are closed between requests (docs/operations.md:
 // they reconnect to the successor). waiting counts the connections left that may still be
 // handed over or finish here (a request in progress, a response not yet sent).
-func (s *Server) handOverConns(max int, out []HandedConn) ([]HandedConn, int) {
+func (s *Server) handOverConns(least int, until time.Time, out []HandedConn) ([]HandedConn, int) {
 	waiting := 0
+	full := false
 	for _, sc := range s.conns.all() {
 		if sc.closed {
 			continue
 		}
 		switch sc.state {
 		case stateStreaming:
-			if len(out) >= max {
+			if !full && (len(out) >= handoffTaskMax || len(out) >= least && !time.Now().Before(until)) {
+				full = true
+			}
+			if full {
 				waiting++
 				continue
 			}

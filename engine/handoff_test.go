@@ -346,3 +346,48 @@ func TestHandoffMovesEveryConnection(t *testing.T) {
 		assert.Equal(t, len(workers)+1, b.hub.count())
 	})
 }
+
+// One loop task hands over every connection that is ready (at least handoffTaskMin of them),
+// sent to the successor a batch at a time: with one batch of handoffBatch per task, a move of
+// 15,000 connections took 235 loop turns, each behind a delivery round to the connections
+// left, and ran past the 30 s move timeout (bench/RESULTS.md, scenario 17).
+func TestHandOverMovesManyBatchesPerLoopTask(t *testing.T) {
+	t.Parallel()
+	const n = 3*handoffBatch + 5
+	require.LessOrEqual(t, n, handoffTaskMin)
+	ts := startServer(t, "", nil)
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	for range n {
+		c := dial(t, addr, "/streams/m/1", tok)
+		require.Equal(t, 200, c.Status, c.Body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	streaming := func() (k int) {
+		require.NoError(t, ts.loopDo(ctx, func() {
+			for _, sc := range ts.conns.all() {
+				if !sc.closed && sc.state == stateStreaming {
+					k++
+				}
+			}
+		}))
+		return k
+	}
+	waitFor(t, 10*time.Second, "every connection streams", func() bool { return streaming() == n })
+
+	ts.StopAcceptingAll()
+	var sizes []int
+	left := -1 // connections still streaming here when the first batch is sent
+	handed, err := ts.HandOver(ctx, func(batch []HandedConn) error {
+		if len(sizes) == 0 {
+			left = streaming()
+		}
+		sizes = append(sizes, len(batch))
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, n, handed)
+	assert.Equal(t, []int{handoffBatch, handoffBatch, handoffBatch, 5}, sizes, "sent a batch of descriptors at a time")
+	assert.Zero(t, left, "the first loop task handed over every connection that was ready, not one batch")
+}

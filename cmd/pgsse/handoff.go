@@ -65,6 +65,13 @@ const (
 	handoffReadyTimeout = 30 * time.Second // SPEC §6
 	handoffMoveTimeout  = 30 * time.Second // moving the connections, and the successor's 'K'
 	handoffFrameMax     = 1 << 30
+	// handoffAdopting bounds the connections a successor has received but its loop has not
+	// taken yet (engine.AdoptAsync): each holds two descriptors meanwhile (the received one,
+	// and gnet's duplicate until the loop opens it), so a predecessor that hands over faster
+	// than this loop takes them would otherwise run the successor out of descriptors (scenario
+	// 17 at 15,000 against a limit of 20,000: EMFILE, batches received with descriptors
+	// missing). Past it, the next batch is read once the oldest is on the loop.
+	handoffAdopting = 512
 	// handoffTimeoutEnv shortens handoffReadyTimeout (tests only: a successor that hangs).
 	handoffTimeoutEnv = "PGSSE_INTERNAL_HANDOFF_TIMEOUT"
 )
@@ -569,14 +576,24 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 	}
 	accepting, ready := false, false
 	adopted := 0
-	var registering []<-chan error // batches on their way to the loop
-	settle := func() {
-		for _, res := range registering {
-			if err := <-res; err != nil {
-				log.Error("handoff: connections that could not be taken over were closed", "err", err)
-			}
+	type batch struct {
+		res <-chan error
+		n   int
+	}
+	var registering []batch // batches on their way to the loop, oldest first
+	inFlight := 0           // their connections
+	settleOne := func() {
+		b := registering[0]
+		registering = registering[1:]
+		inFlight -= b.n
+		if err := <-b.res; err != nil {
+			log.Error("handoff: connections that could not be taken over were closed", "err", err)
 		}
-		registering = nil
+	}
+	settle := func() {
+		for len(registering) > 0 {
+			settleOne()
+		}
 	}
 	for {
 		typ, body, fds, err := readFrame(su.ctrl)
@@ -620,8 +637,13 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 				log.Error("handoff: a bad batch; its connections are closed", "err", err)
 				continue
 			}
-			// The next batch is read while the loop takes this one (engine.AdoptAsync).
-			registering = append(registering, srv.AdoptAsync(fds, recs))
+			// The next batch is read while the loop takes this one (engine.AdoptAsync), as
+			// long as at most handoffAdopting connections are on their way.
+			for len(registering) > 0 && inFlight+len(fds) > handoffAdopting {
+				settleOne()
+			}
+			registering = append(registering, batch{srv.AdoptAsync(fds, recs), len(fds)})
+			inFlight += len(fds)
 			adopted += len(fds)
 		case 'D':
 			settle()
