@@ -374,7 +374,11 @@ func (s *Server) admitRound(taskTime time.Duration) bool {
 func (s *Server) drain() {
 	done := make(chan struct{})
 	s.tasks.push(func() {
-		s.log.Info("shutting down: telling clients to retry", "connections", s.conns.subscribers(), "hub_workers", s.hub.count())
+		if n, w := s.conns.subscribers(), s.hub.count(); n > 0 || w > 0 {
+			s.log.Info("shutting down: telling clients to retry", "connections", n, "hub_workers", w)
+		} else {
+			s.log.Info("shutting down: no client left to tell") // after a handoff, the usual case
+		}
 		s.draining = true
 		s.conns.retryAll(shedDraining)
 		s.hub.shutdown()

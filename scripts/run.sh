@@ -65,7 +65,11 @@ dir=$(mktemp -d /tmp/pgsse-run.XXXXXX)
 pgdir=""
 wrote_env=""
 cleanup() {
-	if [ -n "${serve_pid:-}" ]; then kill "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null || true; fi
+	if [ -n "${serve_pid:-}" ]; then
+		kill "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null || true
+		# a followed successor is not our child: wait for it by polling (at most 30 s)
+		for _ in $(seq 300); do kill -0 "$serve_pid" 2>/dev/null || break; sleep 0.1; done
+	fi
 	if [ -n "$pgdir" ]; then scripts/pg.sh stop "$pgdir"; fi
 	if [ -n "$wrote_env" ]; then rm -f "$envfile"; fi
 	rm -rf "$dir"
@@ -207,8 +211,28 @@ EOF
 # If whoever started us goes away without signalling our process group (e.g. a
 # supervisor that kills only `make`), stop too rather than leak the cluster.
 parent=$PPID
-while kill -0 "$serve_pid" 2>/dev/null; do
-	if ! kill -0 "$parent" 2>/dev/null; then exit 0; fi
-	sleep 1
+# A SIGUSR2 handoff (docs/operations.md, Upgrading without disconnects) ends pgsse serve with
+# status 0 once its successor serves on the same sockets: follow the successor (found by the
+# listening port it inherited) instead of ending the run and stopping its PostgreSQL under it.
+successor_of() {
+	command -v ss >/dev/null || return 0
+	ss -Hltnp "sport = :$port" 2>/dev/null | grep -o '"pgsse",pid=[0-9]*' | grep -o '[0-9]*$' | grep -vx "$1" | head -1 || true
+}
+followed=""
+while :; do
+	while kill -0 "$serve_pid" 2>/dev/null; do
+		if ! kill -0 "$parent" 2>/dev/null; then exit 0; fi
+		sleep 1
+	done
+	if [ -z "$followed" ]; then
+		status=0
+		wait "$serve_pid" || status=$?
+	else
+		status=0 # not our child: its status is unknown
+	fi
+	next=""
+	if [ "$status" = 0 ]; then next=$(successor_of "$serve_pid"); fi
+	if [ -z "$next" ]; then exit "$status"; fi
+	echo "run: pgsse (pid $serve_pid) handed over to its successor (pid $next); following it"
+	serve_pid=$next followed=1
 done
-wait "$serve_pid"
