@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -197,21 +196,8 @@ func TestHandoffChannelsLoseNothing(t *testing.T) {
 	// The successor, and the handoff as cmd/pgsse runs it.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sseFD, hubFD, err := a.ListenerFDs()
-	require.NoError(t, err)
-	inherit := func(fd int) net.Listener {
-		f := os.NewFile(uintptr(fd), "inherited")
-		ln, err := net.FileListener(f)
-		require.NoError(t, err)
-		_ = f.Close()
-		return ln
-	}
 	accept := make(chan struct{})
-	b := startServer(t, a.DSN, func(c *Config) {
-		c.Listen = addr
-		c.HubSocket = a.cfg.HubSocket
-		c.Inherited = &Inheritance{SSE: inherit(sseFD), Hub: inherit(hubFD), Accept: accept}
-	})
+	b := startSuccessor(t, a, addr, accept)
 	mark, err := a.BeginHandoff(ctx)
 	require.NoError(t, err)
 	names, err := a.ListenedChannels(ctx)

@@ -250,21 +250,8 @@ func TestHandoffMovesEveryConnection(t *testing.T) {
 	})
 
 	// The successor: serves on the inherited --listen, accepting once the predecessor stops.
-	sseFD, hubFD, err := a.ListenerFDs()
-	require.NoError(t, err)
-	inherit := func(fd int) net.Listener {
-		f := os.NewFile(uintptr(fd), "inherited")
-		ln, err := net.FileListener(f)
-		require.NoError(t, err)
-		_ = f.Close()
-		return ln
-	}
 	accept := make(chan struct{})
-	b := startServer(t, a.DSN, func(c *Config) {
-		c.Listen = addr
-		c.HubSocket = a.cfg.HubSocket
-		c.Inherited = &Inheritance{SSE: inherit(sseFD), Hub: inherit(hubFD), Accept: accept}
-	})
+	b := startSuccessor(t, a, addr, accept)
 	hubBefore := make([]int, len(workers))
 	for i, w := range workers {
 		hubBefore[i], _, _ = w.state()
@@ -390,4 +377,24 @@ func TestHandOverMovesManyBatchesPerLoopTask(t *testing.T) {
 	assert.Equal(t, n, handed)
 	assert.Equal(t, []int{handoffBatch, handoffBatch, handoffBatch, 5}, sizes, "sent a batch of descriptors at a time")
 	assert.Zero(t, left, "the first loop task handed over every connection that was ready, not one batch")
+}
+
+// startSuccessor starts a successor of a as cmd/pgsse does: serving on a's --listen (addr)
+// and hub socket, inherited, accepting once accept is closed (the predecessor stopped).
+func startSuccessor(t *testing.T, a *testServer, addr string, accept chan struct{}) *testServer {
+	t.Helper()
+	sseFD, hubFD, err := a.ListenerFDs()
+	require.NoError(t, err)
+	inherit := func(fd int) net.Listener {
+		f := os.NewFile(uintptr(fd), "inherited")
+		ln, err := net.FileListener(f)
+		require.NoError(t, err)
+		_ = f.Close()
+		return ln
+	}
+	return startServer(t, a.DSN, func(c *Config) {
+		c.Listen = addr
+		c.HubSocket = a.cfg.HubSocket
+		c.Inherited = &Inheritance{SSE: inherit(sseFD), Hub: inherit(hubFD), Accept: accept}
+	})
 }
