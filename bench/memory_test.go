@@ -79,8 +79,11 @@ func TestMemoryStalledSubscribers(t *testing.T) {
 	assert.Positive(t, figure(t, r, "reading subscriber: events received"))
 }
 
-// One 16 MiB event reaches 10 subscribers with RSS growth ≤ 3 × the event (it is held once, not
-// once per subscriber), and the default pgsse.max_event_bytes refuses 300 MB with 22023.
+// One 16 MiB event reaches 10 subscribers with RSS growth ≤ 4 × the event (it is held once, not
+// once per subscriber: that would be ≥ 10 ×), and the default pgsse.max_event_bytes refuses
+// 300 MB with 22023. The growth is 2.34 × on a quiet machine and 3.34 × when the suite's other
+// packages load it (one more transient copy resident: 4 alone at 2.33–2.34 ×, then 3.34 × in
+// `make test`, 2026-12-03), so the bound sits between that and a copy per subscriber.
 func TestMemoryLargeEvent(t *testing.T) {
 	env, pgsse, p := memoryEnv(t)
 	// 15 MiB, not 16: pgx reads a row of up to 32 MiB into a pooled buffer rounded up to the
@@ -92,6 +95,6 @@ func TestMemoryLargeEvent(t *testing.T) {
 	require.NoError(t, err)
 	logResult(t, r)
 	assert.Equal(t, 10.0, figure(t, r, "subscribers that received it whole"))
-	assert.LessOrEqual(t, figure(t, r, "server RSS growth ÷ event size"), 3.0)
+	assert.LessOrEqual(t, figure(t, r, "server RSS growth ÷ event size"), 4.0)
 	assert.Equal(t, 1.0, figure(t, r, "300 MB refused with SQLSTATE 22023 by default"))
 }
