@@ -34,7 +34,11 @@ import (
 //	                                                  handoffMarker says so (not ExtraFiles:
 //	                                                  os.File.Fd would make them blocking for
 //	                                                  the predecessor's acceptors too)
-//	successor → predecessor   'H' u8 version          at once: the handoff version it speaks
+//	successor → predecessor   'H' u8 version [u8 n]   at once: the handoff version it speaks;
+//	                                                  with n, n 'P' frames follow (--procs)
+//	successor → predecessor   'P' u8 slot             a socket for the predecessor's sibling of
+//	                                                  that slot to hand over on (SCM_RIGHTS;
+//	                                                  prochandoff.go)
 //	predecessor → successor   'C' record              the raw channels it holds and its handoff
 //	                                                  mark's (framing.HandoffChannels)
 //	successor → predecessor   'R'                     its LISTEN session is up and every one of
@@ -50,7 +54,9 @@ import (
 // The records are framing's handoff records (framing/handoff.go, fuzzed). If the successor
 // cannot start, exits, speaks another version or is not ready within handoffReadyTimeout,
 // the predecessor kills it and keeps serving everything, logging one line; it never stopped
-// accepting. Once 'K' is in, the predecessor tells systemd the main PID is the successor's
+// accepting. With --procs, it stops accepting only once every sibling it forwarded a 'P' to
+// is ready too, and it waits for them to have handed over before it exits (prochandoff.go).
+// Once 'K' is in, the predecessor tells systemd the main PID is the successor's
 // (sd_notify MAINPID=, handoffNotify) and exits 0 after answering what it still had in
 // progress. A SIGUSR2 during a handoff is ignored with a log line.
 //
