@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -192,7 +193,8 @@ type siblingHandoff struct {
 	ctl    *net.UnixConn
 	cmds   chan byte // 'G' or 'X' from the first process, for the handover running
 	handed chan<- bool
-	busy   atomic.Bool
+	busy   atomic.Bool // a handover runs, or this sibling is still taking over itself
+	ctlMu  sync.Mutex  // writes to ctl
 }
 
 func (sh *siblingHandoff) serve() {
@@ -202,7 +204,11 @@ func (sh *siblingHandoff) serve() {
 			return // the first process is gone: watchParent decides what follows
 		}
 		switch {
-		case typ == 'P' && len(fds) == 1 && sh.busy.CompareAndSwap(false, true):
+		case typ == 'P' && (len(fds) != 1 || !sh.busy.CompareAndSwap(false, true)):
+			// One answer per 'P', so that its first process waits for none in vain.
+			closeFDs(fds)
+			sh.answer('f', "this sibling is busy (taking over, or handing over already)")
+		case typ == 'P':
 			select {
 			case <-sh.cmds: // a previous handover's, unread
 			default:
@@ -236,9 +242,7 @@ func (sh *siblingHandoff) run(fd int) bool {
 	conn, err := unixConnFD(fd)
 	fail := func(why string, err error) bool {
 		log.Warn("handoff: this sibling keeps serving: "+why, "err", err)
-		_ = sh.ctl.SetWriteDeadline(time.Now().Add(time.Second))
-		_ = writeFrame(sh.ctl, 'f', []byte(why+": "+errText(err)), nil)
-		_ = sh.ctl.SetWriteDeadline(time.Time{})
+		sh.answer('f', why+": "+errText(err))
 		return false
 	}
 	if err != nil {
@@ -274,10 +278,7 @@ func (sh *siblingHandoff) run(fd int) bool {
 		return fail("the successor's sibling did not LISTEN our channels", err)
 	}
 	_ = conn.SetReadDeadline(time.Time{})
-	_ = sh.ctl.SetWriteDeadline(time.Now().Add(time.Second))
-	err = writeFrame(sh.ctl, 'r', nil, nil)
-	_ = sh.ctl.SetWriteDeadline(time.Time{})
-	if err != nil {
+	if err := sh.answer('r', ""); err != nil {
 		sh.srv.EndHandoff()
 		return false
 	}
@@ -304,6 +305,16 @@ func (sh *siblingHandoff) run(fd int) bool {
 	log.Info("handed this sibling's connections over to the successor's; exiting",
 		"connections", handed, "adopted", adopted, "took", time.Since(began).Round(time.Millisecond).String())
 	return true
+}
+
+// answer tells the first process how a 'P' went: 'r' (ready) or 'f' and why. Only serve's
+// goroutine and the one handover running write, never both for one 'P'.
+func (sh *siblingHandoff) answer(typ byte, why string) error {
+	sh.ctlMu.Lock()
+	defer sh.ctlMu.Unlock()
+	_ = sh.ctl.SetWriteDeadline(time.Now().Add(time.Second))
+	defer sh.ctl.SetWriteDeadline(time.Time{})
+	return writeFrame(sh.ctl, typ, []byte(why), nil)
 }
 
 func errText(err error) string {

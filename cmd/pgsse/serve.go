@@ -514,8 +514,11 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		if s.sibling == nil {
 			ho = &handoffer{log: log, srv: srv, adminLn: adminRaw, procs: s.procs, sup: sup,
 				stdout: fileOr(stdout, os.Stdout), stderr: fileOr(stderr, os.Stderr)}
-		} else if s.siblingCtl != nil {
-			sh := &siblingHandoff{log: log, srv: srv, ctl: s.siblingCtl, cmds: make(chan byte, 1), handed: handed}
+		}
+		var sh *siblingHandoff
+		if s.siblingCtl != nil {
+			sh = &siblingHandoff{log: log, srv: srv, ctl: s.siblingCtl, cmds: make(chan byte, 1), handed: handed}
+			sh.busy.Store(su != nil) // no handover of ours while we take over
 			go sh.serve()
 			defer s.siblingCtl.Close()
 		}
@@ -527,6 +530,9 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 				su.takeOver(srv, log, stop)
 				if ho != nil {
 					ho.busy.Store(false)
+				}
+				if sh != nil {
+					sh.busy.Store(false)
 				}
 				if sup != nil {
 					sup.releaseRestarts()
