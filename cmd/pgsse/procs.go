@@ -34,8 +34,10 @@ import (
 // How a sibling is told what it is, and why no outside worker can pose as one: the first
 // process makes a socketpair per sibling, enrols one end in its hub as a sibling
 // (engine.Server.AddSibling: the only hub connection allowed the stream channel) and hands the
-// other end to the child as descriptor 3; the environment variable siblingEnv says which slot
-// it fills, the address to bind (the port the first process actually bound, for :0) and where
+// other end to the child as descriptor 3 — and a second socketpair as descriptor 4, the control
+// socket over which a SIGUSR2 handoff reaches the sibling (prochandoff.go); the environment
+// variable siblingEnv says which slot it fills, the address to bind (the port the first
+// process actually bound, for :0) and where
 // to serve its metrics. The child runs with the same arguments and environment otherwise.
 //
 // The rules of life and death:
