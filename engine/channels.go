@@ -60,8 +60,14 @@ type handoffChans struct {
 	onMark    []func() // a predecessor waiting for its own mark
 	held      []*channel
 	keep      bool // a successor keeps notes (until releaseHeld)
-	bytes     int
-	endMS     int64 // a successor lets go of everything (holds, notes, parked) at this time
+	// markHeld: a successor released its holds before its mark arrived (the predecessor's
+	// last batches can overtake the mark, which comes through this process's own session —
+	// or, in a --procs sibling, through its first process's hub); the mark's hold is kept
+	// until it arrives (marked) or the succession ends, or the mark would be UNLISTENed,
+	// never seen, and every parked subscription would wait out handoffParkAfterMS.
+	markHeld bool
+	bytes    int
+	endMS    int64 // a successor lets go of everything (holds, notes, parked) at this time
 }
 
 // Bounds of what a successor keeps (docs/architecture.md, Handoff positions).
@@ -406,6 +412,7 @@ func (t *channelTable) marked() {
 	for _, f := range w {
 		f()
 	}
+	t.releaseMark()
 }
 
 // countNote is a notification on a counted channel: parked subscriptions waiting for this one
@@ -579,9 +586,21 @@ func (t *channelTable) releaseHeld() {
 	}
 	t.ho.bytes = 0
 	for _, ch := range held {
+		if ch == t.ho.mark && !t.ho.marked {
+			t.ho.markHeld = true // released once the mark has arrived (marked)
+			continue
+		}
 		t.release(ch)
 	}
 	t.ho.endMS = t.nowMS + handoffParkAfterMS
+}
+
+// releaseMark lets go of a mark's hold that releaseHeld kept.
+func (t *channelTable) releaseMark() {
+	if t.ho.markHeld {
+		t.ho.markHeld = false
+		t.release(t.ho.mark)
+	}
 }
 
 // handoffTick ends what a successor kept for a handoff that did not finish in time.
@@ -605,6 +624,7 @@ func (t *channelTable) endSuccession() {
 	if t.ho.held != nil || t.ho.keep {
 		t.releaseHeld()
 	}
+	t.releaseMark()
 	for _, ch := range t.byName {
 		t.unpark(ch)
 		ch.pos, ch.armed = -1, false

@@ -255,3 +255,30 @@ func TestHandoffChannelsLoseNothing(t *testing.T) {
 		assert.ElementsMatch(t, []string{"hco1", "hco2"}, b.chans.names())
 	})
 }
+
+// A successor may get the predecessor's last batches, and release its holds, before its own
+// session has delivered the mark (in a --procs sibling the mark comes through its first
+// process's hub, behind that loop's own takeover: cmd/pgsse's TestHandoffSIGUSR2WithProcs…
+// lost it one run in about twenty). The mark's hold outlives the others until the mark
+// arrives: released with them, the mark was UNLISTENed and never seen, and every adopted
+// channel subscription stayed parked for handoffParkAfterMS, then resumed with a gap.
+func TestHandoffMarkOutlivesReleasedHolds(t *testing.T) {
+	t.Parallel()
+	b := startHub(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const mark = "pgsse_handoff_late"
+	require.NoError(t, b.HoldChannels(ctx, mark, []string{"hlate"}))
+	b.ReleaseHeldChannels() // before the mark was notified
+	held := func() (names []string) {
+		b.onLoop(t, func() { names = b.chans.names() })
+		return names
+	}
+	assert.ElementsMatch(t, []string{mark}, held(), "the mark is still LISTENed: the holds but its own are released")
+
+	conn := connectPlain(b.DSN)
+	require.NotNil(t, conn)
+	defer conn.Close(context.Background())
+	require.NoError(t, conn.Exec(ctx, "SELECT pg_notify('"+mark+"', '')").Close())
+	waitFor(t, 10*time.Second, "the mark arrived and its hold was released", func() bool { return len(held()) == 0 })
+}
