@@ -3,8 +3,12 @@
 package bench
 
 import (
+	"bufio"
+	"io"
 	"math"
 	"math/rand/v2"
+	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -23,6 +27,9 @@ import (
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(holdEnv); spec != "" {
 		os.Exit(holdFromEnv(spec)) // a holder process of scenario 10 (BenchmarkScenario10Procs)
+	}
+	if spec := os.Getenv(deployClientEnv); spec != "" {
+		os.Exit(deployClientFromEnv(spec)) // a client process of scenario 17 (TestDeploy…)
 	}
 	code := m.Run()
 	if buildDir != "" {
@@ -127,4 +134,64 @@ func TestWriteTable(t *testing.T) {
 	})
 	assert.Contains(t, b.String(), "| 1 idle | RSS | B | 700 | 28000 | 0.025× |")
 	assert.Contains(t, b.String(), "- 1 idle, baseline: n")
+}
+
+// A server may write the response head and the first events in one segment (a reconnect
+// whose catch-up is ready at once): the client reads the head alone and decodes what follows
+// as events. A Reconnect client, closed by the server, comes back after the retry: delay with
+// Last-Event-ID and keeps its sequence checks across the two connections.
+func TestClientEventsWithTheHeadAndReconnect(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	reqs := make(chan string, 2)
+	done := make(chan struct{})
+	served := make(chan struct{})
+	defer func() { close(done); <-served }()
+	go func() {
+		defer close(served)
+		for i := 0; i < 2; i++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			r := bufio.NewReader(c)
+			var head strings.Builder
+			for {
+				l, err := r.ReadString('\n')
+				if err != nil {
+					c.Close()
+					return
+				}
+				head.WriteString(l)
+				if l == "\r\n" {
+					break
+				}
+			}
+			reqs <- head.String()
+			if i == 0 { // head, retry and two events in one write, then the close
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\nretry: 50\n:pgsse\n\nid: 1\ndata: 1 100\n\nid: 2\ndata: 2 100\n\n")
+				c.Close()
+				continue
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\nid: 3\ndata: 3 100\n\n")
+			<-done // open until the client has closed
+			c.Close()
+		}
+	}()
+	c, err := NewClient(ClientConfig{Addr: netip.MustParseAddrPort(ln.Addr().String()), Path: "/streams/x", Sources: 1, MaxSeq: 8, Reconnect: true})
+	require.NoError(t, err)
+	c.MarkWindow(1, time.Now().UnixNano())
+	require.NoError(t, c.Connect(1, false))
+	assert.True(t, c.WaitHave(2, 1, 5*time.Second), "the events sent with the head")
+	assert.True(t, c.WaitHave(3, 1, 5*time.Second), "the event after the reconnect")
+	assert.NotContains(t, <-reqs, "Last-Event-ID")
+	assert.Contains(t, <-reqs, "Last-Event-ID: 2\r\n")
+	c.Close()
+	st := c.Stats()
+	assert.Equal(t, int64(3), st.Events)
+	assert.Zero(t, st.Gaps+st.Dups+st.Bad)
+	assert.Equal(t, int64(1), st.ClosedW[1])
+	assert.Equal(t, int64(1), st.ReopenedW[1])
+	assert.Equal(t, 1, st.Reconnected)
 }
