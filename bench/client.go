@@ -658,6 +658,28 @@ func (c *Client) WaitHave(seq int64, want int, timeout time.Duration) bool {
 	return true
 }
 
+// WaitHaveProgress is WaitHave for a client that may be slow rather than short: it waits
+// for want subscribers to have seq as long as deliveries go on, and gives up once stall
+// passes without a delivery to any of its subscribers, or limit in all. Heartbeats are not
+// deliveries: a stream that stops sending events stalls however alive its connections are.
+func (c *Client) WaitHaveProgress(seq int64, want int, stall, limit time.Duration) bool {
+	start := time.Now()
+	seen, seenAt := c.Delivered(), start
+	for c.Have(seq) < want {
+		now := time.Now()
+		if d := c.Delivered(); d != seen {
+			seen, seenAt = d, now
+		} else if now.Sub(seenAt) > stall {
+			return false
+		}
+		if now.Sub(start) > limit {
+			return false
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return true
+}
+
 // Conns is the number of open subscribers (reading and slow).
 func (c *Client) Conns() int {
 	c.mu.Lock()
