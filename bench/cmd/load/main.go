@@ -104,7 +104,7 @@ func main() {
 	flag.DurationVar(&p.Presence.Hold, "presence-hold", p.Presence.Hold, "13: how long they are held")
 	flag.IntVar(&p.PubFanout.Conns, "pubfanout-conns", p.PubFanout.Conns, "16: subscribers of the published stream (at most 15000)")
 	flag.DurationVar(&p.PubFanout.Duration, "pubfanout-duration", p.PubFanout.Duration, "16: each phase publishes this long")
-	flag.DurationVar(&p.PubFanout.Drain, "pubfanout-drain", p.PubFanout.Drain, "16: then waits at most this long for every subscriber to have every event")
+	flag.DurationVar(&p.PubFanout.Drain, "pubfanout-drain", p.PubFanout.Drain, "16: then waits at most this long for every subscriber to have every event (--scale small: on while they still receive events, up to 90 s)")
 	flag.IntVar(&p.Deploy.Conns, "deploy-conns", p.Deploy.Conns, "17: durable subscribers (default 15,000 per pgsse process: 30,000 with --deploy-procs 2)")
 	flag.IntVar(&p.Deploy.Procs, "deploy-procs", p.Deploy.Procs, "17: pgsse --procs")
 	flag.Float64Var(&p.Deploy.Rate, "deploy-rate", p.Deploy.Rate, "17: events per second")
