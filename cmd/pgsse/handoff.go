@@ -45,7 +45,9 @@ import (
 //	predecessor → successor   'B' u16 n, n × (u32 len, record)   n connections (≤ 64), their
 //	                                                  descriptors by SCM_RIGHTS on the same message
 //	predecessor → successor   'D'                     that was all
-//	successor → predecessor   'K' u32 n               n connections adopted: it serves
+//	successor → predecessor   'K' u32 n               n connections adopted: it serves (its
+//	                                                  presence registered first, replacing the
+//	                                                  predecessor's entries: engine.TakeOverPresence)
 //
 // The records are framing's handoff records (framing/handoff.go, fuzzed). If the successor
 // cannot start, exits, speaks another version or is not ready within handoffReadyTimeout,
@@ -605,6 +607,7 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 			}
 			log.Error("handoff: the predecessor went away while handing over; serving what arrived", "adopted", adopted, "err", err)
 			settle()
+			su.takeOverPresence(srv, log)
 			return
 		}
 		switch typ {
@@ -647,13 +650,28 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 			adopted += len(fds)
 		case 'D':
 			settle()
-			srv.ReleaseHeldChannels() // the adopted connections hold their channels themselves
+			srv.ReleaseHeldChannels()     // the adopted connections hold their channels themselves
+			su.takeOverPresence(srv, log) // before 'K': the predecessor then exits
 			_ = writeFrame(su.ctrl, 'K', bin.BigEndian.AppendUint32(nil, uint32(adopted)), nil)
 			log.Info("handoff complete: serving everything the predecessor served", "pid", os.Getpid(), "adopted", adopted)
 			return
 		default:
 			closeFDs(fds)
 		}
+	}
+}
+
+// handoffPresenceWait bounds how long a successor waits for its presence registration
+// (engine.Server.TakeOverPresence) before it tells the predecessor it serves ('K').
+const handoffPresenceWait = 10 * time.Second
+
+// takeOverPresence lets the engine register this process's presence, which replaces the
+// predecessor's entries with the adopted connections' counts, and waits for it (bounded).
+func (su *successor) takeOverPresence(srv *engine.Server, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), handoffPresenceWait)
+	defer cancel()
+	if err := srv.TakeOverPresence(ctx); err != nil {
+		log.Warn("handoff: presence is not registered yet; the moved connections' presence follows with its first write", "err", err)
 	}
 }
 
