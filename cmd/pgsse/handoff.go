@@ -47,7 +47,7 @@ import (
 //	predecessor → successor   'D'                     that was all
 //	successor → predecessor   'K' u32 n               n connections adopted: it serves (its
 //	                                                  presence registered first, replacing the
-//	                                                  predecessor's entries: engine.TakeOverPresence)
+//	                                                  predecessor's entries: engine's TakeOverPresence)
 //
 // The records are framing's handoff records (framing/handoff.go, fuzzed). If the successor
 // cannot start, exits, speaks another version or is not ready within handoffReadyTimeout,
@@ -578,25 +578,8 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 	}
 	accepting, ready := false, false
 	adopted := 0
-	type batch struct {
-		res <-chan error
-		n   int
-	}
-	var registering []batch // batches on their way to the loop, oldest first
-	inFlight := 0           // their connections
-	settleOne := func() {
-		b := registering[0]
-		registering = registering[1:]
-		inFlight -= b.n
-		if err := <-b.res; err != nil {
-			log.Error("handoff: connections that could not be taken over were closed", "err", err)
-		}
-	}
-	settle := func() {
-		for len(registering) > 0 {
-			settleOne()
-		}
-	}
+	win := adoptWindow{max: handoffAdopting, log: log}
+	settle := win.settle
 	for {
 		typ, body, fds, err := readFrame(su.ctrl)
 		if err != nil {
@@ -642,11 +625,7 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 			}
 			// The next batch is read while the loop takes this one (engine.AdoptAsync), as
 			// long as at most handoffAdopting connections are on their way.
-			for len(registering) > 0 && inFlight+len(fds) > handoffAdopting {
-				settleOne()
-			}
-			registering = append(registering, batch{srv.AdoptAsync(fds, recs), len(fds)})
-			inFlight += len(fds)
+			win.add(len(fds), func() <-chan error { return srv.AdoptAsync(fds, recs) })
 			adopted += len(fds)
 		case 'D':
 			settle()
@@ -658,6 +637,48 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 		default:
 			closeFDs(fds)
 		}
+	}
+}
+
+// adoptWindow bounds the connections a successor has received but its loop has not taken
+// yet (handoffAdopting: each holds two descriptors meanwhile).
+type adoptWindow struct {
+	max      int
+	log      *slog.Logger
+	batches  []adoptBatch // on their way to the loop, oldest first
+	inFlight int          // their connections
+}
+
+type adoptBatch struct {
+	res <-chan error // engine.AdoptAsync's
+	n   int
+}
+
+// add starts a batch of n connections on its way to the loop (adopt: engine.AdoptAsync),
+// first waiting for the oldest ones to be on it while n more would make over max on their
+// way (a batch is never refused: one over max alone goes when nothing else is on its way).
+func (w *adoptWindow) add(n int, adopt func() <-chan error) {
+	for len(w.batches) > 0 && w.inFlight+n > w.max {
+		w.settleOne()
+	}
+	w.batches = append(w.batches, adoptBatch{adopt(), n})
+	w.inFlight += n
+}
+
+// settleOne waits for the oldest batch to be on the loop.
+func (w *adoptWindow) settleOne() {
+	b := w.batches[0]
+	w.batches = w.batches[1:]
+	w.inFlight -= b.n
+	if err := <-b.res; err != nil {
+		w.log.Error("handoff: connections that could not be taken over were closed", "err", err)
+	}
+}
+
+// settle waits for every batch to be on the loop.
+func (w *adoptWindow) settle() {
+	for len(w.batches) > 0 {
+		w.settleOne()
 	}
 }
 
