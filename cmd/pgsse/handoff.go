@@ -683,8 +683,12 @@ func (w *adoptWindow) settle() {
 }
 
 // handoffPresenceWait bounds how long a successor waits for its presence registration
-// (engine.Server.TakeOverPresence) before it tells the predecessor it serves ('K').
-const handoffPresenceWait = 10 * time.Second
+// (engine.Server.TakeOverPresence) before it tells the predecessor it serves ('K'): the
+// predecessor, which does not retire its entries, renews them until it exits, and they lapse
+// two intervals later — a registration that carries a large state takes seconds (100,000
+// counts: 11 s on the 2-core VM under load, bench scenario 13). Within the predecessor's 30 s
+// wait for 'K' (handoffMoveTimeout).
+const handoffPresenceWait = 20 * time.Second
 
 // takeOverPresence lets the engine register this process's presence, which replaces the
 // predecessor's entries with the adopted connections' counts, and waits for it (bounded).
