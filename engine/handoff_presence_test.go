@@ -214,3 +214,38 @@ func parsePresence(t *testing.T, ev sseEvent) presenceEvent {
 	require.NoError(t, json.Unmarshal([]byte(ev.Data), &pe), ev.Data)
 	return pe
 }
+
+// A successor that never takes over (it is not ready in time, the predecessor keeps serving)
+// writes no presence: its registration would replace the predecessor's entries — every
+// subject gone — and leave the predecessor superseded, writing nothing while it serves on.
+func TestHandoffSuccessorThatNeverTakesOverLeavesPresenceAlone(t *testing.T) {
+	t.Parallel()
+	withPresence := func(c *Config) {
+		c.PresenceStreams = []string{"room/*"}
+		c.PresenceInterval = testPresenceInterval
+	}
+	a := startHub(t, withPresence)
+	addr := a.Addr().String()
+	c := dial(t, addr, "/streams/room/1", bearerH(subToken(t, "user:a")))
+	require.Equal(t, 200, c.Status, c.Body)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const want = "room/1=user:a:1 anon:0;"
+	waitFor(t, 10*time.Second, "user:a present", func() bool {
+		got, err := presenceState(ctx, a.DSN, "room/1")
+		return err == nil && got == want
+	})
+
+	b := startSuccessor(t, a, addr, make(chan struct{}), withPresence)
+	time.Sleep(5 * testPresenceInterval) // a registration would be long done
+	got, err := presenceState(ctx, a.DSN, "room/1")
+	require.NoError(t, err)
+	assert.Equal(t, want, got, "the waiting successor replaced nothing")
+	b.Stop(t) // it gives up
+	d := dial(t, addr, "/streams/room/1", bearerH(subToken(t, "user:d")))
+	require.Equal(t, 200, d.Status, d.Body)
+	waitFor(t, 10*time.Second, "the predecessor still writes presence", func() bool {
+		got, err := presenceState(ctx, a.DSN, "room/1")
+		return err == nil && got == "room/1=user:a:1,user:d:1 anon:0;"
+	})
+}
