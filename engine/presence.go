@@ -586,7 +586,8 @@ func (p *presenceTable) takenOver() <-chan struct{} {
 }
 
 // runWriter runs the writer on the calling goroutine until ctx ends; on the way out it
-// removes this process's entries (its subjects leave at once).
+// removes this process's entries (its subjects leave at once) — unless it handed connections
+// to a successor, whose registration replaces them.
 func (p *presenceTable) runWriter(ctx context.Context) { p.w.run(ctx, true) }
 
 // newWriter makes the writer (Run, before the loop starts) under this process's key: the
