@@ -515,9 +515,9 @@ func (t *connTable) answerPublish(sc *sseConn, b []byte, keepAlive, bodyUnread b
 // handed-over. It appends the connection's record to dst — its subscriptions with their
 // cursors and states, token tags, subject, presence subject and watcher flag, expiry and the
 // bytes its socket has not taken yet (the unsent remainder of a partly written event first)
-// — and returns a duplicate of its
-// descriptor for the successor; the loop's own descriptor is closed (gnet: OnClose removes
-// the connection from the tables, the socket lives on in the duplicate). ok is false for a
+// — and returns a duplicate of its descriptor for the successor; the loop's own descriptor
+// is closed (gnet: OnClose removes the connection from the tables, the socket lives on in
+// the duplicate). ok is false for a
 // connection that cannot be handed over now (not streaming, or bytes in gnet's own buffer).
 func (t *connTable) handOver(sc *sseConn, dst []byte) (rec []byte, fd int, ok bool) {
 	if !sc.streaming() || sc.c.OutboundBuffered() > 0 {
