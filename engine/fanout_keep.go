@@ -28,7 +28,7 @@ type keptStream struct {
 type streamKeep struct {
 	streams map[string]*keptStream
 	bytes   int   // encoded bytes kept, all streams
-	untilMS int64 // loop clock; 0: from the first notification on, handoffHoldMS
+	untilMS int64 // loop clock; 0: handoffHoldMS from the first notification kept on
 	done    bool  // the handoff was received (releaseHeld), given up, or timed out
 }
 
@@ -39,10 +39,10 @@ func (f *fanout) keeping() bool {
 	if f.cfg.Inherited == nil || k.done {
 		return false
 	}
-	if k.untilMS == 0 {
+	if k.untilMS == 0 && f.nowMS > 0 { // (the loop clock is set from the first tick on)
 		k.untilMS = f.nowMS + handoffHoldMS
 	}
-	if f.nowMS >= k.untilMS {
+	if k.untilMS > 0 && f.nowMS >= k.untilMS {
 		f.endKeep()
 		return false
 	}
