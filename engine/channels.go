@@ -476,6 +476,7 @@ func (t *channelTable) hubPosition(ch *channel) int64 {
 func (t *channelTable) holdFor(mark string, names []string, done func(error)) {
 	t.ho.successor, t.ho.keep = true, true
 	t.ho.endMS = t.nowMS + handoffHoldMS
+	t.fan.keepUntil(t.ho.endMS)
 	held := make(map[string]bool, len(t.ho.held))
 	for _, ch := range t.ho.held {
 		held[ch.name] = true
@@ -579,6 +580,7 @@ func (t *channelTable) unpark(ch *channel) {
 func (t *channelTable) releaseHeld() {
 	held := t.ho.held
 	t.ho.held, t.ho.keep = nil, false
+	t.fan.endKeep()
 	for _, ch := range t.byName {
 		clear(ch.notes)
 		ch.notes = nil
@@ -618,6 +620,7 @@ func (t *channelTable) handoffTick() {
 // endSuccession ends a successor's handoff state: parked subscriptions start (not exact),
 // positions count no more.
 func (t *channelTable) endSuccession() {
+	t.fan.endKeep()
 	if !t.ho.successor {
 		return
 	}

@@ -109,7 +109,9 @@ type fanout struct {
 	// answers committed meanwhile are written there (publishing.answerQueued), so that no
 	// publisher waits for a round to end. It must not change what the flush iterates.
 	between   func()
-	sliceSubs int // flushSliceSubs; tests raise it to measure rounds without slices
+	sliceSubs int        // flushSliceSubs; tests raise it to measure rounds without slices
+	keep      streamKeep // a successor's events of streams nobody here follows yet (fanout_keep.go)
+	fetches   int        // stream-level table reads started (tests: tableFetches)
 }
 
 // flushSliceSubs is how many subscriptions a flush writes between two looks for publish
@@ -149,6 +151,9 @@ func (st *stream) bridge(c int64) (ring []*event, ok bool) {
 	return nil, false
 }
 
+// tableFetches is how many stream-level table reads were started (tests).
+func (f *fanout) tableFetches() int { return f.fetches }
+
 // count is the number of streams with subscriptions here.
 func (f *fanout) count() int { return len(f.streams) }
 
@@ -158,6 +163,7 @@ func (f *fanout) join(name string, sub *subscription) *stream {
 	if st == nil {
 		st = &stream{name: name, last: -1}
 		f.streams[name] = st
+		f.seedKept(st) // a successor: from what it kept since before the handoff
 	}
 	st.subs = appendIndexed(st.subs, sub, subIndex)
 	return st
@@ -185,7 +191,8 @@ func (f *fanout) onPayload(p *store.Payload) {
 	}
 	st := f.streams[string(p.Stream)] // no allocation: map lookup by converted key
 	if st == nil {
-		return // nobody subscribed here
+		f.keepUnfollowed(p) // nobody subscribed here: a successor keeps it for those to come
+		return
 	}
 	switch p.Kind {
 	case store.KindEphemeral:
@@ -389,6 +396,7 @@ func (f *fanout) startFetch(st *stream) {
 		after = st.last - 1
 	}
 	checking := st.check // a read that began before check was set does not answer it
+	f.fetches++
 	ok := f.replayer.Read(store.ReadRequest{Stream: st.name, After: after, AllAudiences: true, Limit: limit, Encode: f.tr.replayEncoder(), OwnBuffers: true},
 		func(res store.ReadResult) { f.tasks.push(func() { f.onFetch(st, after, mode, checking, res) }) })
 	if !ok {
@@ -640,6 +648,7 @@ func (f *fanout) releaseReads(st *stream) {
 // delivered one must not be delivered early — its publish time would make the check find
 // nothing, and the new events under the other lost ids would be skipped silently.
 func (f *fanout) down() {
+	f.keep.drop()
 	for _, st := range f.streams {
 		if st.last >= 0 {
 			st.check = true
