@@ -761,6 +761,23 @@ func (f *fanout) channelFailed(ch *channel, why shedReason) {
 	}
 }
 
+// flushChannel writes the channel's queued notifications (pendingNotes) now, to the
+// subscriptions live on it, instead of at the pass's end: a handed-over subscription that
+// starts at its handoff position must not get them (channelTable.resumeAt, resumeParked) —
+// they came before that position, or it gets them from the successor's notes.
+func (f *fanout) flushChannel(ch *channel) {
+	if len(ch.sse.out) == 0 {
+		return
+	}
+	n := 0
+	for _, sub := range ch.sse.subs {
+		n += f.subs.deliverChannel(sub, ch.sse.out)
+	}
+	f.metrics.deliveries.Add(float64(n))
+	clear(ch.sse.out)
+	ch.sse.out = ch.sse.out[:0]
+}
+
 func (f *fanout) flushChannels() {
 	if len(f.dirtyChannels) == 0 {
 		return
