@@ -98,9 +98,11 @@ type fanout struct {
 	chans *channelTable
 	out   *outbound
 	tr    transport
+	lsn   *listenState // tells the host's other processes of a rewind (rewinds.go)
 
 	streams       map[string]*stream
-	seq           uint64 // the last event.seq given
+	rewinds       map[string]rewindMark // rewinds found here or told, per stream (rewinds.go)
+	seq           uint64                // the last event.seq given
 	dirtyStreams  []*stream
 	dirtyChannels []*channel
 	retryFetch    []*stream // stream-level reads that failed, retried on the sweep
@@ -157,6 +159,9 @@ func (f *fanout) join(name string, sub *subscription) *stream {
 	st := f.streams[name]
 	if st == nil {
 		st = &stream{name: name, last: -1}
+		if m, ok := f.knownRewind(name); ok {
+			st.knowBack(m) // a cursor from the history it lost is told (lostCursor)
+		}
 		f.streams[name] = st
 	}
 	st.subs = appendIndexed(st.subs, sub, subIndex)
@@ -540,6 +545,10 @@ func (f *fanout) tellBack(st *stream, delivered, to int64) {
 	f.log.Warn("stream went back below what was delivered: acknowledged events were lost (synchronous_commit off, or a failover to an asynchronous replica) and their ids reused; subscribers are sent a pgsse:gap",
 		"stream", st.name, "delivered", delivered, "resume", to)
 	st.backFrom, st.backTo = max(delivered, st.backFrom), to
+	// The host's other processes are told (rewinds.go): a client of this stream may
+	// reconnect to one of them with a lost id.
+	f.knowRewind(st.name, st.backTo, st.backFrom)
+	f.lsn.tellRewind(st.name, st.backTo, st.backFrom)
 	for _, sub := range st.subs {
 		f.subs.wentBack(sub, to)
 	}

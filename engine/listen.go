@@ -265,6 +265,12 @@ func (l *listenState) routeEvents(evs []pglisten.Event, from int) {
 func (l *listenState) onNotification(channel []byte, pid uint32, payload []byte) (stalled bool) {
 	if string(channel) == storeChannel {
 		if err := store.ParsePayload(payload, &l.payload); err != nil {
+			if name, to, from, ok := parseRewindNotice(payload); ok && pid == 0 && l.cfg.SiblingHub != nil {
+				// Not PostgreSQL's (its backends' PIDs are > 0): the first process's hub
+				// telling of a rewind another process of the host found (rewinds.go).
+				l.fan.knowRewind(string(name), to, from)
+				return false
+			}
 			l.metrics.droppedBadPayload.Inc()
 			l.log.Debug("ignoring a payload on the stream channel that is not pgsse's", "err", err, "pid", pid)
 		} else if l.payload.Kind == store.KindPresence {
@@ -306,4 +312,38 @@ func (l *listenState) onResynced() {
 	if wasUp {
 		l.hub.sessionStatus(true)
 	}
+}
+
+// tellRewind tells the host's other processes (rewinds.go) that stream went back: cursors in
+// (to, from] are from history it lost. A sibling tells the first process, which tells every
+// sibling (relay); best effort — a process that is not told serves such a cursor as before.
+func (l *listenState) tellRewind(stream string, to, from int64) {
+	notice := appendRewindNotice(nil, stream, to, from)
+	if src, ok := l.src.(*siblingSource); ok {
+		src.tell(notice)
+		return
+	}
+	l.relay(notice)
+}
+
+// fromSibling takes a rewind notice a sibling sent the hub (hubServer.frame), records it and
+// tells every sibling; false when the payload is not a notice (a protocol error).
+func (l *listenState) fromSibling(payload []byte) bool {
+	name, to, from, ok := parseRewindNotice(payload)
+	if !ok {
+		return false
+	}
+	l.fan.knowRewind(string(name), to, from)
+	l.relay(append([]byte(nil), payload...))
+	return true
+}
+
+// relay hands a rewind notice to the siblings that hold the stream channel through the hub —
+// only they may (reservedChannel) — in order with the notifications (inOrder), with PID 0.
+func (l *listenState) relay(notice []byte) {
+	l.inOrder(func() {
+		if l.chans.notify([]byte(storeChannel), 0, notice) {
+			l.pause(func() {}) // a sibling stalled on it: what the source reports next waits
+		}
+	})
 }

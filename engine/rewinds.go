@@ -1,0 +1,154 @@
+package engine
+
+import (
+	"bytes"
+	"slices"
+	"strconv"
+
+	"github.com/pgsse/pgsse/names"
+)
+
+// Rewinds known to the host (docs/http.md, When the stream went back). A stream's history went
+// back when a crash lost acknowledged events and gave their ids to new ones; the process that
+// delivered the lost events finds it (fanout.rewind, readBack) and sends its own subscribers a
+// pgsse:gap back. A client that then reconnects with a Last-Event-ID from the lost events —
+// EventSource keeps the last id, and a gap has none — may reach another process of the host
+// (--procs: the kernel spreads the port's connections), which never delivered them: it must
+// treat that cursor as the detecting process does (subscriptions.onReplay, lostCursor), or the
+// client silently skips the new events under the reused ids.
+//
+// So every rewind a process finds is told to the host's other processes: by a sibling to the
+// first process, by the first process to every sibling, over the hub socket pair each sibling
+// was started with, as a NOTIFY frame on the stream channel with PID 0 and a payload that is a
+// rewind notice (below) — never a PostgreSQL notification: PostgreSQL backends have PIDs > 0,
+// and the notice does not parse as a pgsse payload. Outside hub workers never see one (they
+// may not subscribe to the stream channel) and may not send one (a NOTIFY from a worker that
+// is not a sibling is a protocol error, as before). Each process keeps what it found and was
+// told, per stream, for rewindKeepMS and at most rewindsMax streams: a stream it follows
+// takes the range over (stream.backFrom, backTo) and keeps it while the stream has
+// subscribers here, like the process that found it; one it starts following within
+// rewindKeepMS starts with it.
+const (
+	// rewindKeepMS: how long a process remembers a rewind of a stream it does not follow.
+	// A client whose connection ended with a lost id reconnects after --retry (2 s) and its
+	// own backoff — seconds, a minute for a client library backing off — so ten minutes
+	// cover the reconnections of clients that were connected when it happened.
+	rewindKeepMS = 10 * 60 * 1000
+	// rewindsMax bounds the streams remembered (≈ 100 bytes each): a crash rewinds the
+	// streams with events in the last moments before it, a few per publisher.
+	rewindsMax = 8192
+)
+
+// rewindMark is a known rewind of one stream: a cursor in (to, from] is from history the
+// stream lost; delivery resumes after to. atMS is when it was found or told (loop clock).
+type rewindMark struct {
+	to, from int64
+	atMS     int64
+}
+
+// merged is m with another rewind (to, from) of the same stream added: one range when they
+// overlap (two processes' views of one crash: a gap back further than needed only repeats
+// events, which the gap announces; one not far enough would skip some), else the newer.
+func (m rewindMark) merged(to, from int64) rewindMark {
+	if m.from > 0 && to <= m.from && m.to <= from {
+		return rewindMark{to: min(m.to, to), from: max(m.from, from)}
+	}
+	return rewindMark{to: to, from: from}
+}
+
+// rewindNoticePrefix starts a rewind notice: "R1 <to> <from> <stream>". 'R' is no kind of
+// store.Payload, so a notice never passes for a pgsse payload.
+const rewindNoticePrefix = "R1 "
+
+// appendRewindNotice appends the notice that stream went back: cursors in (to, from] are lost.
+func appendRewindNotice(dst []byte, stream string, to, from int64) []byte {
+	dst = append(dst, rewindNoticePrefix...)
+	dst = strconv.AppendInt(dst, to, 10)
+	dst = append(dst, ' ')
+	dst = strconv.AppendInt(dst, from, 10)
+	dst = append(dst, ' ')
+	return append(dst, stream...)
+}
+
+// parseRewindNotice parses a rewind notice strictly; ok is false for anything else.
+func parseRewindNotice(b []byte) (stream []byte, to, from int64, ok bool) {
+	rest, found := bytes.CutPrefix(b, []byte(rewindNoticePrefix))
+	if !found {
+		return nil, 0, 0, false
+	}
+	num := func() (int64, bool) {
+		i := bytes.IndexByte(rest, ' ')
+		if i <= 0 {
+			return 0, false
+		}
+		v, err := names.ParseCursor(rest[:i])
+		rest = rest[i+1:]
+		return v, err == nil
+	}
+	var ok1, ok2 bool
+	to, ok1 = num()
+	from, ok2 = num()
+	if !ok1 || !ok2 || to >= from || names.CheckStream(rest) != nil {
+		return nil, 0, 0, false
+	}
+	return rest, to, from, true
+}
+
+// knowRewind records that stream name went back from from to to — found here (tellBack) or
+// told by another process of the host (listenState.onNotification) — for a stream followed
+// here, as the detecting process keeps it (lostCursor).
+func (f *fanout) knowRewind(name string, to, from int64) {
+	m := f.rewinds[name]
+	if m.atMS != 0 && f.nowMS-m.atMS > rewindKeepMS {
+		m = rewindMark{}
+	}
+	m = m.merged(to, from)
+	m.atMS = f.nowMS
+	if _, ok := f.rewinds[name]; !ok && len(f.rewinds) >= rewindsMax {
+		f.forgetRewinds()
+	}
+	if f.rewinds == nil {
+		f.rewinds = make(map[string]rewindMark)
+	}
+	f.rewinds[name] = m
+	if st := f.streams[name]; st != nil {
+		st.knowBack(m)
+	}
+}
+
+// forgetRewinds makes room in the table: the expired marks, and if that is not enough the
+// oldest quarter.
+func (f *fanout) forgetRewinds() {
+	ats := make([]int64, 0, len(f.rewinds))
+	for name, m := range f.rewinds {
+		if f.nowMS-m.atMS > rewindKeepMS {
+			delete(f.rewinds, name)
+			continue
+		}
+		ats = append(ats, m.atMS)
+	}
+	if len(f.rewinds) < rewindsMax {
+		return
+	}
+	slices.Sort(ats)
+	cut := ats[len(ats)/4]
+	for name, m := range f.rewinds {
+		if m.atMS <= cut {
+			delete(f.rewinds, name)
+		}
+	}
+}
+
+// knownRewind is what a stream starting here (join) knows of its last rewind.
+func (f *fanout) knownRewind(name string) (rewindMark, bool) {
+	m, ok := f.rewinds[name]
+	if !ok || f.nowMS-m.atMS > rewindKeepMS {
+		return rewindMark{}, false
+	}
+	return m, true
+}
+
+// knowBack takes a rewind the host knows of over into the stream's last rewind (lostCursor).
+func (st *stream) knowBack(m rewindMark) {
+	st.backTo, st.backFrom = m.to, m.from
+}
