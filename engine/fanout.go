@@ -70,6 +70,9 @@ type stream struct {
 	// heldReads are catching-up subscriptions whose next table read waits for the check
 	// (unchecked): until it, the table may hold another history than what was delivered.
 	heldReads []*subscription
+	// ghost: the stream is here without subscribers only to check what it delivered before
+	// its last one left (rewinds.go, ghosts); dropped once checked.
+	ghost bool
 }
 
 // channelSubs is a raw channel's SSE side (channel.sse): its subscriptions, in a compact
@@ -100,13 +103,15 @@ type fanout struct {
 	tr    transport
 	lsn   *listenState // tells the host's other processes of a rewind (rewinds.go)
 
-	streams       map[string]*stream
-	rewinds       map[string]rewindMark // rewinds found here or told, per stream (rewinds.go)
-	seq           uint64                // the last event.seq given
-	dirtyStreams  []*stream
-	dirtyChannels []*channel
-	retryFetch    []*stream // stream-level reads that failed, retried on the sweep
-	received      time.Time // when the notifications being routed were received (receiving); zero = unknown
+	streams        map[string]*stream
+	rewinds        map[string]rewindMark // rewinds found here or told, per stream (rewinds.go)
+	ghosts         map[string]ghostMark  // what streams nobody follows any more delivered (rewinds.go)
+	ghostsPrunedMS int64                 // when a full ghosts table was last looked through
+	seq            uint64                // the last event.seq given
+	dirtyStreams   []*stream
+	dirtyChannels  []*channel
+	retryFetch     []*stream // stream-level reads that failed, retried on the sweep
+	received       time.Time // when the notifications being routed were received (receiving); zero = unknown
 	// between runs every flushSliceSubs subscriptions written during a flush: the publish
 	// answers committed meanwhile are written there (publishing.answerQueued), so that no
 	// publisher waits for a round to end. It must not change what the flush iterates.
@@ -163,7 +168,9 @@ func (f *fanout) join(name string, sub *subscription) *stream {
 			st.knowBack(m) // a cursor from the history it lost is told (lostCursor)
 		}
 		f.streams[name] = st
+		f.haunt(st)
 	}
+	st.ghost = false
 	st.subs = appendIndexed(st.subs, sub, subIndex)
 	return st
 }
@@ -178,8 +185,9 @@ func (f *fanout) leave(st *stream, sub *subscription) {
 }
 
 func (f *fanout) maybeDropStream(st *stream) {
-	if len(st.subs) == 0 && !st.fetching && f.streams[st.name] == st {
+	if len(st.subs) == 0 && !st.fetching && f.streams[st.name] == st && !st.ghost {
 		delete(f.streams, st.name)
+		f.keepGhost(st)
 	}
 }
 
@@ -404,11 +412,11 @@ func (f *fanout) startFetch(st *stream) {
 
 func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool, res store.ReadResult) {
 	st.fetching = false
-	if f.streams[st.name] != st || len(st.subs) == 0 {
+	if f.streams[st.name] != st || (len(st.subs) == 0 && !st.ghost) {
+		f.maybeDropStream(st) // (a ghost is kept of it while it is still unchecked)
 		st.rewindHi = 0
 		clear(st.heldReads)
 		st.heldReads = st.heldReads[:0]
-		f.maybeDropStream(st)
 		return
 	}
 	if res.Err != nil {
@@ -435,6 +443,10 @@ func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool,
 		if to, lost := st.readLost(res); lost {
 			f.readBack(st, to)
 		}
+	}
+	if st.ghost {
+		f.laid(st) // checked: what it delivered is the table's
+		return
 	}
 	if res.Oldest > st.last+1 && st.last >= 0 {
 		// Events were pruned while we were away: announce the gap to the live set.
@@ -593,6 +605,10 @@ func (f *fanout) onRewindRead(st *stream, after int64, res store.ReadResult) {
 // reused the lost ids are delivered under them.
 func (f *fanout) rewind(st *stream, to int64) {
 	f.tellBack(st, st.last, to)
+	if st.ghost {
+		f.laid(st) // told: nobody here follows it
+		return
+	}
 	keep := len(st.ring)
 	for keep > 0 && st.ring[keep-1].id > to {
 		keep--
@@ -654,6 +670,7 @@ func (f *fanout) down() {
 			st.check = true
 		}
 	}
+	f.suspectGhosts()
 }
 
 // sawPublished notes the publish time of an event delivered from the stream by a
@@ -683,6 +700,7 @@ func (f *fanout) resync() {
 			f.startFetch(st)
 		}
 	}
+	f.raiseGhosts()
 }
 
 // retryFetches restarts the stream-level reads that failed (from the tick).

@@ -152,3 +152,141 @@ func (f *fanout) knownRewind(name string) (rewindMark, bool) {
 func (st *stream) knowBack(m rewindMark) {
 	st.backTo, st.backFrom = m.to, m.from
 }
+
+// Ghosts. A process finds a rewind by comparing what a stream delivered with the table once
+// its LISTEN session is back (fanout.resync) — for the streams it follows then. A client whose
+// connection ends in the crash (or just before it) takes the stream's last subscriber here
+// with it: the stream is dropped, what it delivered forgotten, and no process finds that its
+// events were lost; the client reconnects with a lost id, anywhere, and is served silently
+// from it. So a stream dropped here leaves a ghost — the last id it delivered, that event's
+// publish time and the latest it accounted for — for ghostKeepMS; a LISTEN loss meanwhile
+// makes it suspect, and a suspect ghost is checked when the session is back as the stream
+// would have been (a stream without subscribers, fanout.raiseGhosts: one check read, the
+// rewind search if it went back, which tells the host), or taken over by the stream if a
+// subscriber here follows it again first (haunt).
+const (
+	// ghostKeepMS: how long after its last subscriber left a stream's deliveries may still be
+	// lost — a commit without synchronous_commit is on disk within 3 × wal_writer_delay
+	// (600 ms by default), unless the WAL writer falls behind.
+	ghostKeepMS = 10_000
+)
+
+// ghostMark is what a dropped stream delivered (fanout.keepGhost).
+type ghostMark struct {
+	last, lastTimeUS, maxTimeUS int64
+	atMS                        int64
+	suspect                     bool // a LISTEN loss since it was delivered: check it
+}
+
+// keepGhost remembers what a stream that nobody here follows any more delivered.
+func (f *fanout) keepGhost(st *stream) {
+	last, t := st.last, st.lastTimeUS
+	if st.readID > last && st.readTimeUS > 0 {
+		last, t = st.readID, st.readTimeUS // its newest event came from a catch-up read
+	}
+	if last <= 0 || st.maxTimeUS == 0 {
+		return
+	}
+	g := ghostMark{last: last, lastTimeUS: t, maxTimeUS: st.maxTimeUS, atMS: f.nowMS, suspect: st.unchecked() || !f.lsn.isUp()}
+	if g.suspect && f.lsn.isUp() {
+		f.raiseGhost(st.name, g) // dropped before its check read after the loss answered
+		return
+	}
+	if len(f.ghosts) >= rewindsMax && f.nowMS-f.ghostsPrunedMS >= 1000 {
+		f.ghostsPrunedMS = f.nowMS // a full table is looked through at most once a second
+		for name, g := range f.ghosts {
+			if !g.suspect && f.nowMS-g.atMS > ghostKeepMS {
+				delete(f.ghosts, name)
+			}
+		}
+	}
+	if len(f.ghosts) >= rewindsMax {
+		return
+	}
+	if f.ghosts == nil {
+		f.ghosts = make(map[string]ghostMark)
+	}
+	f.ghosts[st.name] = g
+}
+
+// suspectGhosts: the LISTEN session was lost (fanout.down) — perhaps in a crash that took
+// what the recent ghosts' streams delivered; the older ones are forgotten.
+func (f *fanout) suspectGhosts() {
+	for name, g := range f.ghosts {
+		switch {
+		case g.suspect:
+		case f.nowMS-g.atMS > ghostKeepMS:
+			delete(f.ghosts, name)
+		default:
+			g.suspect = true
+			f.ghosts[name] = g
+		}
+	}
+}
+
+// raiseGhosts checks the suspect ghosts once the LISTEN session is back (fanout.resync): each
+// is a stream here again, without subscribers, whose check read compares what it delivered
+// with the table (onFetch; a rewind found is told as any: tellBack) and which is dropped once
+// checked (laid).
+func (f *fanout) raiseGhosts() {
+	if f.replayer == nil {
+		return
+	}
+	for name, g := range f.ghosts {
+		if g.suspect {
+			delete(f.ghosts, name)
+			f.raiseGhost(name, g)
+		}
+	}
+}
+
+// raiseGhost starts the check of one ghost (raiseGhosts).
+func (f *fanout) raiseGhost(name string, g ghostMark) {
+	if f.replayer == nil || f.streams[name] != nil {
+		return
+	}
+	st := &stream{name: name, ghost: true, check: true}
+	st.adopt(g)
+	f.streams[name] = st
+	f.startFetch(st)
+	if !st.fetching {
+		f.laid(st) // the replay queue is full (said in the log)
+	}
+}
+
+// haunt gives a stream a subscriber here follows again (join) what its ghost delivered, when
+// the LISTEN session was lost since: its check read (now, or after the session is back:
+// resync) compares it with the table, and the subscription's catch-up waits for it (holdRead).
+func (f *fanout) haunt(st *stream) {
+	g, ok := f.ghosts[st.name]
+	if !ok {
+		return
+	}
+	delete(f.ghosts, st.name)
+	up := f.lsn.isUp()
+	if !g.suspect && up {
+		return
+	}
+	st.adopt(g)
+	st.check = true
+	if up {
+		f.startFetch(st)
+	}
+}
+
+// laid drops a ghost's stream once it is checked, unless a subscriber follows it by now.
+func (f *fanout) laid(st *stream) {
+	st.ghost = false
+	if len(st.subs) > 0 || f.streams[st.name] != st {
+		return
+	}
+	delete(f.streams, st.name)
+	clear(st.pending)
+	st.pending, st.rewindHi = nil, 0
+}
+
+// adopt takes over what a ghost delivered.
+func (st *stream) adopt(g ghostMark) {
+	st.last, st.lastTimeUS, st.maxTimeUS = g.last, g.lastTimeUS, g.maxTimeUS
+	st.notified = max(st.notified, g.last)
+}
