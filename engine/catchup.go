@@ -122,7 +122,7 @@ func (s *subscriptions) onHead(sub *subscription, res store.ReadResult) {
 
 // replay reads the next batch of history for one subscription.
 func (s *subscriptions) replay(sub *subscription) {
-	if s.replayer == nil || sub.replaying || sub.conn.ending() || sub.st.holdRead(sub) || !s.mayRead(sub) {
+	if s.replayer == nil || sub.replaying || sub.conn.ending() || sub.st.holdRead(sub, s.lsn.settling()) || !s.mayRead(sub) {
 		return
 	}
 	sub.replaying = true

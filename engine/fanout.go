@@ -107,6 +107,7 @@ type fanout struct {
 	rewinds        map[string]rewindMark // rewinds found here or told, per stream (rewinds.go)
 	ghosts         map[string]ghostMark  // what streams nobody follows any more delivered (rewinds.go)
 	ghostsPrunedMS int64                 // when a full ghosts table was last looked through
+	settled        bool                  // the LISTEN session came back: release the held reads once settled (retryFetches)
 	seq            uint64                // the last event.seq given
 	dirtyStreams   []*stream
 	dirtyChannels  []*channel
@@ -634,10 +635,11 @@ func (f *fanout) rewind(st *stream, to int64) {
 // (lostCursor).
 func (st *stream) unchecked() bool { return st.check || st.rewindHi > 0 }
 
-// holdRead holds sub's next catch-up read until the stream is checked, and reports whether
-// it did.
-func (st *stream) holdRead(sub *subscription) bool {
-	if !st.unchecked() {
+// holdRead holds sub's next catch-up read until the stream is checked — and, after a LISTEN
+// loss, until the host's other processes have had the time to tell of a rewind they found
+// (settling: listenState.settling) — and reports whether it did.
+func (st *stream) holdRead(sub *subscription, settling bool) bool {
+	if !st.unchecked() && !settling {
 		return false
 	}
 	if !slices.Contains(st.heldReads, sub) {
@@ -649,8 +651,8 @@ func (st *stream) holdRead(sub *subscription) bool {
 // releaseReads starts the catch-up reads held while the stream was unchecked, once it is
 // checked (after a rewind, the lost cursors are known: lostCursor).
 func (f *fanout) releaseReads(st *stream) {
-	if st.unchecked() || len(st.heldReads) == 0 {
-		return
+	if st.unchecked() || len(st.heldReads) == 0 || f.lsn.settling() {
+		return // (still settling: retryFetches releases them)
 	}
 	held := st.heldReads
 	st.heldReads = nil
@@ -701,10 +703,19 @@ func (f *fanout) resync() {
 		}
 	}
 	f.raiseGhosts()
+	f.settled = true // the reads held meanwhile are released once settled (retryFetches)
 }
 
 // retryFetches restarts the stream-level reads that failed (from the tick).
 func (f *fanout) retryFetches() {
+	if f.settled && !f.lsn.settling() {
+		// The time for the host's other processes to tell of a rewind is over: the reads
+		// held for it go on (those of streams still unchecked wait for their check).
+		f.settled = false
+		for _, st := range f.streams {
+			f.releaseReads(st)
+		}
+	}
 	if len(f.retryFetch) == 0 {
 		return
 	}

@@ -47,6 +47,7 @@ type listenState struct {
 	// it has been once; downSinceMS: when it went down (or Run started it).
 	up, everUp  bool
 	downSinceMS int64
+	upSinceMS   int64         // when it came back (onResynced): settling
 	upNow       atomic.Bool   // up, for Ready (other goroutines)
 	payload     store.Payload // scratch: the payload being routed
 	batchSlots  chan struct{} // notification batches queued for the loop (Notifications)
@@ -113,6 +114,19 @@ func (l *listenState) unlisten(channel string) bool {
 	}
 	l.src.Unlisten(channel)
 	return true
+}
+
+// rewindTellGraceMS is how long, after the LISTEN session came back from a loss, catch-up
+// reads still wait (settling): the host's other processes check what they delivered when
+// their session is back, and tell of a rewind they find (rewinds.go) — a few reads on
+// PostgreSQL and a hub frame, milliseconds — while a client that reconnected meanwhile may
+// hold an id one of them lost.
+const rewindTellGraceMS = 500
+
+// settling reports whether catch-up reads wait after a LISTEN loss: the session is down, or
+// came back less than rewindTellGraceMS ago (the loop clock's ticks make it up to a tick more).
+func (l *listenState) settling() bool {
+	return l.everUp && (!l.up || l.nowMS-l.upSinceMS < rewindTellGraceMS)
 }
 
 // isUp reports whether the session is up with every channel LISTENed.
@@ -301,6 +315,7 @@ func (l *listenState) onDown(err error) {
 func (l *listenState) onResynced() {
 	wasUp := l.everUp
 	l.up, l.everUp = true, true
+	l.upSinceMS = l.nowMS
 	l.upNow.Store(true)
 	if wasUp {
 		l.metrics.reconnects.Inc()
