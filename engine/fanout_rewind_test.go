@@ -224,12 +224,16 @@ func TestRewindIsKnownToTheSiblings(t *testing.T) {
 		finder int  // the process with the live client, which finds the rewind: 0 the first
 		leaves bool // the live client's connection ends during the outage
 		early  bool // and reconnects during the outage, before any process can find the rewind
+		news   int  // new events under the lost ids (default 8, more than were lost)
 	}{
-		{"the first process finds it", 0, false, false},
-		{"a sibling finds it", 1, false, false},
-		{"the sibling's only client left in the crash", 1, true, false},
-		{"the first process's only client left in the crash", 0, true, false},
-		{"the client reconnected during the outage", 0, true, true},
+		{"the first process finds it", 0, false, false, 0},
+		{"a sibling finds it", 1, false, false, 0},
+		{"the sibling's only client left in the crash", 1, true, false, 0},
+		{"the first process's only client left in the crash", 0, true, false, 0},
+		{"the client reconnected during the outage", 0, true, true, 0},
+		// the reconnection's cursor is past the new head: a gap down to where the histories
+		// part, not to the head (which would skip the new events below it)
+		{"fewer new events than were lost", 1, false, false, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -237,8 +241,12 @@ func TestRewindIsKnownToTheSiblings(t *testing.T) {
 			procs := []*testServer{first, startSibling(t, first, nil), startSibling(t, first, nil)}
 			tok := bearerH(allStreams(t))
 			sql := connect(t, first.DSN) // opened before the database refuses new connections
-			const old, kept, news = 10, 5, 8
-			const head = kept + news
+			const old, kept = 10, 5
+			news := 8
+			if tc.news > 0 {
+				news = tc.news
+			}
+			head := int64(kept + news)
 			publishN(t, sql, "rs", "old", old)
 			finder := procs[tc.finder]
 			live := startReuseClient(t, finder.Addr().String(), "/streams/rs?since=0", tok)
