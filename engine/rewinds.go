@@ -167,8 +167,8 @@ func (st *stream) knowBack(m rewindMark) {
 const (
 	// ghostKeepMS: how long after its last subscriber left a stream's deliveries may still be
 	// lost — a commit without synchronous_commit is on disk within 3 × wal_writer_delay
-	// (600 ms by default), unless the WAL writer falls behind.
-	ghostKeepMS = 10_000
+	// (600 ms by default, 30 s at its largest), unless the WAL writer falls behind.
+	ghostKeepMS = 30_000
 )
 
 // ghostMark is what a dropped stream delivered (fanout.keepGhost).

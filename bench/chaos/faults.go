@@ -37,14 +37,13 @@ const (
 	FaultHandoff      = "handoff"        // SIGUSR2 to the first process (SPEC §6), once pgsse has it
 )
 
-// DefaultFaults is every fault kind but pg-crash-async and handoff (added when the server
-// supports it). pg-crash-async loses acknowledged, delivered commits and reuses their ids; the
-// engine announces that with a pgsse:gap back (fanout.rewind, readBack), but a run of it alone
-// still fails now and then (3 min, seeds 11 and 12: 1–7 silent skips, mostly a reconnection
-// with a lost Last-Event-ID served by a --procs process that never saw the lost events;
-// bench/RESULTS.md, docs/operations.md), so it joins the defaults once those are fixed.
+// DefaultFaults is every fault kind but handoff (added when the server supports it).
+// pg-crash-async loses acknowledged, delivered commits and reuses their ids: the engine
+// announces that with a pgsse:gap back (fanout.rewind, readBack), and the processes of --procs
+// tell each other of it (engine/rewinds.go), so a reconnection with a lost Last-Event-ID is told
+// wherever it lands (bench/RESULTS.md, docs/operations.md).
 var DefaultFaults = []string{FaultTermListen, FaultTermReplay, FaultTermPublish, FaultTermCheck,
-	FaultPGRestart, FaultPGCrash, FaultKillSibling, FaultKillFirst, FaultClientReset, FaultStall,
+	FaultPGRestart, FaultPGCrash, FaultPGCrashAsync, FaultKillSibling, FaultKillFirst, FaultClientReset, FaultStall,
 	FaultTokenExpiry, FaultFDSqueeze, FaultConnFlood}
 
 type faultFunc func(ctx context.Context, w *workload, rng *rand.Rand) (detail string, applied bool, err error)
@@ -69,7 +68,7 @@ var faultTable = map[string]faultFunc{
 
 // AllFaults names every fault kind.
 func AllFaults() []string {
-	return append(append([]string(nil), DefaultFaults...), FaultPGCrashAsync, FaultHandoff)
+	return append(append([]string(nil), DefaultFaults...), FaultHandoff)
 }
 
 func faultByName(k string) faultFunc { return faultTable[k] }
