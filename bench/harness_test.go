@@ -3,8 +3,13 @@
 package bench
 
 import (
+	"bufio"
+	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
+	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -23,6 +28,9 @@ import (
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(holdEnv); spec != "" {
 		os.Exit(holdFromEnv(spec)) // a holder process of scenario 10 (BenchmarkScenario10Procs)
+	}
+	if spec := os.Getenv(deployClientEnv); spec != "" {
+		os.Exit(deployClientFromEnv(spec)) // a client process of scenario 17 (TestDeploy…)
 	}
 	code := m.Run()
 	if buildDir != "" {
@@ -127,4 +135,192 @@ func TestWriteTable(t *testing.T) {
 	})
 	assert.Contains(t, b.String(), "| 1 idle | RSS | B | 700 | 28000 | 0.025× |")
 	assert.Contains(t, b.String(), "- 1 idle, baseline: n")
+}
+
+// A server may write the response head and the first events in one segment (a reconnect
+// whose catch-up is ready at once): the client reads the head alone and decodes what follows
+// as events. A Reconnect client, closed by the server, comes back after the retry: delay with
+// Last-Event-ID and keeps its sequence checks across the two connections.
+func TestClientEventsWithTheHeadAndReconnect(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	reqs := make(chan string, 2)
+	done := make(chan struct{})
+	served := make(chan struct{})
+	defer func() { close(done); <-served }()
+	go func() {
+		defer close(served)
+		for i := 0; i < 2; i++ {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			r := bufio.NewReader(c)
+			var head strings.Builder
+			for {
+				l, err := r.ReadString('\n')
+				if err != nil {
+					c.Close()
+					return
+				}
+				head.WriteString(l)
+				if l == "\r\n" {
+					break
+				}
+			}
+			reqs <- head.String()
+			if i == 0 { // head, retry and two events in one write, then the close
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\nretry: 50\n:pgsse\n\nid: 1\ndata: 1 100\n\nid: 2\ndata: 2 100\n\n")
+				c.Close()
+				continue
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\nid: 3\ndata: 3 100\n\n")
+			<-done // open until the client has closed
+			c.Close()
+		}
+	}()
+	c, err := NewClient(ClientConfig{Addr: netip.MustParseAddrPort(ln.Addr().String()), Path: "/streams/x", Sources: 1, MaxSeq: 8, Reconnect: true})
+	require.NoError(t, err)
+	c.MarkWindow(1, time.Now().UnixNano())
+	require.NoError(t, c.Connect(1, false))
+	assert.True(t, c.WaitHave(2, 1, 5*time.Second), "the events sent with the head")
+	assert.True(t, c.WaitHave(3, 1, 5*time.Second), "the event after the reconnect")
+	assert.NotContains(t, <-reqs, "Last-Event-ID")
+	assert.Contains(t, <-reqs, "Last-Event-ID: 2\r\n")
+	c.Close()
+	st := c.Stats()
+	assert.Equal(t, int64(3), st.Events)
+	assert.Zero(t, st.Gaps+st.Dups+st.Bad)
+	assert.Equal(t, int64(1), st.ClosedW[1])
+	assert.Equal(t, int64(1), st.ReopenedW[1])
+	assert.Equal(t, 1, st.Reconnected)
+}
+
+// A slow client is not a short one: while events keep arriving, WaitHaveProgress waits on
+// past the time a fixed WaitHave gives up at (scenario 16's small drain under -race on a
+// shared machine); once they stop — heartbeats still coming — it gives up after its stall.
+func TestClientWaitHaveProgress(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	const events = 20 // 3 s of them: longer than the stall the progress wait is given
+	done := make(chan struct{})
+	served := make(chan struct{})
+	defer func() { close(done); <-served }()
+	go func() {
+		defer close(served)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			l, err := r.ReadString('\n')
+			if err != nil || l == "\r\n" {
+				break
+			}
+		}
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\nretry: 2000\n:pgsse\n\n")
+		tick := time.NewTicker(150 * time.Millisecond) // a slow stream: an event every 150 ms, then heartbeats only
+		defer tick.Stop()
+		for i := 1; ; i++ {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			msg := ":\n"
+			if i <= events {
+				msg = fmt.Sprintf("id: %d\ndata: %d 100\n\n", i, i)
+			}
+			if _, err := io.WriteString(c, msg); err != nil {
+				return
+			}
+		}
+	}()
+	c, err := NewClient(ClientConfig{Addr: netip.MustParseAddrPort(ln.Addr().String()), Path: "/streams/x", Sources: 1, MaxSeq: 32})
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.Connect(1, false))
+	assert.False(t, c.WaitHave(events, 1, 300*time.Millisecond), "a fixed bound calls the slow subscriber short")
+	assert.True(t, c.WaitHaveProgress(events, 1, 1500*time.Millisecond, time.Minute), "it had every event, slowly: later than the stall")
+	t0 := time.Now()
+	assert.False(t, c.WaitHaveProgress(events+1, 1, 500*time.Millisecond, time.Minute), "no event comes after the last")
+	assert.Less(t, time.Since(t0), 30*time.Second, "given up at the stall, not at the limit")
+	c.Close()
+	assert.Positive(t, c.Stats().Comments, "heartbeats came meanwhile")
+}
+
+// BenchmarkClientDelivery is the load client's cost per delivery, in wall and CPU time (the
+// small scenario 16's drain is bound by it under -race): 200 connections to a local server
+// that writes each of them b.N events of 64 bytes of data at once.
+func BenchmarkClientDelivery(b *testing.B) {
+	const conns = 200
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	var body []byte
+	now := time.Now().UnixNano()
+	for i := 1; i <= b.N; i++ {
+		body = fmt.Appendf(body, "id: %d\ndata: ", i)
+		body = AppendData(body, int64(i), now, 64)
+		body = append(body, "\n\n"...)
+	}
+	served := make(chan net.Conn, conns)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				r := bufio.NewReader(c)
+				for {
+					l, err := r.ReadString('\n')
+					if err != nil {
+						c.Close()
+						return
+					}
+					if l == "\r\n" {
+						break
+					}
+				}
+				_, _ = c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\nretry: 2000\n:pgsse\n\n"))
+				served <- c
+			}()
+		}
+	}()
+	c, err := NewClient(ClientConfig{Addr: netip.MustParseAddrPort(ln.Addr().String()), Path: "/streams/x", Sources: 4, MaxSeq: b.N + 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Connect(conns, false); err != nil {
+		b.Fatal(err)
+	}
+	var sc []net.Conn
+	for range conns {
+		sc = append(sc, <-served)
+	}
+	defer func() {
+		for _, s := range sc {
+			s.Close()
+		}
+	}()
+	cpu0 := SelfCPU()
+	b.ResetTimer()
+	for _, s := range sc {
+		go func() { _, _ = s.Write(body) }()
+	}
+	want := int64(b.N) * conns
+	for c.Delivered() < want {
+		time.Sleep(time.Millisecond)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(want), "ns/delivery")
+	b.ReportMetric(float64((SelfCPU()-cpu0).Nanoseconds())/float64(want), "cpu-ns/delivery")
 }

@@ -5,6 +5,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -40,6 +41,13 @@ type Target struct {
 	Old bool
 	// Procs is pgsse's --procs (0 = not given); StartServer waits until every process serves.
 	Procs int
+	// SSEPort and AdminPort fix the server's ports (0: free ones), so that a server can be
+	// started again where its clients reconnect (the deploy scenario).
+	SSEPort, AdminPort int
+	// LogLevel is pgsse's --log-level (default warn).
+	LogLevel string
+	// MaxConns is pgsse's --max-connections (default 16000).
+	MaxConns int
 }
 
 func (t Target) label() string {
@@ -65,13 +73,17 @@ type Server struct {
 // StartServer starts t against the database at dsn, logging to a file in dir, and waits
 // until it answers GET /streams/… with 200.
 func StartServer(ctx context.Context, t Target, dsn, dir string) (*Server, error) {
-	ssePort, err := freePort()
-	if err != nil {
-		return nil, err
+	ssePort, adminPort := t.SSEPort, t.AdminPort
+	var err error
+	if ssePort == 0 {
+		if ssePort, err = freePort(); err != nil {
+			return nil, err
+		}
 	}
-	adminPort, err := freePort()
-	if err != nil {
-		return nil, err
+	if adminPort == 0 {
+		if adminPort, err = freePort(); err != nil {
+			return nil, err
+		}
 	}
 	sse := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(ssePort))
 	admin := "127.0.0.1:" + strconv.Itoa(adminPort)
@@ -88,9 +100,9 @@ func StartServer(ctx context.Context, t Target, dsn, dir string) (*Server, error
 			"--admin-listen", admin,
 			"--heartbeat", hb.String(),
 			"--public-streams", "*",
-			"--max-connections", "16000",
+			"--max-connections", strconv.Itoa(cmp.Or(t.MaxConns, 16000)),
 			"--retention", "0",
-			"--log-level", "warn",
+			"--log-level", cmp.Or(t.LogLevel, "warn"),
 		}
 		if t.Pprof {
 			args = append(args, "--pprof")

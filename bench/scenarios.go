@@ -64,6 +64,8 @@ type Params struct {
 
 	PubFanout PubFanoutParams // scenario 16 (pubfanout.go)
 
+	Deploy DeployParams // scenario 17 (deploy.go)
+
 	Sources int // loopback source addresses
 	Readers int // client epoll loops
 }
@@ -87,6 +89,7 @@ func Full() Params {
 		Presence: PresenceParams{Interval: time.Second, Churn: 10000, Others: 1000, Rate: 50,
 			HoldSubjects: 1000, HoldStreams: 100, Hold: 60 * time.Second},
 		PubFanout: fullPubFanout(),
+		Deploy:    fullDeploy(),
 	}
 }
 
@@ -111,6 +114,7 @@ func Small() Params {
 		LargeBytes: 16 << 20, LargeSubscribers: 10}
 	p.Publish = smallPublish()
 	p.PubFanout = smallPubFanout()
+	p.Deploy = smallDeploy()
 	return p
 }
 

@@ -395,3 +395,25 @@ func (s *Server) HoldChannels(ctx context.Context, mark string, names []string) 
 // ReleaseHeldChannels (a successor) lets go of the holds HoldChannels took: the adopted
 // connections hold their channels themselves.
 func (s *Server) ReleaseHeldChannels() { s.tasks.push(s.chans.releaseHeld) }
+
+// TakeOverPresence (a successor, once every connection is adopted — or the predecessor went
+// away) lets this server's presence writer register, which it holds back until then: the
+// registration replaces the predecessor's entries (the same process key) with this server's
+// counts, the adopted connections' among them, in one statement, so that no moved client is
+// absent from presence and none is counted twice (presence.go: adopted, closed). It returns
+// once that write has an outcome, or when ctx ends; at once without presence.
+func (s *Server) TakeOverPresence(ctx context.Context) error {
+	var registered <-chan struct{}
+	if err := s.loopDo(ctx, func() { registered = s.pres.takenOver() }); err != nil {
+		return err
+	}
+	if registered == nil {
+		return nil
+	}
+	select {
+	case <-registered:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

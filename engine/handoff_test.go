@@ -380,8 +380,9 @@ func TestHandOverMovesManyBatchesPerLoopTask(t *testing.T) {
 }
 
 // startSuccessor starts a successor of a as cmd/pgsse does: serving on a's --listen (addr)
-// and hub socket, inherited, accepting once accept is closed (the predecessor stopped).
-func startSuccessor(t *testing.T, a *testServer, addr string, accept chan struct{}) *testServer {
+// and hub socket, inherited, accepting once accept is closed (the predecessor stopped);
+// tweaks apply a's other settings (cmd/pgsse's successor has the same flags).
+func startSuccessor(t *testing.T, a *testServer, addr string, accept chan struct{}, tweaks ...func(*Config)) *testServer {
 	t.Helper()
 	sseFD, hubFD, err := a.ListenerFDs()
 	require.NoError(t, err)
@@ -396,5 +397,8 @@ func startSuccessor(t *testing.T, a *testServer, addr string, accept chan struct
 		c.Listen = addr
 		c.HubSocket = a.cfg.HubSocket
 		c.Inherited = &Inheritance{SSE: inherit(sseFD), Hub: inherit(hubFD), Accept: accept}
+		for _, tw := range tweaks {
+			tw(c)
+		}
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/pgsse/pgsse/auth"
+	"github.com/pgsse/pgsse/framing"
 	"github.com/pgsse/pgsse/sse"
 	"github.com/pgsse/pgsse/store"
 )
@@ -50,6 +51,10 @@ type presenceTable struct {
 
 	listenUp bool
 	counts   []store.PresenceCount // scratch for a hand-off
+
+	// adopting: this process is a successor taking connections over (Config.Inherited) and
+	// has not let its writer register yet (takenOver).
+	adopting bool
 }
 
 // presenceMember is what a connection on presence streams counts for.
@@ -92,7 +97,8 @@ const presenceFreshPerRound = 8
 
 func newPresenceTable(env *loopEnv, conns *connTable, tr transport, ans *httpAnswers) presenceTable {
 	return presenceTable{loopEnv: env, conns: conns, tr: tr, ans: ans,
-		streams: make(map[string]*presenceStream), members: make(map[*sseConn]*presenceMember)}
+		streams: make(map[string]*presenceStream), members: make(map[*sseConn]*presenceMember),
+		adopting: env.cfg.Inherited != nil}
 }
 
 // enabled reports whether presence is kept for any stream.
@@ -139,15 +145,70 @@ func (p *presenceTable) opened(sc *sseConn, req *subRequest) {
 	}
 }
 
-// closed gives back what a closing connection counted (connTable.remove).
+// adopted counts a connection a predecessor handed over (adoptConn; h its record) as opened
+// counts an admitted one: on each presence stream it follows, under the subject it counted
+// under there, a watcher again if it was one (its next event is a full one: what it was told
+// there is not known here). While this process takes over (adopting: it has not registered
+// its presence yet, presencewriter.go), the predecessor's entries still count the connection,
+// and with them the views: its anonymous count is one the views include already.
+func (p *presenceTable) adopted(sc *sseConn, h *framing.HandoffConn) {
+	if !p.enabled() {
+		return
+	}
+	var m *presenceMember
+	for i := range h.Subs {
+		sub := &h.Subs[i]
+		if sub.Kind != framing.HandoffStream || !p.isPresenceStream([]byte(sub.Name)) {
+			continue
+		}
+		if m == nil {
+			m = &presenceMember{sub: h.PresenceSub, watch: h.PresenceWatch}
+		}
+		st := p.stream(sub.Name)
+		m.streams = append(m.streams, st)
+		p.count(st, m.sub, +1)
+		if m.sub == "" && p.adopting {
+			st.prevWritten++
+			st.pendWritten++
+		}
+		if m.watch {
+			p.watch(st, sc)
+		}
+	}
+	if m != nil {
+		p.members[sc] = m
+	}
+}
+
+// member is what sc counts for in presence, for its handoff record: its subject ("" =
+// anonymous, or not counted) and whether it watches.
+func (p *presenceTable) member(sc *sseConn) (sub string, watch bool) {
+	if m := p.members[sc]; m != nil {
+		return m.sub, m.watch
+	}
+	return "", false
+}
+
+// closed gives back what a closing connection counted (connTable.remove). A connection
+// handed to a successor keeps its count here: this process's entries go on counting it until
+// the successor registers with the same process key, which replaces them — with the moved
+// connections' counts, in one statement (no moment absent, no double count) — or, if the
+// successor dies before, until they lapse (presencewriter.go: the writer does not retire
+// them).
 func (p *presenceTable) closed(sc *sseConn) {
 	m := p.members[sc]
 	if m == nil {
 		return
 	}
 	delete(p.members, sc)
+	handed := sc.state == stateHandedOver
+	if handed && p.w != nil {
+		p.w.handedOver.Store(true)
+	}
 	for _, st := range m.streams {
-		p.count(st, m.sub, -1)
+		if !handed {
+			p.count(st, m.sub, -1)
+		}
 		if m.watch {
 			delete(st.watchers, sc)
 			delete(st.fresh, sc)
@@ -511,8 +572,22 @@ func (p *presenceTable) list(stream string, cors sse.CORS, done func(answer []by
 // writing reports whether presence has a writer (Run made one).
 func (p *presenceTable) writing() bool { return p.w != nil }
 
+// takenOver (on the loop): a successor has adopted what its predecessor handed over (or
+// stopped waiting for it); its writer may register now, replacing the predecessor's entries
+// with this process's counts. It reports the writer's first-write signal (closed once that
+// write has an outcome), nil without a writer.
+func (p *presenceTable) takenOver() <-chan struct{} {
+	p.adopting = false
+	if p.w == nil {
+		return nil
+	}
+	p.w.release()
+	return p.w.registered
+}
+
 // runWriter runs the writer on the calling goroutine until ctx ends; on the way out it
-// removes this process's entries (its subjects leave at once).
+// removes this process's entries (its subjects leave at once) — unless it handed connections
+// to a successor, whose registration replaces them.
 func (p *presenceTable) runWriter(ctx context.Context) { p.w.run(ctx, true) }
 
 // newWriter makes the writer (Run, before the loop starts) under this process's key: the
@@ -530,6 +605,9 @@ func (p *presenceTable) newWriter(bound net.Addr) error {
 	w, err := newPresenceWriter(p.cfg.DatabaseURL, key, p.cfg.PresenceInterval, p.log, p.tasks, p.takeChanges, p.flushed)
 	if err != nil {
 		return err
+	}
+	if p.adopting {
+		w.holdUntilTakenOver(p.tasks, func() { p.takenOver() })
 	}
 	p.w = w
 	return nil

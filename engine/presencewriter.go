@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,7 +34,26 @@ type presenceWriter struct {
 	stopped  bool                                   // superseded: no more writes
 	failing  bool                                   // the last write failed (logged once per run of failures)
 	done     chan struct{}
+
+	// A successor (handoff.go) registers only once it has taken its predecessor's
+	// connections over (presenceTable.takenOver): registering replaces the predecessor's
+	// entries — same process key — so it must carry the moved connections' counts. Until
+	// hold is closed the writer answers reads and writes nothing; registered is closed once
+	// the first write has an outcome. fallback (a loop task) lets go by itself after
+	// presenceTakeOverMax.
+	hold       chan struct{} // nil: register at once
+	holdOnce   sync.Once
+	fallback   func()
+	registered chan struct{}
+	// handedOver: this process handed presence-counted connections to a successor; its
+	// entries are the successor's to replace, so it does not retire them on the way out, and
+	// being superseded is the handoff working, not an error.
+	handedOver atomic.Bool
 }
+
+// presenceTakeOverMax is how long a successor's writer waits to be told the handoff is over
+// before it registers anyway (the handoff's own timeouts are 30 s each for ready and move).
+const presenceTakeOverMax = 2 * time.Minute
 
 // presenceRead is one read the writer answers on the loop.
 type presenceRead struct {
@@ -72,7 +93,45 @@ func newPresenceWriter(dsn, key string, interval time.Duration, log *slog.Logger
 		return nil, err
 	}
 	return &presenceWriter{log: log, tasks: tasks, cfg: cfg, interval: interval, p: p,
-		reads: make(chan presenceRead, presenceReadsQueued), take: take, flushed: flushed, done: make(chan struct{})}, nil
+		reads: make(chan presenceRead, presenceReadsQueued), take: take, flushed: flushed, done: make(chan struct{}),
+		registered: make(chan struct{})}, nil
+}
+
+// holdUntilTakenOver makes the writer wait for release before its first write (a successor;
+// before run). fallback runs as a loop task if nobody releases it within presenceTakeOverMax.
+func (w *presenceWriter) holdUntilTakenOver(tasks *taskQueue, fallback func()) {
+	w.hold = make(chan struct{})
+	w.fallback = func() { tasks.push(fallback) }
+}
+
+// release lets a holding writer register (idempotent; any goroutine).
+func (w *presenceWriter) release() {
+	if w.hold != nil {
+		w.holdOnce.Do(func() { close(w.hold) })
+	}
+}
+
+// awaitTakeOver answers reads until the writer is released (true) or ctx ends (false).
+func (w *presenceWriter) awaitTakeOver(ctx context.Context) bool {
+	if w.hold == nil {
+		return true
+	}
+	t := time.NewTimer(presenceTakeOverMax)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.hold:
+			return true
+		case <-t.C:
+			w.log.Warn("presence: the handoff did not end within " + presenceTakeOverMax.String() + "; registering this process's presence anyway")
+			w.fallback()
+			return true
+		case r := <-w.reads:
+			w.answer(ctx, r)
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // read queues a read; done runs on the loop. False when the queue is full.
@@ -90,9 +149,14 @@ func (w *presenceWriter) read(stream string, limit int, done func(store.Presence
 func (w *presenceWriter) run(ctx context.Context, retire bool) {
 	defer close(w.done)
 	defer w.close()
+	if !w.awaitTakeOver(ctx) {
+		close(w.registered)
+		return // a successor that never took over: nothing registered, nothing to retire
+	}
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
 	w.flush(ctx) // register at once: a restarted process clears what it held before
+	close(w.registered)
 	for {
 		select {
 		case <-ctx.Done():
@@ -114,6 +178,10 @@ func (w *presenceWriter) run(ctx context.Context, retire bool) {
 // stayed present until its lease lapsed. It is abandoned past the deadline: the lease lapses.
 func (w *presenceWriter) retire() {
 	if w.stopped {
+		return
+	}
+	if w.handedOver.Load() {
+		w.log.Info("presence: leaving this process's entries to its successor, which replaces them as it registers", "entries", w.p.Held())
 		return
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), presenceTimeout(w.interval, w.p.Held()))
@@ -156,6 +224,9 @@ func (w *presenceWriter) flush(ctx context.Context) {
 		w.pending = changes
 	}
 	switch {
+	case errors.Is(err, store.ErrPresenceSuperseded) && w.handedOver.Load():
+		w.stopped = true
+		w.log.Info("presence: the successor registered and took this process's entries over", "key", w.p.Key())
 	case errors.Is(err, store.ErrPresenceSuperseded):
 		w.stopped = true
 		w.log.Error("presence: another pgsse process registered with this process's key (same host, --listen and process index); this one stops writing presence", "key", w.p.Key())

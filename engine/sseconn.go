@@ -513,16 +513,18 @@ func (t *connTable) answerPublish(sc *sseConn, b []byte, keepAlive, bodyUnread b
 
 // handOver gives a streaming connection to a successor (handoff.go): streaming →
 // handed-over. It appends the connection's record to dst — its subscriptions with their
-// cursors and states, token tags, subject, expiry and the bytes its socket has not taken yet
-// (the unsent remainder of a partly written event first) — and returns a duplicate of its
-// descriptor for the successor; the loop's own descriptor is closed (gnet: OnClose removes
-// the connection from the tables, the socket lives on in the duplicate). ok is false for a
+// cursors and states, token tags, subject, presence subject and watcher flag, expiry and the
+// bytes its socket has not taken yet (the unsent remainder of a partly written event first)
+// — and returns a duplicate of its descriptor for the successor; the loop's own descriptor
+// is closed (gnet: OnClose removes the connection from the tables, the socket lives on in
+// the duplicate). ok is false for a
 // connection that cannot be handed over now (not streaming, or bytes in gnet's own buffer).
 func (t *connTable) handOver(sc *sseConn, dst []byte) (rec []byte, fd int, ok bool) {
 	if !sc.streaming() || sc.c.OutboundBuffered() > 0 {
 		return dst, -1, false
 	}
 	h := framing.HandoffConn{Composite: sc.composite(), ExpiresMS: sc.expiresMS(), Subject: t.adm.subjectOf(sc), Tags: sc.tags()}
+	h.PresenceSub, h.PresenceWatch = t.pres.member(sc)
 	var subs [8]framing.HandoffSub
 	if h.Subs, ok = t.subs.record(sc, subs[:0]); !ok {
 		return dst, -1, false
@@ -553,6 +555,7 @@ func adoptConn(t *connTable, sc *sseConn, h *framing.HandoffConn) {
 		t.write(sc, h.Tail)
 	}
 	t.subs.adopt(sc, h)
+	t.pres.adopted(sc, h)
 }
 
 // nextRequest starts reading a keep-alive connection's next request: idle → head.

@@ -15,9 +15,12 @@ import (
 //
 // an SSE connection (kind 1):
 //
-//	u8  flags          bit 0: composite ids (GET /streams)
+//	u8  flags          bit 0: composite ids (GET /streams); bit 1: a presence watcher
+//	                   (presence=1: it gets its presence streams' pgsse:presence events)
 //	i64 expires        the token's exp, unix ms (0 = none)
 //	u16 len, subject   its key in the per-subject count ("" = none)
+//	u16 len, presence  the subject it counts under on presence streams (its sub claim;
+//	                   "" = anonymous), for the successor to count it the same way
 //	u16 n, n × (u16 len, tag)
 //	u8  n (1–255), n × subscription:
 //	    u8 kind (1 stream, 2 channel), u8 state (HandoffLive…), u8 flags (bit 0: cursor
@@ -47,8 +50,10 @@ import (
 // HandoffVersion is the record version this binary writes and reads. A record from any other
 // version is refused with ErrHandoffVersion: a successor that does not speak the same
 // version takes nothing over (the predecessor keeps serving). Version 2 added the channels
-// record and the handoff positions of channels.
-const HandoffVersion = 2
+// record and the handoff positions of channels; version 3 an SSE connection's presence
+// subject and watcher flag (a successor counts a moved connection in presence as its
+// predecessor did).
+const HandoffVersion = 3
 
 // Record kinds.
 const (
@@ -101,9 +106,14 @@ type HandoffConn struct {
 	Composite bool
 	ExpiresMS int64
 	Subject   string
-	Tags      []string
-	Subs      []HandoffSub
-	Tail      []byte
+	// PresenceSub is the subject the connection counts under on presence streams ("" =
+	// anonymous: no sub claim, or none of its streams keeps presence); PresenceWatch: it
+	// asked for presence events (presence=1).
+	PresenceSub   string
+	PresenceWatch bool
+	Tags          []string
+	Subs          []HandoffSub
+	Tail          []byte
 }
 
 // HandoffChannel is one channel a hub worker holds.
@@ -153,9 +163,13 @@ func AppendHandoffConn(dst []byte, c *HandoffConn) []byte {
 	if c.Composite {
 		flags |= 1
 	}
+	if c.PresenceWatch {
+		flags |= 2
+	}
 	dst = append(dst, flags)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(c.ExpiresMS))
 	dst = appendStr16(dst, c.Subject)
+	dst = appendStr16(dst, c.PresenceSub)
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(c.Tags)))
 	for _, t := range c.Tags {
 		dst = appendStr16(dst, t)
@@ -291,12 +305,14 @@ func DecodeHandoff(src []byte) (HandoffRecord, error) {
 
 func decodeConn(r *recReader, c *HandoffConn) {
 	flags := r.u8()
-	if flags&^1 != 0 {
+	if flags&^3 != 0 {
 		r.bad = true
 	}
 	c.Composite = flags&1 != 0
+	c.PresenceWatch = flags&2 != 0
 	c.ExpiresMS = r.i64()
 	c.Subject = r.str16(HandoffMaxName)
+	c.PresenceSub = r.str16(HandoffMaxName)
 	nt := r.u16()
 	if nt > HandoffMaxTags || nt*2 > len(r.b) {
 		r.bad = true

@@ -11,6 +11,7 @@ import (
 func TestHandoffConnRoundTrip(t *testing.T) {
 	c := HandoffConn{
 		Composite: true, ExpiresMS: 1_800_000_000_000, Subject: "user-7",
+		PresenceSub: "user:7", PresenceWatch: true,
 		Tags: []string{"a", "team-9"},
 		Subs: []HandoffSub{
 			{Kind: HandoffStream, State: HandoffLive, Checked: true, Cursor: 42, Name: "orders"},
@@ -44,13 +45,16 @@ func TestHandoffRefusesFutureVersionAndJunk(t *testing.T) {
 	future := append([]byte{HandoffVersion + 1}, b[1:]...)
 	_, err := DecodeHandoff(future)
 	require.ErrorIs(t, err, ErrHandoffVersion)
-	assert.Contains(t, err.Error(), "version 3, this binary speaks 2")
+	assert.Contains(t, err.Error(), "version 4, this binary speaks 3")
 
-	// A version-1 record (what the binary before the channels record wrote) is refused too:
-	// its predecessor or successor restarts instead of handing over (docs/operations.md).
-	_, err = DecodeHandoff(append([]byte{1}, b[1:]...))
-	require.ErrorIs(t, err, ErrHandoffVersion)
-	assert.Contains(t, err.Error(), "version 1, this binary speaks 2")
+	// Records of earlier versions (1: before the channels record, 2: before the presence
+	// fields) are refused too: the predecessor keeps serving, and the upgrade is a restart
+	// (docs/operations.md).
+	for _, v := range []byte{1, 2} {
+		_, err = DecodeHandoff(append([]byte{v}, b[1:]...))
+		require.ErrorIs(t, err, ErrHandoffVersion)
+		assert.Contains(t, err.Error(), "version "+string('0'+rune(v))+", this binary speaks 3")
+	}
 	l := AppendHandoffChannels(nil, &HandoffChannelList{Mark: "m", Names: []string{"a"}})
 	_, err = DecodeHandoff(append([]byte{HandoffVersion + 1}, l[1:]...))
 	require.ErrorIs(t, err, ErrHandoffVersion, "a channels record of a future version")
@@ -61,6 +65,7 @@ func TestHandoffRefusesFutureVersionAndJunk(t *testing.T) {
 		"trailing":           append(append([]byte(nil), b...), 0),
 		"kind":               append([]byte{HandoffVersion, 9}, b[2:]...),
 		"no subs":            AppendHandoffConn(nil, &HandoffConn{}),
+		"conn flags":         func() []byte { x := append([]byte(nil), b...); x[2] |= 4; return x }(),
 		"channels truncated": l[:len(l)-1],
 		"channels trailing":  append(append([]byte(nil), l...), 0),
 		"empty channel":      AppendHandoffChannels(nil, &HandoffChannelList{Names: []string{""}}),

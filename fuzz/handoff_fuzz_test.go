@@ -13,7 +13,7 @@ import (
 // encoding is canonical), so a successor reads back precisely what the predecessor wrote.
 func FuzzHandoffRecord(f *testing.F) {
 	f.Add(framing.AppendHandoffConn(nil, &framing.HandoffConn{
-		Composite: true, ExpiresMS: 1_800_000_000_000, Subject: "u", Tags: []string{"t"},
+		Composite: true, ExpiresMS: 1_800_000_000_000, Subject: "u", PresenceSub: "user:7", PresenceWatch: true, Tags: []string{"t"},
 		Subs: []framing.HandoffSub{
 			{Kind: framing.HandoffStream, State: framing.HandoffLive, Checked: true, Cursor: 9, Name: "orders"},
 			{Kind: framing.HandoffChannel, State: framing.HandoffLive, Cursor: 3, Name: "jobs"},

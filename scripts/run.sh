@@ -64,12 +64,14 @@ done
 dir=$(mktemp -d /tmp/pgsse-run.XXXXXX)
 pgdir=""
 wrote_env=""
+notify_pid=""
 cleanup() {
 	if [ -n "${serve_pid:-}" ]; then
 		kill "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null || true
 		# a followed successor is not our child: wait for it by polling (at most 30 s)
 		for _ in $(seq 300); do kill -0 "$serve_pid" 2>/dev/null || break; sleep 0.1; done
 	fi
+	if [ -n "$notify_pid" ]; then kill "$notify_pid" 2>/dev/null && wait "$notify_pid" 2>/dev/null || true; fi
 	if [ -n "$pgdir" ]; then scripts/pg.sh stop "$pgdir"; fi
 	if [ -n "$wrote_env" ]; then rm -f "$envfile"; fi
 	rm -rf "$dir"
@@ -111,9 +113,44 @@ hub=$PWD/bin/hub.sock
 "$bin" migrate
 token=$("$bin" token --stream "$stream" --stream "$stream/*" --channel jobs --ttl 24h)
 
+# A NOTIFY_SOCKET of our own, as systemd gives a Type=notify service (sd_notify(3)): on a
+# SIGUSR2 handoff the predecessor says its successor's pid there (MAINPID=) before it exits,
+# and we follow that pid. A unix datagram socket, read by python3 (which this script needs
+# already, above): bash, coreutils and curl cannot read one, and socat is not something a fresh
+# machine has. The reader writes each MAINPID it is told to $mainpids, one a line, and
+# exits with us (it checks that its parent is alive every second).
+notify_sock=$dir/notify.sock
+mainpids=$dir/mainpids
+: >"$mainpids"
+python3 - "$notify_sock" "$mainpids" 9>&- <<'PY' &
+import os, signal, socket, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN) # Ctrl-C is for the script, which stops us
+path, out = sys.argv[1], sys.argv[2]
+parent = os.getppid()
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(path)
+s.settimeout(1.0)
+with open(out, "a", buffering=1) as f:
+    while os.getppid() == parent:
+        try:
+            msg = s.recv(4096).decode("utf-8", "replace")
+        except socket.timeout:
+            continue
+        for line in msg.split("\n"):
+            if line.startswith("MAINPID=") and line[8:].isdigit():
+                f.write(line[8:] + "\n")
+PY
+notify_pid=$!
+for i in $(seq 1 50); do
+	[ -S "$notify_sock" ] && break
+	kill -0 "$notify_pid" 2>/dev/null || die "could not make a NOTIFY_SOCKET for pgsse (python3 in $notify_sock)"
+	[ "$i" -lt 50 ] || die "no NOTIFY_SOCKET for pgsse after 5 s ($notify_sock)"
+	sleep 0.1
+done
+
 # Presence is kept for the streams under $stream/ (docs/http.md, Presence), so that it can be
 # tried without restarting; the tour's own stream is not one of them.
-"$bin" serve --listen "$listen" --admin-listen "$admin" --hub-socket "$hub" --demo --presence-streams "$stream/*" --log-level info 9>&- &
+NOTIFY_SOCKET=$notify_sock "$bin" serve --listen "$listen" --admin-listen "$admin" --hub-socket "$hub" --demo --presence-streams "$stream/*" --log-level info 9>&- &
 serve_pid=$!
 
 # Ready when our process answers /readyz. Checking that it is still alive after the answer
@@ -212,11 +249,19 @@ EOF
 # supervisor that kills only `make`), stop too rather than leak the cluster.
 parent=$PPID
 # A SIGUSR2 handoff (docs/operations.md, Upgrading without disconnects) ends pgsse serve with
-# status 0 once its successor serves on the same sockets: follow the successor (found by the
-# listening port it inherited) instead of ending the run and stopping its PostgreSQL under it.
+# status 0 once its successor serves on the same sockets: follow the successor — the pid the
+# predecessor announced on our NOTIFY_SOCKET (MAINPID=) before it exited — instead of ending
+# the run and stopping its PostgreSQL under it.
 successor_of() {
-	command -v ss >/dev/null || return 0
-	ss -Hltnp "sport = :$port" 2>/dev/null | grep -o '"pgsse",pid=[0-9]*' | grep -o '[0-9]*$' | grep -vx "$1" | head -1 || true
+	local pid
+	for _ in $(seq 20); do # the announcement precedes the exit; give its reader a moment
+		pid=$(tail -n 1 "$mainpids" 2>/dev/null || true)
+		if [ -n "$pid" ] && [ "$pid" != "$1" ] && kill -0 "$pid" 2>/dev/null; then
+			echo "$pid"
+			return
+		fi
+		sleep 0.1
+	done
 }
 followed=""
 while :; do

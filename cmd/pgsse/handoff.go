@@ -45,7 +45,9 @@ import (
 //	predecessor → successor   'B' u16 n, n × (u32 len, record)   n connections (≤ 64), their
 //	                                                  descriptors by SCM_RIGHTS on the same message
 //	predecessor → successor   'D'                     that was all
-//	successor → predecessor   'K' u32 n               n connections adopted: it serves
+//	successor → predecessor   'K' u32 n               n connections adopted: it serves (its
+//	                                                  presence registered first, replacing the
+//	                                                  predecessor's entries: engine's TakeOverPresence)
 //
 // The records are framing's handoff records (framing/handoff.go, fuzzed). If the successor
 // cannot start, exits, speaks another version or is not ready within handoffReadyTimeout,
@@ -576,25 +578,8 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 	}
 	accepting, ready := false, false
 	adopted := 0
-	type batch struct {
-		res <-chan error
-		n   int
-	}
-	var registering []batch // batches on their way to the loop, oldest first
-	inFlight := 0           // their connections
-	settleOne := func() {
-		b := registering[0]
-		registering = registering[1:]
-		inFlight -= b.n
-		if err := <-b.res; err != nil {
-			log.Error("handoff: connections that could not be taken over were closed", "err", err)
-		}
-	}
-	settle := func() {
-		for len(registering) > 0 {
-			settleOne()
-		}
-	}
+	win := adoptWindow{max: handoffAdopting, log: log}
+	settle := win.settle
 	for {
 		typ, body, fds, err := readFrame(su.ctrl)
 		if err != nil {
@@ -605,6 +590,7 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 			}
 			log.Error("handoff: the predecessor went away while handing over; serving what arrived", "adopted", adopted, "err", err)
 			settle()
+			su.takeOverPresence(srv, log)
 			return
 		}
 		switch typ {
@@ -639,21 +625,78 @@ func (su *successor) takeOver(srv *engine.Server, log *slog.Logger, giveUp func(
 			}
 			// The next batch is read while the loop takes this one (engine.AdoptAsync), as
 			// long as at most handoffAdopting connections are on their way.
-			for len(registering) > 0 && inFlight+len(fds) > handoffAdopting {
-				settleOne()
-			}
-			registering = append(registering, batch{srv.AdoptAsync(fds, recs), len(fds)})
-			inFlight += len(fds)
+			win.add(len(fds), func() <-chan error { return srv.AdoptAsync(fds, recs) })
 			adopted += len(fds)
 		case 'D':
 			settle()
-			srv.ReleaseHeldChannels() // the adopted connections hold their channels themselves
+			srv.ReleaseHeldChannels()     // the adopted connections hold their channels themselves
+			su.takeOverPresence(srv, log) // before 'K': the predecessor then exits
 			_ = writeFrame(su.ctrl, 'K', bin.BigEndian.AppendUint32(nil, uint32(adopted)), nil)
 			log.Info("handoff complete: serving everything the predecessor served", "pid", os.Getpid(), "adopted", adopted)
 			return
 		default:
 			closeFDs(fds)
 		}
+	}
+}
+
+// adoptWindow bounds the connections a successor has received but its loop has not taken
+// yet (handoffAdopting: each holds two descriptors meanwhile).
+type adoptWindow struct {
+	max      int
+	log      *slog.Logger
+	batches  []adoptBatch // on their way to the loop, oldest first
+	inFlight int          // their connections
+}
+
+type adoptBatch struct {
+	res <-chan error // engine.AdoptAsync's
+	n   int
+}
+
+// add starts a batch of n connections on its way to the loop (adopt: engine.AdoptAsync),
+// first waiting for the oldest ones to be on it while n more would make over max on their
+// way (a batch is never refused: one over max alone goes when nothing else is on its way).
+func (w *adoptWindow) add(n int, adopt func() <-chan error) {
+	for len(w.batches) > 0 && w.inFlight+n > w.max {
+		w.settleOne()
+	}
+	w.batches = append(w.batches, adoptBatch{adopt(), n})
+	w.inFlight += n
+}
+
+// settleOne waits for the oldest batch to be on the loop.
+func (w *adoptWindow) settleOne() {
+	b := w.batches[0]
+	w.batches = w.batches[1:]
+	w.inFlight -= b.n
+	if err := <-b.res; err != nil {
+		w.log.Error("handoff: connections that could not be taken over were closed", "err", err)
+	}
+}
+
+// settle waits for every batch to be on the loop.
+func (w *adoptWindow) settle() {
+	for len(w.batches) > 0 {
+		w.settleOne()
+	}
+}
+
+// handoffPresenceWait bounds how long a successor waits for its presence registration
+// (engine.Server.TakeOverPresence) before it tells the predecessor it serves ('K'): the
+// predecessor, which does not retire its entries, renews them until it exits, and they lapse
+// two intervals later — a registration that carries a large state takes seconds (100,000
+// counts: 11 s on the 2-core VM under load, bench scenario 13). Within the predecessor's 30 s
+// wait for 'K' (handoffMoveTimeout).
+const handoffPresenceWait = 20 * time.Second
+
+// takeOverPresence lets the engine register this process's presence, which replaces the
+// predecessor's entries with the adopted connections' counts, and waits for it (bounded).
+func (su *successor) takeOverPresence(srv *engine.Server, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), handoffPresenceWait)
+	defer cancel()
+	if err := srv.TakeOverPresence(ctx); err != nil {
+		log.Warn("handoff: presence is not registered yet; the moved connections' presence follows with its first write", "err", err)
 	}
 }
 

@@ -581,8 +581,8 @@ func TestHandoffFailedSuccessorKeepsServing(t *testing.T) {
 		name, script, log string
 	}{
 		{"exits at once", "exit 3", "the successor exited before it was ready (exit status 3)"},
-		{"another version", `printf '\000\000\000\002H\003' >&3; sleep 5`, "the successor speaks handoff version 3, this binary 2"},
-		{"the previous version", `printf '\000\000\000\002H\001' >&3; sleep 5`, "the successor speaks handoff version 1, this binary 2"},
+		{"another version", `printf '\000\000\000\002H\004' >&3; sleep 5`, "the successor speaks handoff version 4, this binary 3"},
+		{"the previous version", `printf '\000\000\000\002H\002' >&3; sleep 5`, "the successor speaks handoff version 2, this binary 3"},
 		{"hangs", "exec sleep 60", "the successor was not ready within 3s"},
 	}
 	for _, c := range cases {

@@ -15,6 +15,7 @@
 //	go run ./bench/cmd/load --scenarios 14        # idle RSS per connection: pgsse (1 and 8 streams) against the floor, bench/gnetrelay
 //	go run ./bench/cmd/load --scenarios 15        # 100,000 connections to --procs 7, and 15,000 to one process
 //	go run ./bench/cmd/load --scenarios 16        # 10,000 subscribers: 2 and 64 closed-loop publishers over HTTP against the same over SQL
+//	go run ./bench/cmd/load --scenarios 17        # deploy: 15,000 subscribers, SIGTERM + restart against SIGUSR2 (--deploy-procs 2: 30,000)
 //	go run ./bench/cmd/load --scenarios 12,13     # presence: 10,000 joining and leaving one stream (on and off); 100 streams × 1,000 subjects held
 //
 // PostgreSQL: --database-url (a superuser DSN; default $PGSSE_TEST_DATABASE_URL), else a
@@ -56,7 +57,8 @@ func main() {
 		profileDir = flag.String("profile-dir", "", "write CPU profiles of the servers under 3, 4, 6, 12 and 16 here")
 		out        = flag.String("out", "", "also write the table to this file")
 		hold       = flag.String("hold", "", "internal (scenario 10): hold --hold-conns idle subscribers of this address until stdin closes")
-		holdConns  = flag.Int("hold-conns", bench.HolderConns, "internal (scenario 10): connections for --hold")
+		holdConns  = flag.Int("hold-conns", bench.HolderConns, "internal (scenarios 10, 15, 17): connections for --hold and --deploy-client")
+		deployCl   = flag.String("deploy-client", "", "internal (scenario 17): hold --hold-conns reconnecting subscribers of this address (bench.DeployClientMain)")
 		durable    = flag.Bool("pg-durable", false, "turn fsync, synchronous_commit and full_page_writes on in the throwaway cluster (PostgreSQL's defaults; scripts/pg.sh turns them off)")
 	)
 	p := bench.Full()
@@ -102,8 +104,24 @@ func main() {
 	flag.DurationVar(&p.Presence.Hold, "presence-hold", p.Presence.Hold, "13: how long they are held")
 	flag.IntVar(&p.PubFanout.Conns, "pubfanout-conns", p.PubFanout.Conns, "16: subscribers of the published stream (at most 15000)")
 	flag.DurationVar(&p.PubFanout.Duration, "pubfanout-duration", p.PubFanout.Duration, "16: each phase publishes this long")
-	flag.DurationVar(&p.PubFanout.Drain, "pubfanout-drain", p.PubFanout.Drain, "16: then waits at most this long for every subscriber to have every event")
+	flag.DurationVar(&p.PubFanout.Drain, "pubfanout-drain", p.PubFanout.Drain, "16: then waits at most this long for every subscriber to have every event (--scale small: on while they still receive events, up to 90 s)")
+	flag.IntVar(&p.Deploy.Conns, "deploy-conns", p.Deploy.Conns, "17: durable subscribers (default 15,000 per pgsse process: 30,000 with --deploy-procs 2)")
+	flag.IntVar(&p.Deploy.Procs, "deploy-procs", p.Deploy.Procs, "17: pgsse --procs")
+	flag.Float64Var(&p.Deploy.Rate, "deploy-rate", p.Deploy.Rate, "17: events per second")
+	flag.DurationVar(&p.Deploy.Window, "deploy-window", p.Deploy.Window, "17: the steady window before the deploys")
+	flag.DurationVar(&p.Deploy.Settle, "deploy-settle", p.Deploy.Settle, "17: after every subscriber caught up, before the next step")
 	flag.Parse()
+	if *deployCl != "" {
+		raiseFDLimit()
+		addr, err := netip.ParseAddrPort(*deployCl)
+		if err != nil {
+			log.Fatalf("load: --deploy-client: %v", err)
+		}
+		if err := bench.DeployClientMain(addr, "/streams/deploy", *holdConns, p.Sources); err != nil {
+			log.Fatalf("load: --deploy-client: %v", err)
+		}
+		return
+	}
 	if *hold != "" {
 		raiseFDLimit()
 		addr, err := netip.ParseAddrPort(*hold)
@@ -157,6 +175,11 @@ func main() {
 			"pubfanout-conns":        func(q *bench.Params) any { return &q.PubFanout.Conns },
 			"pubfanout-duration":     func(q *bench.Params) any { return &q.PubFanout.Duration },
 			"pubfanout-drain":        func(q *bench.Params) any { return &q.PubFanout.Drain },
+			"deploy-conns":           func(q *bench.Params) any { return &q.Deploy.Conns },
+			"deploy-procs":           func(q *bench.Params) any { return &q.Deploy.Procs },
+			"deploy-rate":            func(q *bench.Params) any { return &q.Deploy.Rate },
+			"deploy-window":          func(q *bench.Params) any { return &q.Deploy.Window },
+			"deploy-settle":          func(q *bench.Params) any { return &q.Deploy.Settle },
 		} {
 			if set[name] {
 				copyField(field(&p), field(&explicit))
@@ -164,6 +187,11 @@ func main() {
 		}
 	default:
 		log.Fatalf("load: --scale must be full or small, not %q", *scale)
+	}
+	deploySet := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { deploySet[f.Name] = true })
+	if deploySet["deploy-procs"] && !deploySet["deploy-conns"] {
+		p.Deploy.Conns *= max(p.Deploy.Procs, 1) // 15,000 per process (issue 22: 30,000 with --procs 2)
 	}
 	if p.Conns < 1 || p.Conns > 15000 {
 		log.Fatalf("load: --conns must be 1-15000 (the 20,000-fd limit per process), not %d", p.Conns)
@@ -174,8 +202,8 @@ func main() {
 	var ids []int
 	for _, s := range strings.Split(*scenarios, ",") {
 		id, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || id < 1 || id > 16 {
-			log.Fatalf("load: --scenarios: %q is not one of 1-16", s)
+		if err != nil || id < 1 || id > 17 {
+			log.Fatalf("load: --scenarios: %q is not one of 1-17", s)
 		}
 		ids = append(ids, id)
 	}
@@ -196,6 +224,7 @@ func main() {
 	var cluster *bench.Cluster
 	var built []string
 	cleanup := func() {
+		bench.KillOrphans() // successors of scenario 17's handoff: nothing else kills them
 		cluster.Stop()
 		for _, b := range built {
 			os.Remove(b) // the logs stay in dir
@@ -269,7 +298,7 @@ func main() {
 	if p.MultiConns < 1 || p.MultiConns > 15000 {
 		log.Fatalf("load: --multi-conns must be 1-15000 (the 20,000-fd limit per process), not %d", p.MultiConns)
 	}
-	var results, procsResults, multiResults, floorResults, scaleResults []*bench.Result
+	var results, procsResults, multiResults, floorResults, scaleResults, deployResults []*bench.Result
 	failed := false
 	for _, id := range ids {
 		if id == 10 {
@@ -315,6 +344,24 @@ func main() {
 			}
 			if err != nil {
 				log.Printf("load: scenario %d: %v", id, err)
+				failed = true
+			}
+			continue
+		}
+		if id == 17 {
+			log.Printf("load: scenario 17 (deploy: %d subscribers, --procs %d, SIGTERM + restart, then SIGUSR2)", p.Deploy.Conns, p.Deploy.Procs)
+			rs, err := bench.Deploy(ctx, env, bench.Target{Name: "pgsse", Bin: *pgsseBin}, p.Deploy, p, deployClientCommand(ctx))
+			for _, r := range rs {
+				for _, m := range r.Metrics {
+					log.Printf("  %-22s %-66s %12s %s", r.Target, m.Name, bench.FormatValue(m.Value), m.Unit)
+				}
+				for _, n := range r.Notes {
+					log.Printf("  %-22s note: %s", r.Target, n)
+				}
+			}
+			deployResults = append(deployResults, rs...)
+			if err != nil {
+				log.Printf("load: scenario 17: %v", err)
 				failed = true
 			}
 			continue
@@ -414,7 +461,7 @@ func main() {
 		}
 		bench.WriteTable(&b, []string{bench.MultiLabel(p.MultiStreams), bench.SingleLabel}, multiResults)
 	}
-	for _, rs := range [][]*bench.Result{floorResults, scaleResults} {
+	for _, rs := range [][]*bench.Result{floorResults, scaleResults, deployResults} {
 		if len(rs) == 0 {
 			continue
 		}
@@ -457,6 +504,18 @@ func holderCommand(ctx context.Context) bench.HolderCommand {
 	}
 	return func(addr netip.AddrPort, n, sources int) *exec.Cmd {
 		return exec.CommandContext(ctx, exe, "--hold", addr.String(), "--hold-conns", strconv.Itoa(n), "--sources", strconv.Itoa(sources))
+	}
+}
+
+// deployClientCommand makes scenario 17's client processes: this program again, with
+// --deploy-client.
+func deployClientCommand(ctx context.Context) bench.HolderCommand {
+	exe, err := os.Executable()
+	if err != nil {
+		log.Fatal(err)
+	}
+	return func(addr netip.AddrPort, n, sources int) *exec.Cmd {
+		return exec.CommandContext(ctx, exe, "--deploy-client", addr.String(), "--hold-conns", strconv.Itoa(n), "--sources", strconv.Itoa(sources))
 	}
 }
 
