@@ -47,7 +47,7 @@ type listenState struct {
 	// it has been once; downSinceMS: when it went down (or Run started it).
 	up, everUp  bool
 	downSinceMS int64
-	upSinceMS   int64         // when it came back (onResynced): settling
+	upSinceMS   int64         // when it came back from a loss (onResynced): settling
 	upNow       atomic.Bool   // up, for Ready (other goroutines)
 	payload     store.Payload // scratch: the payload being routed
 	batchSlots  chan struct{} // notification batches queued for the loop (Notifications)
@@ -124,9 +124,10 @@ func (l *listenState) unlisten(channel string) bool {
 const rewindTellGraceMS = 500
 
 // settling reports whether catch-up reads wait after a LISTEN loss: the session is down, or
-// came back less than rewindTellGraceMS ago (the loop clock's ticks make it up to a tick more).
+// came back less than rewindTellGraceMS ago (the loop clock's ticks make it up to a tick more);
+// never before the first loss.
 func (l *listenState) settling() bool {
-	return l.everUp && (!l.up || l.nowMS-l.upSinceMS < rewindTellGraceMS)
+	return l.everUp && (!l.up || (l.upSinceMS > 0 && l.nowMS-l.upSinceMS < rewindTellGraceMS))
 }
 
 // isUp reports whether the session is up with every channel LISTENed.
@@ -314,8 +315,10 @@ func (l *listenState) onDown(err error) {
 // loss, workers are told to RESYNC.
 func (l *listenState) onResynced() {
 	wasUp := l.everUp
+	if wasUp {
+		l.upSinceMS = l.nowMS // back from a loss: settling (not at the first start)
+	}
 	l.up, l.everUp = true, true
-	l.upSinceMS = l.nowMS
 	l.upNow.Store(true)
 	if wasUp {
 		l.metrics.reconnects.Inc()
