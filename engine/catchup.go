@@ -122,7 +122,7 @@ func (s *subscriptions) onHead(sub *subscription, res store.ReadResult) {
 
 // replay reads the next batch of history for one subscription.
 func (s *subscriptions) replay(sub *subscription) {
-	if s.replayer == nil || sub.replaying || sub.conn.ending() || sub.st.holdRead(sub) || !s.mayRead(sub) {
+	if s.replayer == nil || sub.replaying || sub.conn.ending() || sub.st.holdRead(sub, s.lsn.settling()) || !s.mayRead(sub) {
 		return
 	}
 	sub.replaying = true
@@ -167,19 +167,20 @@ func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadR
 	c := sub.cursor
 	resume, lost := sub.st.lostCursor(c)
 	switch {
-	case !sub.gapChecked && c > res.Head:
-		// The client's own cursor is newer than the head.
-		items = append(items, transientItem(s.tr.gap([]byte(sub.st.name), c, res.Head)))
-		sub.cursor = res.Head
 	case !sub.gapChecked && lost && resume <= res.Head:
 		// The client's cursor is from history the stream lost (fanout.rewind): its ids were
-		// given to other events since, which are read next.
+		// given to other events since, which are read next — also when it is past the new
+		// head (a gap to the head would skip the new events below it).
 		s.conns.write(sc, s.tr.gap([]byte(sub.st.name), c, resume))
 		sub.cursor, sub.gapChecked = resume, true
 		if !sc.ending() {
 			s.replay(sub)
 		}
 		return
+	case !sub.gapChecked && c > res.Head:
+		// The client's own cursor is newer than the head.
+		items = append(items, transientItem(s.tr.gap([]byte(sub.st.name), c, res.Head)))
+		sub.cursor = res.Head
 	case (c > 0 || sub.gapChecked) && c+1 < res.Oldest:
 		// The next events were pruned: before this client connected, or while it was
 		// too slow to take live writes. A cursor of 0 the client sent asks for whatever is

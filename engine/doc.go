@@ -36,8 +36,9 @@
 //	                                             what it takes of each loop pass; its catch-up reads, gaps and lag;
 //	                                             several streams on one connection (subSet: composite ids, one
 //	                                             write per pass in arrival order, one table read at a time)
-//	fanout          fanout.go                    the live side of streams and channels: events encoded once, the
-//	                                             stream's ring, stream-level table reads, one flush per loop entry
+//	fanout          fanout.go, rewinds.go        the live side of streams and channels: events encoded once, the
+//	                                             stream's ring, stream-level table reads, one flush per loop entry;
+//	                                             the rewinds the host's processes found (told between --procs)
 //	channelTable    channels.go                  raw channels: one LISTEN per channel, shared by SSE subscriptions and workers;
 //	                                             the session's channels shared out between the two sides (channelShares)
 //	listenState     listen.go                    the LISTEN source (pglisten.Session behind a narrow interface), up/down,

@@ -70,6 +70,9 @@ type stream struct {
 	// heldReads are catching-up subscriptions whose next table read waits for the check
 	// (unchecked): until it, the table may hold another history than what was delivered.
 	heldReads []*subscription
+	// ghost: the stream is here without subscribers only to check what it delivered before
+	// its last one left (rewinds.go, ghosts); dropped once checked.
+	ghost bool
 }
 
 // channelSubs is a raw channel's SSE side (channel.sse): its subscriptions, in a compact
@@ -98,9 +101,13 @@ type fanout struct {
 	chans *channelTable
 	out   *outbound
 	tr    transport
+	lsn   *listenState // tells the host's other processes of a rewind (rewinds.go)
 
 	streams       map[string]*stream
-	seq           uint64 // the last event.seq given
+	rewinds       rewindBook // rewinds found here or told, per stream (rewinds.go)
+	ghosts        ghostBook  // what streams nobody follows any more delivered (rewinds.go)
+	settled       bool       // the LISTEN session came back: release the held reads once settled (retryFetches)
+	seq           uint64     // the last event.seq given
 	dirtyStreams  []*stream
 	dirtyChannels []*channel
 	retryFetch    []*stream // stream-level reads that failed, retried on the sweep
@@ -111,7 +118,7 @@ type fanout struct {
 	between   func()
 	sliceSubs int        // flushSliceSubs; tests raise it to measure rounds without slices
 	keep      streamKeep // a successor's events of streams nobody here follows yet (fanout_keep.go)
-	fetches   int        // stream-level table reads started (tests: tableFetches)
+	fetches   int        // stream-level table reads started (read by the tests)
 }
 
 // flushSliceSubs is how many subscriptions a flush writes between two looks for publish
@@ -151,9 +158,6 @@ func (st *stream) bridge(c int64) (ring []*event, ok bool) {
 	return nil, false
 }
 
-// tableFetches is how many stream-level table reads were started (tests).
-func (f *fanout) tableFetches() int { return f.fetches }
-
 // count is the number of streams with subscriptions here.
 func (f *fanout) count() int { return len(f.streams) }
 
@@ -162,9 +166,14 @@ func (f *fanout) join(name string, sub *subscription) *stream {
 	st := f.streams[name]
 	if st == nil {
 		st = &stream{name: name, last: -1}
+		if m, ok := f.rewinds.known(name, f.nowMS); ok {
+			st.knowBack(m) // a cursor from the history it lost is told (lostCursor)
+		}
 		f.streams[name] = st
-		f.seedKept(st) // a successor: from what it kept since before the handoff
+		f.haunt(st)
+		st.seed(f.keep.take(name)) // a successor: from what it kept since before the handoff
 	}
+	st.ghost = false
 	st.subs = appendIndexed(st.subs, sub, subIndex)
 	return st
 }
@@ -179,8 +188,9 @@ func (f *fanout) leave(st *stream, sub *subscription) {
 }
 
 func (f *fanout) maybeDropStream(st *stream) {
-	if len(st.subs) == 0 && !st.fetching && f.streams[st.name] == st {
+	if len(st.subs) == 0 && !st.fetching && f.streams[st.name] == st && !st.ghost {
 		delete(f.streams, st.name)
+		f.keepGhost(st)
 	}
 }
 
@@ -407,11 +417,11 @@ func (f *fanout) startFetch(st *stream) {
 
 func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool, res store.ReadResult) {
 	st.fetching = false
-	if f.streams[st.name] != st || len(st.subs) == 0 {
+	if f.streams[st.name] != st || (len(st.subs) == 0 && !st.ghost) {
+		f.maybeDropStream(st) // (a ghost is kept of it while it is still unchecked)
 		st.rewindHi = 0
 		clear(st.heldReads)
 		st.heldReads = st.heldReads[:0]
-		f.maybeDropStream(st)
 		return
 	}
 	if res.Err != nil {
@@ -438,6 +448,10 @@ func (f *fanout) onFetch(st *stream, after int64, mode fetchMode, checking bool,
 		if to, lost := st.readLost(res); lost {
 			f.readBack(st, to)
 		}
+	}
+	if st.ghost {
+		f.laid(st) // checked: what it delivered is the table's
+		return
 	}
 	if res.Oldest > st.last+1 && st.last >= 0 {
 		// Events were pruned while we were away: announce the gap to the live set.
@@ -548,6 +562,10 @@ func (f *fanout) tellBack(st *stream, delivered, to int64) {
 	f.log.Warn("stream went back below what was delivered: acknowledged events were lost (synchronous_commit off, or a failover to an asynchronous replica) and their ids reused; subscribers are sent a pgsse:gap",
 		"stream", st.name, "delivered", delivered, "resume", to)
 	st.backFrom, st.backTo = max(delivered, st.backFrom), to
+	// The host's other processes are told (rewinds.go): a client of this stream may
+	// reconnect to one of them with a lost id.
+	f.knowRewind(st.name, st.backTo, st.backFrom)
+	f.lsn.tellRewind(st.name, st.backTo, st.backFrom)
 	for _, sub := range st.subs {
 		f.subs.wentBack(sub, to)
 	}
@@ -592,6 +610,10 @@ func (f *fanout) onRewindRead(st *stream, after int64, res store.ReadResult) {
 // reused the lost ids are delivered under them.
 func (f *fanout) rewind(st *stream, to int64) {
 	f.tellBack(st, st.last, to)
+	if st.ghost {
+		f.laid(st) // told: nobody here follows it
+		return
+	}
 	keep := len(st.ring)
 	for keep > 0 && st.ring[keep-1].id > to {
 		keep--
@@ -617,10 +639,11 @@ func (f *fanout) rewind(st *stream, to int64) {
 // (lostCursor).
 func (st *stream) unchecked() bool { return st.check || st.rewindHi > 0 }
 
-// holdRead holds sub's next catch-up read until the stream is checked, and reports whether
-// it did.
-func (st *stream) holdRead(sub *subscription) bool {
-	if !st.unchecked() {
+// holdRead holds sub's next catch-up read until the stream is checked — and, after a LISTEN
+// loss, until the host's other processes have had the time to tell of a rewind they found
+// (settling: listenState.settling) — and reports whether it did.
+func (st *stream) holdRead(sub *subscription, settling bool) bool {
+	if !st.unchecked() && !settling {
 		return false
 	}
 	if !slices.Contains(st.heldReads, sub) {
@@ -632,8 +655,8 @@ func (st *stream) holdRead(sub *subscription) bool {
 // releaseReads starts the catch-up reads held while the stream was unchecked, once it is
 // checked (after a rewind, the lost cursors are known: lostCursor).
 func (f *fanout) releaseReads(st *stream) {
-	if st.unchecked() || len(st.heldReads) == 0 {
-		return
+	if st.unchecked() || len(st.heldReads) == 0 || f.lsn.settling() {
+		return // (still settling: retryFetches releases them)
 	}
 	held := st.heldReads
 	st.heldReads = nil
@@ -654,6 +677,7 @@ func (f *fanout) down() {
 			st.check = true
 		}
 	}
+	f.ghosts.suspect(f.nowMS)
 }
 
 // sawPublished notes the publish time of an event delivered from the stream by a
@@ -683,10 +707,20 @@ func (f *fanout) resync() {
 			f.startFetch(st)
 		}
 	}
+	f.raiseGhosts()
+	f.settled = true // the reads held meanwhile are released once settled (retryFetches)
 }
 
 // retryFetches restarts the stream-level reads that failed (from the tick).
 func (f *fanout) retryFetches() {
+	if f.settled && !f.lsn.settling() {
+		// The time for the host's other processes to tell of a rewind is over: the reads
+		// held for it go on (those of streams still unchecked wait for their check).
+		f.settled = false
+		for _, st := range f.streams {
+			f.releaseReads(st)
+		}
+	}
 	if len(f.retryFetch) == 0 {
 		return
 	}

@@ -32,18 +32,18 @@ type streamKeep struct {
 	done    bool  // the handoff was received (releaseHeld), given up, or timed out
 }
 
-// keeping reports whether durable events of unfollowed streams are kept now: in a successor
-// (Config.Inherited), until the handoff has been received and at most handoffHoldMS.
-func (f *fanout) keeping() bool {
-	k := &f.keep
-	if f.cfg.Inherited == nil || k.done {
+// active reports whether durable events of unfollowed streams are kept now: in a successor
+// (inherited: Config.Inherited), until the handoff has been received and at most
+// handoffHoldMS from nowMS's first use (the loop clock is set from the first tick on).
+func (k *streamKeep) active(inherited bool, nowMS int64) bool {
+	if !inherited || k.done {
 		return false
 	}
-	if k.untilMS == 0 && f.nowMS > 0 { // (the loop clock is set from the first tick on)
-		k.untilMS = f.nowMS + handoffHoldMS
+	if k.untilMS == 0 && nowMS > 0 {
+		k.untilMS = nowMS + handoffHoldMS
 	}
-	if k.untilMS > 0 && f.nowMS >= k.untilMS {
-		f.endKeep()
+	if k.untilMS > 0 && nowMS >= k.untilMS {
+		k.end()
 		return false
 	}
 	return true
@@ -58,9 +58,12 @@ func (f *fanout) keepUntil(untilMS int64) {
 
 // endKeep lets go of what is kept and keeps no more (every connection is adopted, the
 // handoff was given up or timed out, or this process hands over in turn).
-func (f *fanout) endKeep() {
-	f.keep.drop()
-	f.keep.done = true
+func (f *fanout) endKeep() { f.keep.end() }
+
+// end lets go of what is kept and keeps no more (endKeep).
+func (k *streamKeep) end() {
+	k.drop()
+	k.done = true
 }
 
 // drop lets go of what is kept (and keeps on): after the LISTEN session was lost (fanout.down),
@@ -74,7 +77,7 @@ func (k *streamKeep) drop() {
 
 // keepUnfollowed keeps a durable notification of a stream nobody here follows (onPayload).
 func (f *fanout) keepUnfollowed(p *store.Payload) {
-	if (p.Kind != store.KindDurable && p.Kind != store.KindWake) || !f.keeping() {
+	if (p.Kind != store.KindDurable && p.Kind != store.KindWake) || !f.keep.active(f.cfg.Inherited != nil, f.nowMS) {
 		return
 	}
 	k := f.keep.streams[string(p.Stream)]
@@ -123,16 +126,23 @@ func (k *streamKeep) restart(ks *keptStream, id int64) {
 	ks.ring, ks.size, ks.last = nil, 0, id
 }
 
-// seedKept starts a stream's live side (join: made for its first subscription) from the
-// events kept for it, if any: its ring and its head, as if it had been followed since.
-func (f *fanout) seedKept(st *stream) {
-	k := f.keep.streams[st.name]
-	if k == nil {
-		return
+// take hands over and forgets the events kept for stream name (nil if none), when its live
+// side is made for its first subscription (fanout.join, stream.seed).
+func (k *streamKeep) take(name string) *keptStream {
+	ks := k.streams[name]
+	if ks != nil {
+		delete(k.streams, name)
+		k.bytes -= ks.size
 	}
-	delete(f.keep.streams, st.name)
-	f.keep.bytes -= k.size
-	if len(k.ring) == 0 {
+	return ks
+}
+
+// seed starts a stream's live side (fanout.join: made for its first subscription) from the
+// events kept for it, if any: its ring and its head, as if it had been followed since. A
+// stream that took over a ghost to be checked for a rewind (haunt) is not seeded: what the
+// ghost delivered is what the check read compares, and the table is the truth after a loss.
+func (st *stream) seed(k *keptStream) {
+	if k == nil || len(k.ring) == 0 || st.check {
 		return // nothing to bridge from: the stream starts as it does without (bridge, onPayload)
 	}
 	st.ring = append(st.ring[:0], k.ring...)

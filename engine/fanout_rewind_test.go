@@ -204,3 +204,123 @@ func TestStreamWentBackBeyondTheLiveSet(t *testing.T) {
 	assert.Zero(t, live.gaps(), "the live client had only the table's events")
 	assert.Equal(t, reuseEntry{gap: true, after: 7, resume: 5}, ahead.firstGap(), "the client that read the lost events: told where the histories part")
 }
+
+// A rewind one process of the host finds is known to the others (rewinds.go; issue 24, the
+// chaos run's pg-crash-async): a client that had the lost events, got its pgsse:gap back, and
+// reconnects with its lost id as Last-Event-ID (EventSource keeps it: a gap has no id) to
+// another --procs process — which never followed the stream, so it cannot find the rewind
+// itself — is told the same gap back there, not served the ids after its cursor, which would
+// silently skip the new events under the reused ids below it. Both ways: the first process
+// finds it and tells the siblings; a sibling finds it, tells the first process, which tells
+// the other sibling. And when the client's connection ends in the crash, taking the stream's
+// last subscriber with it (chaos, seed 11: a flaky subscriber's lost 1104–1106, and no process
+// logged a rewind of its stream), the process that delivered the lost events still finds it
+// (rewinds.go, ghosts) and tells the others; the reconnection is told wherever it lands. The
+// crash is made as in the tests above.
+func TestRewindIsKnownToTheSiblings(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		finder int  // the process with the live client, which finds the rewind: 0 the first
+		leaves bool // the live client's connection ends during the outage
+		early  bool // and reconnects during the outage, before any process can find the rewind
+		news   int  // new events under the lost ids (default 8, more than were lost)
+	}{
+		{"the first process finds it", 0, false, false, 0},
+		{"a sibling finds it", 1, false, false, 0},
+		{"the sibling's only client left in the crash", 1, true, false, 0},
+		{"the first process's only client left in the crash", 0, true, false, 0},
+		{"the client reconnected during the outage", 0, true, true, 0},
+		// the reconnection's cursor is past the new head: a gap down to where the histories
+		// part, not to the head (which would skip the new events below it)
+		{"fewer new events than were lost", 1, false, false, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			first := startServer(t, "", nil)
+			procs := []*testServer{first, startSibling(t, first, nil), startSibling(t, first, nil)}
+			tok := bearerH(allStreams(t))
+			sql := connect(t, first.DSN) // opened before the database refuses new connections
+			const old, kept = 10, 5
+			news := 8
+			if tc.news > 0 {
+				news = tc.news
+			}
+			head := int64(kept + news)
+			publishN(t, sql, "rs", "old", old)
+			finder := procs[tc.finder]
+			live := startReuseClient(t, finder.Addr().String(), "/streams/rs?since=0", tok)
+			waitFor(t, 10*time.Second, "the old events delivered", func() bool { return live.lastID() >= old })
+
+			release := holdListenDown(t, first)
+			_, err := sql.Exec(context.Background(), "DELETE FROM pgsse.events WHERE stream = 'rs' AND id > "+strconv.Itoa(kept)+
+				"; UPDATE pgsse.streams SET head = "+strconv.Itoa(kept)+" WHERE stream = 'rs'").ReadAll()
+			require.NoError(t, err)
+			publishN(t, sql, "rs", "new", news)
+			if tc.leaves {
+				live.halt()
+				waitFor(t, 10*time.Second, "the stream dropped", func() bool {
+					gone := false
+					finder.onLoop(t, func() { gone = finder.fan.streams["rs"] == nil })
+					return gone
+				})
+			}
+			backs := map[int]*reuseClient{}
+			if tc.early {
+				// Reconnections that land on processes that do not follow the stream, while
+				// nobody can know yet: their catch-up waits for the session, and for the
+				// others' telling (settling).
+				for i, ts := range procs[1:] {
+					backs[i+1] = startReuseClient(t, ts.Addr().String(), "/streams/rs", tok, "Last-Event-ID: "+strconv.Itoa(old))
+				}
+			}
+			release()
+			if !tc.leaves {
+				waitFor(t, 30*time.Second, "the live client told where the histories part", func() bool { return live.gaps() > 0 })
+				live.halt()
+			}
+			live.mu.Lock()
+			var prior []reuseEntry // what the client had when it got the gap: the lost events
+			for _, e := range live.log {
+				if e.gap {
+					break
+				}
+				prior = append(prior, e)
+			}
+			if !tc.leaves {
+				require.Equal(t, reuseEntry{gap: true, after: old, resume: kept}, live.log[len(prior)])
+			}
+			live.mu.Unlock()
+			require.Len(t, prior, old)
+
+			final := map[int64]string{}
+			for i := int64(1); i <= head; i++ {
+				final[i] = "old" + strconv.FormatInt(i, 10)
+				if i > kept {
+					final[i] = "new" + strconv.FormatInt(i-kept, 10)
+				}
+			}
+			for i, ts := range procs {
+				if i == tc.finder && !tc.leaves {
+					continue
+				}
+				// The notice travels beside the client's reconnection; a client reconnecting
+				// faster than it does is not told (docs/http.md says so).
+				back := backs[i]
+				if back == nil {
+					waitFor(t, 10*time.Second, "process "+strconv.Itoa(i)+" told of the rewind", func() bool {
+						told := false
+						ts.onLoop(t, func() { _, told = ts.fan.rewinds.known("rs", ts.fan.nowMS) })
+						return told
+					})
+					back = startReuseClient(t, ts.Addr().String(), "/streams/rs", tok, "Last-Event-ID: "+strconv.Itoa(old))
+				}
+				back.prior = prior
+				waitFor(t, 10*time.Second, "every event delivered", func() bool { return back.lastID() >= head })
+				back.halt()
+				back.check(t, "the reconnection to process "+strconv.Itoa(i), final, head)
+				assert.Equal(t, reuseEntry{gap: true, after: old, resume: kept}, back.firstGap(), "process %d: told where the histories part", i)
+			}
+		})
+	}
+}

@@ -127,7 +127,7 @@ func TestHandoffStreamsCatchUpFromMemory(t *testing.T) {
 	}
 	assert.Zero(t, metricValue(t, b.metrics.replays), "no moved subscriber read the table (pgsse_replay_reads_total)")
 	b.onLoop(t, func() {
-		assert.Zero(t, b.fan.tableFetches(), "no stream read the table: the moved subscribers continued from what b kept")
+		assert.Zero(t, b.fan.fetches, "no stream read the table: the moved subscribers continued from what b kept")
 		assert.Equal(t, len(readers), b.conns.subscribers())
 	})
 }

@@ -443,6 +443,12 @@ func (h *hubServer) frame(w *worker, f *framing.Frame) {
 		h.push(w, h.buf)
 	case framing.TypeHello:
 		h.protocolError(w, "HELLO may be sent only once")
+	case framing.TypeNotify:
+		// A sibling telling the host of a rewind it found (rewinds.go); from anyone else, as
+		// any hub-to-worker frame, a protocol error.
+		if !w.sibling || string(f.Channel) != storeChannel || !h.lsn.fromSibling(f.Text) {
+			h.protocolError(w, f.Type.String()+" is a hub-to-worker frame")
+		}
 	default:
 		h.protocolError(w, f.Type.String()+" is a hub-to-worker frame")
 	}

@@ -250,6 +250,8 @@ func TestHubBadInput(t *testing.T) {
 		{"bad HELLO version", framing.AppendHello(nil, 1, nil)[:4:4], false, false},
 		{"bad SUB mode", []byte{0, 0, 0, 7, 0x02, 0, 0, 0, 1, 9, 'x'}, true, true},
 		{"hub frame from a worker", framing.AppendNotify(nil, 1, []byte("x"), []byte("y")), true, true},
+		// what a --procs sibling tells the hub of a rewind (rewinds.go): from anyone else, refused
+		{"a sibling's rewind notice from a worker", framing.AppendNotify(nil, 1, []byte(storeChannel), appendRewindNotice(nil, "s", 1, 2)), true, true},
 		{"HELLO twice", hello, true, true},
 		{"random bytes", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), false, true},
 		{"random bytes after HELLO", []byte{0xde, 0xad, 0xbe, 0xef, 0x99, 0x01, 0x02}, true, true},

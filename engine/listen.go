@@ -47,6 +47,7 @@ type listenState struct {
 	// it has been once; downSinceMS: when it went down (or Run started it).
 	up, everUp  bool
 	downSinceMS int64
+	upSinceMS   int64         // when it came back from a loss (onResynced): settling
 	upNow       atomic.Bool   // up, for Ready (other goroutines)
 	payload     store.Payload // scratch: the payload being routed
 	batchSlots  chan struct{} // notification batches queued for the loop (Notifications)
@@ -113,6 +114,20 @@ func (l *listenState) unlisten(channel string) bool {
 	}
 	l.src.Unlisten(channel)
 	return true
+}
+
+// rewindTellGraceMS is how long, after the LISTEN session came back from a loss, catch-up
+// reads still wait (settling): the host's other processes check what they delivered when
+// their session is back, and tell of a rewind they find (rewinds.go) — a few reads on
+// PostgreSQL and a hub frame, milliseconds — while a client that reconnected meanwhile may
+// hold an id one of them lost.
+const rewindTellGraceMS = 500
+
+// settling reports whether catch-up reads wait after a LISTEN loss: the session is down, or
+// came back less than rewindTellGraceMS ago (the loop clock's ticks make it up to a tick more);
+// never before the first loss.
+func (l *listenState) settling() bool {
+	return l.everUp && (!l.up || (l.upSinceMS > 0 && l.nowMS-l.upSinceMS < rewindTellGraceMS))
 }
 
 // isUp reports whether the session is up with every channel LISTENed.
@@ -265,6 +280,12 @@ func (l *listenState) routeEvents(evs []pglisten.Event, from int) {
 func (l *listenState) onNotification(channel []byte, pid uint32, payload []byte) (stalled bool) {
 	if string(channel) == storeChannel {
 		if err := store.ParsePayload(payload, &l.payload); err != nil {
+			if name, to, from, ok := parseRewindNotice(payload); ok && pid == 0 && l.cfg.SiblingHub != nil {
+				// Not PostgreSQL's (its backends' PIDs are > 0): the first process's hub
+				// telling of a rewind another process of the host found (rewinds.go).
+				l.fan.knowRewind(string(name), to, from)
+				return false
+			}
 			l.metrics.droppedBadPayload.Inc()
 			l.log.Debug("ignoring a payload on the stream channel that is not pgsse's", "err", err, "pid", pid)
 		} else if l.payload.Kind == store.KindPresence {
@@ -294,6 +315,9 @@ func (l *listenState) onDown(err error) {
 // loss, workers are told to RESYNC.
 func (l *listenState) onResynced() {
 	wasUp := l.everUp
+	if wasUp {
+		l.upSinceMS = l.nowMS // back from a loss: settling (not at the first start)
+	}
 	l.up, l.everUp = true, true
 	l.upNow.Store(true)
 	if wasUp {
@@ -306,4 +330,38 @@ func (l *listenState) onResynced() {
 	if wasUp {
 		l.hub.sessionStatus(true)
 	}
+}
+
+// tellRewind tells the host's other processes (rewinds.go) that stream went back: cursors in
+// (to, from] are from history it lost. A sibling tells the first process, which tells every
+// sibling (relay); best effort — a process that is not told serves such a cursor as before.
+func (l *listenState) tellRewind(stream string, to, from int64) {
+	notice := appendRewindNotice(nil, stream, to, from)
+	if src, ok := l.src.(*siblingSource); ok {
+		src.tell(notice)
+		return
+	}
+	l.relay(notice)
+}
+
+// fromSibling takes a rewind notice a sibling sent the hub (hubServer.frame), records it and
+// tells every sibling; false when the payload is not a notice (a protocol error).
+func (l *listenState) fromSibling(payload []byte) bool {
+	name, to, from, ok := parseRewindNotice(payload)
+	if !ok {
+		return false
+	}
+	l.fan.knowRewind(string(name), to, from)
+	l.relay(append([]byte(nil), payload...))
+	return true
+}
+
+// relay hands a rewind notice to the siblings that hold the stream channel through the hub —
+// only they may (reservedChannel) — in order with the notifications (inOrder), with PID 0.
+func (l *listenState) relay(notice []byte) {
+	l.inOrder(func() {
+		if l.chans.notify([]byte(storeChannel), 0, notice) {
+			l.pause(func() {}) // a sibling stalled on it: what the source reports next waits
+		}
+	})
 }

@@ -117,7 +117,7 @@ func New(cfg Config) (*Server, error) {
 	s.adm = admission{loopEnv: env, conns: &s.conns, subs: &s.subs, pub: &s.pub, lsn: &s.lsn, pres: &s.pres, subjects: make(map[string]int32)}
 	s.pub = newPublishing(env, &s.conns, &s.req, &s.tok, &s.adm, &s.ans, &s.fan)
 	s.subs = subscriptions{loopEnv: env, conns: &s.conns, out: &s.out, fan: &s.fan, chans: &s.chans, lsn: &s.lsn, tr: &s.tr}
-	s.fan = fanout{loopEnv: env, subs: &s.subs, chans: &s.chans, out: &s.out, tr: &s.tr, streams: make(map[string]*stream), between: s.pub.answerQueued, sliceSubs: flushSliceSubs}
+	s.fan = fanout{loopEnv: env, subs: &s.subs, chans: &s.chans, out: &s.out, tr: &s.tr, lsn: &s.lsn, streams: make(map[string]*stream), between: s.pub.answerQueued, sliceSubs: flushSliceSubs}
 	s.chans = newChannelTable(env, &s.lsn, &s.fan, &s.hub)
 	s.lsn = newListenState(env, &s.fan, &s.chans, &s.hub, &s.pres)
 	s.pres = newPresenceTable(env, &s.conns, &s.tr, &s.ans)

@@ -43,6 +43,9 @@ const (
 	siblingAckTimeout = time.Hour
 	// siblingBatchMax bounds the notifications handed to the loop in one task.
 	siblingBatchMax = 1024
+	// siblingTellsQueued bounds the rewind notices waiting to be written to the first
+	// process (tell); beyond it they are dropped (said in the log).
+	siblingTellsQueued = 1024
 )
 
 // siblingSource is a listenSource over a pglisten.Failover on Config.SiblingHub.
@@ -59,6 +62,8 @@ type siblingSource struct {
 	initial bool
 	down    bool // a Down was passed on and no Resynced since
 	wake    chan struct{}
+	// tells: rewind notices for the first process (tell), written by telling
+	tells chan []byte
 	// failover is the Listener once run has made it (for tests and logs: its Source and
 	// Reason say where notifications come from).
 	failover *pglisten.Failover
@@ -93,6 +98,7 @@ func newSiblingSource(l *listenState) *siblingSource {
 		},
 		initial: true,
 		wake:    make(chan struct{}, 1),
+		tells:   make(chan []byte, siblingTellsQueued),
 		ctx:     ctx,
 		cancel:  cancel,
 	}
@@ -176,8 +182,9 @@ func (h *siblingSource) run() {
 	h.mu.Lock()
 	h.failover, _ = l.(*pglisten.Failover)
 	h.mu.Unlock()
-	h.wg.Add(1)
+	h.wg.Add(2)
 	go h.events(l)
+	go h.telling(h.failover)
 	for {
 		h.mu.Lock()
 		ops := h.ops
@@ -300,3 +307,33 @@ func (h *siblingSource) deliver(batch []pglisten.Event) {
 
 // errHubLost is the Down a sibling reports when the first process's hub stops feeding it.
 var errHubLost = errors.New("the first process's hub reports its LISTEN session down, or is gone")
+
+// tell queues a rewind notice (rewinds.go) for the first process's hub, from the loop: never
+// blocking it — beyond siblingTellsQueued waiting, the notice is dropped.
+func (h *siblingSource) tell(notice []byte) {
+	select {
+	case h.tells <- notice:
+	default:
+		h.l.log.Warn("sibling: too many rewind notices waiting for the first process; one dropped")
+	}
+}
+
+// telling writes the queued rewind notices to the first process's hub as NOTIFY frames
+// (pglisten.Failover.NotifyHub), until the source closes. Once the Failover has switched to a
+// direct session (the first process is gone) there is nobody left to tell.
+func (h *siblingSource) telling(f *pglisten.Failover) {
+	defer h.wg.Done()
+	for {
+		select {
+		case notice := <-h.tells:
+			if f == nil {
+				continue
+			}
+			if err := f.NotifyHub(storeChannel, notice); err != nil && h.ctx.Err() == nil && !errors.Is(err, pglisten.ErrNotOnHub) {
+				h.l.log.Warn("sibling: could not tell the first process of a rewind", "err", err)
+			}
+		case <-h.ctx.Done():
+			return
+		}
+	}
+}

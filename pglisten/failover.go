@@ -401,3 +401,26 @@ func (f *Failover) Close() error {
 	})
 	return nil
 }
+
+// ErrNotOnHub: NotifyHub was called on a Failover that has switched to a direct session (or
+// never reached the hub).
+var ErrNotOnHub = errors.New("pglisten: not connected to the hub")
+
+// NotifyHub sends the hub a NOTIFY frame (channel, payload) in the worker-to-hub direction,
+// which is not a frame of the hub protocol for workers (docs/hub-protocol.md): pgsse's hub
+// takes it only from the --procs sibling processes it started, on the socket it handed each
+// (a sibling tells the others of a stream whose ids a crash reused), and cuts off any other
+// worker that sends one for a protocol error. It blocks for at most the hub's WriteTimeout;
+// ErrNotOnHub once the Listener has switched to a direct session.
+func (f *Failover) NotifyHub(channel string, payload []byte) error {
+	f.mu.Lock()
+	h, d, closed := f.hub, f.direct, f.closed
+	f.mu.Unlock()
+	switch {
+	case closed:
+		return ErrClosed
+	case h == nil || d != nil:
+		return ErrNotOnHub
+	}
+	return h.notifyHub(channel, payload)
+}

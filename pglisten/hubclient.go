@@ -567,3 +567,16 @@ func (h *hubClient) Channels() []string {
 	}
 	return out
 }
+
+// notifyHub writes a NOTIFY frame to the hub (Failover.NotifyHub).
+func (h *hubClient) notifyHub(channel string, payload []byte) error {
+	if err := names.CheckChannel(channel); err != nil {
+		return fmt.Errorf("pglisten: NOTIFY to the hub: %w", err)
+	}
+	if 1+4+1+len(channel)+len(payload) > framing.MaxBody {
+		return errors.New("pglisten: NOTIFY to the hub: payload too large for a frame")
+	}
+	return h.write(func(b []byte) []byte {
+		return framing.AppendNotify(b, uint32(os.Getpid()), []byte(channel), payload)
+	})
+}

@@ -39,10 +39,12 @@ const (
 
 // DefaultFaults is every fault kind but pg-crash-async and handoff (added when the server
 // supports it). pg-crash-async loses acknowledged, delivered commits and reuses their ids; the
-// engine announces that with a pgsse:gap back (fanout.rewind, readBack), but a run of it alone
-// still fails now and then (3 min, seeds 11 and 12: 1–7 silent skips, mostly a reconnection
-// with a lost Last-Event-ID served by a --procs process that never saw the lost events;
-// bench/RESULTS.md, docs/operations.md), so it joins the defaults once those are fixed.
+// engine announces that with a pgsse:gap back (fanout.rewind, readBack), and the processes of
+// --procs tell each other of it (engine/rewinds.go): runs of it alone pass (3 min, seeds 11 and
+// 12). Among the defaults it meets kill-first and kill-sibling: a process killed before its
+// LISTEN session is back takes what it delivered with it, and nobody can tell a client that
+// reconnects with an id it lost (seed 1, 60 s: 14 silent skips; bench/RESULTS.md,
+// docs/operations.md) — so it stays out until a process's deliveries outlive it.
 var DefaultFaults = []string{FaultTermListen, FaultTermReplay, FaultTermPublish, FaultTermCheck,
 	FaultPGRestart, FaultPGCrash, FaultKillSibling, FaultKillFirst, FaultClientReset, FaultStall,
 	FaultTokenExpiry, FaultFDSqueeze, FaultConnFlood}
