@@ -534,7 +534,7 @@ func (t *channelTable) resumeAt(ch *channel, pos int64, fn func(notes []heldNote
 	case pos < ch.base:
 		fn(nil, false) // what it needs was not kept
 	default:
-		t.fan.flushChannel(ch) // those queued this pass are in notes (resumeParked)
+		t.fan.flushChannels(ch) // those queued this pass are in notes (resumeParked)
 		fn(ch.notes[pos-ch.base:], true)
 	}
 }
@@ -562,7 +562,7 @@ func (t *channelTable) resumeParked(ch *channel) {
 		// (fanout.pendingNotes) are before pos: written at the pass's end, they would reach
 		// a subscription that starts now too — one more time, for those it gets from notes,
 		// or before its position. So they go to the others first.
-		t.fan.flushChannel(ch)
+		t.fan.flushChannels(ch)
 	}
 	for _, p := range due {
 		if p.pos < 0 || p.pos < ch.base {
