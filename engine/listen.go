@@ -119,9 +119,12 @@ func (l *listenState) unlisten(channel string) bool {
 // rewindTellGraceMS is how long, after the LISTEN session came back from a loss, catch-up
 // reads still wait (settling): the host's other processes check what they delivered when
 // their session is back, and tell of a rewind they find (rewinds.go) — a few reads on
-// PostgreSQL and a hub frame, milliseconds — while a client that reconnected meanwhile may
-// hold an id one of them lost.
-const rewindTellGraceMS = 500
+// PostgreSQL and a hub frame, milliseconds on a quiet host — while a client that reconnected
+// meanwhile may hold an id one of them lost. Two seconds, not half of one: under load (the
+// CI's -race suite) the finder's check read and its telling took longer than 500 ms, and the
+// other process served the lost cursor silently. It is a time, not a signal: the next step is
+// the first process telling its siblings when its own checks have answered.
+const rewindTellGraceMS = 2000
 
 // settling reports whether catch-up reads wait after a LISTEN loss: the session is down, or
 // came back less than rewindTellGraceMS ago (the loop clock's ticks make it up to a tick more);

@@ -150,7 +150,8 @@ done
 
 # Presence is kept for the streams under $stream/ (docs/http.md, Presence), so that it can be
 # tried without restarting; the tour's own stream is not one of them.
-NOTIFY_SOCKET=$notify_sock "$bin" serve --listen "$listen" --admin-listen "$admin" --hub-socket "$hub" --demo --presence-streams "$stream/*" --log-level info 9>&- &
+presence="$stream/*"
+NOTIFY_SOCKET=$notify_sock "$bin" serve --listen "$listen" --admin-listen "$admin" --hub-socket "$hub" --demo --presence-streams "$presence" --log-level info 9>&- &
 serve_pid=$!
 
 # Ready when our process answers /readyz. Checking that it is still alive after the answer
@@ -180,6 +181,9 @@ stamp=$(printf '%s\n' "$db" "$secret_sum" "$hub" "$url" "http://$admin" | sha256
 	echo "export PGSSE_DATABASE_URL=$(q "$db")"
 	echo "export PGSSE_JWT_SECRET=$(q "$secret")"
 	echo "export PGSSE_HUB_SOCKET=$(q "$hub")"
+	# for pgsse doctor (the README's tour): the descriptor and connection budgets count
+	# presence's session, as this serve's do
+	echo "export PGSSE_PRESENCE_STREAMS=$(q "$presence")"
 	echo "export PGSSE_URL=$(q "$url")"
 	echo "export PGSSE_ADMIN_URL=$(q "http://$admin")"
 	echo "export TOKEN=$(q "$token")"

@@ -331,9 +331,12 @@ func TestPresenceReapsLapsedProcess(t *testing.T) {
 	require.NoError(t, err)
 	ca, cb := connect(t, dsn), connect(t, dsn)
 	flush(t, a, ca, PresenceCount{"room", "shared", 1})
+	// b's last flush: b "dies" here. Taken before the flush: its lease runs from the flush
+	// statement's clock_timestamp(), which is after this and before flush returns (taken
+	// after it, the wait measured 399.4 ms of a 400 ms lease once under the CI's load).
+	lastRenewal := time.Now()
 	flush(t, b, cb, PresenceCount{"room", "shared", 1}, PresenceCount{"room", "only-b", 2},
 		PresenceCount{"room", "", 3}, PresenceCount{"other", "only-b", 1})
-	lastRenewal := time.Now() // b's last flush: b "dies" here
 	require.Equal(t, "only-b:2,shared:2", sqlPresence(t, dsn, "room"))
 	l.sync(dsn)
 
