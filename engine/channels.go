@@ -60,8 +60,14 @@ type handoffChans struct {
 	onMark    []func() // a predecessor waiting for its own mark
 	held      []*channel
 	keep      bool // a successor keeps notes (until releaseHeld)
-	bytes     int
-	endMS     int64 // a successor lets go of everything (holds, notes, parked) at this time
+	// markHeld: a successor released its holds before its mark arrived (the predecessor's
+	// last batches can overtake the mark, which comes through this process's own session —
+	// or, in a --procs sibling, through its first process's hub); the mark's hold is kept
+	// until it arrives (marked) or the succession ends, or the mark would be UNLISTENed,
+	// never seen, and every parked subscription would wait out handoffParkAfterMS.
+	markHeld bool
+	bytes    int
+	endMS    int64 // a successor lets go of everything (holds, notes, parked) at this time
 }
 
 // Bounds of what a successor keeps (docs/architecture.md, Handoff positions).
@@ -406,6 +412,7 @@ func (t *channelTable) marked() {
 	for _, f := range w {
 		f()
 	}
+	t.releaseMark()
 }
 
 // countNote is a notification on a counted channel: parked subscriptions waiting for this one
@@ -527,6 +534,7 @@ func (t *channelTable) resumeAt(ch *channel, pos int64, fn func(notes []heldNote
 	case pos < ch.base:
 		fn(nil, false) // what it needs was not kept
 	default:
+		t.fan.flushChannels(ch) // those queued this pass are in notes (resumeParked)
 		fn(ch.notes[pos-ch.base:], true)
 	}
 }
@@ -549,6 +557,13 @@ func (t *channelTable) resumeParked(ch *channel) {
 	}
 	clear(ch.parked[len(keep):])
 	ch.parked = keep
+	if len(due) > 0 {
+		// The notifications this loop pass queued for the live subscriptions
+		// (fanout.pendingNotes) are before pos: written at the pass's end, they would reach
+		// a subscription that starts now too — one more time, for those it gets from notes,
+		// or before its position. So they go to the others first.
+		t.fan.flushChannels(ch)
+	}
 	for _, p := range due {
 		if p.pos < 0 || p.pos < ch.base {
 			p.fn(nil, false)
@@ -581,9 +596,21 @@ func (t *channelTable) releaseHeld() {
 	}
 	t.ho.bytes = 0
 	for _, ch := range held {
+		if ch == t.ho.mark && !t.ho.marked {
+			t.ho.markHeld = true // released once the mark has arrived (marked)
+			continue
+		}
 		t.release(ch)
 	}
 	t.ho.endMS = t.nowMS + handoffParkAfterMS
+}
+
+// releaseMark lets go of a mark's hold that releaseHeld kept.
+func (t *channelTable) releaseMark() {
+	if t.ho.markHeld {
+		t.ho.markHeld = false
+		t.release(t.ho.mark)
+	}
 }
 
 // handoffTick ends what a successor kept for a handoff that did not finish in time.
@@ -608,6 +635,7 @@ func (t *channelTable) endSuccession() {
 	if t.ho.held != nil || t.ho.keep {
 		t.releaseHeld()
 	}
+	t.releaseMark()
 	for _, ch := range t.byName {
 		t.unpark(ch)
 		ch.pos, ch.armed = -1, false

@@ -341,7 +341,7 @@ func (f *fanout) markDirty(st *stream) {
 // or channel, one per connection with several subscriptions (Server.leave).
 func (f *fanout) flush() {
 	f.flushStreams()
-	f.flushChannels()
+	f.flushChannels(nil)
 }
 
 func (f *fanout) flushStreams() {
@@ -795,19 +795,27 @@ func (f *fanout) channelFailed(ch *channel, why shedReason) {
 	}
 }
 
-func (f *fanout) flushChannels() {
-	if len(f.dirtyChannels) == 0 {
-		return
+// flushChannels writes the channels' queued notifications (pendingNotes): at the pass's end
+// every dirty channel's (only nil), or now one channel's to the subscriptions live on it —
+// before a handed-over subscription starts there at its handoff position mid-pass
+// (channelTable.resumeAt, resumeParked): it must not get them at the pass's end, they came
+// before its position or it gets them from the successor's notes.
+func (f *fanout) flushChannels(only *channel) {
+	dirty := f.dirtyChannels
+	if only != nil {
+		dirty = []*channel{only} // it stays dirty: the pass's end finds its queue empty
 	}
-	for _, ch := range f.dirtyChannels {
-		ch.sse.dirty = false
+	for _, ch := range dirty {
+		if only == nil {
+			ch.sse.dirty = false
+		}
 		if len(ch.sse.out) == 0 {
 			continue
 		}
 		n := 0
 		for i, sub := range ch.sse.subs {
 			n += f.subs.deliverChannel(sub, ch.sse.out)
-			if (i+1)%f.sliceSubs == 0 {
+			if only == nil && (i+1)%f.sliceSubs == 0 {
 				f.between()
 			}
 		}
@@ -815,5 +823,7 @@ func (f *fanout) flushChannels() {
 		clear(ch.sse.out)
 		ch.sse.out = ch.sse.out[:0]
 	}
-	f.dirtyChannels = f.dirtyChannels[:0]
+	if only == nil {
+		f.dirtyChannels = f.dirtyChannels[:0]
+	}
 }

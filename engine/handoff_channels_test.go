@@ -255,3 +255,101 @@ func TestHandoffChannelsLoseNothing(t *testing.T) {
 		assert.ElementsMatch(t, []string{"hco1", "hco2"}, b.chans.names())
 	})
 }
+
+// A successor may get the predecessor's last batches, and release its holds, before its own
+// session has delivered the mark (in a --procs sibling the mark comes through its first
+// process's hub, behind that loop's own takeover: cmd/pgsse's TestHandoffSIGUSR2WithProcs…
+// lost it one run in about twenty). The mark's hold outlives the others until the mark
+// arrives: released with them, the mark was UNLISTENed and never seen, and every adopted
+// channel subscription stayed parked for handoffParkAfterMS, then resumed with a gap.
+func TestHandoffMarkOutlivesReleasedHolds(t *testing.T) {
+	t.Parallel()
+	b := startHub(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const mark = "pgsse_handoff_late"
+	require.NoError(t, b.HoldChannels(ctx, mark, []string{"hlate"}))
+	b.ReleaseHeldChannels() // before the mark was notified
+	held := func() (names []string) {
+		b.onLoop(t, func() { names = b.chans.names() })
+		return names
+	}
+	assert.ElementsMatch(t, []string{mark}, held(), "the mark is still LISTENed: the holds but its own are released")
+
+	conn := connectPlain(b.DSN)
+	require.NotNil(t, conn)
+	defer conn.Close(context.Background())
+	require.NoError(t, conn.Exec(ctx, "SELECT pg_notify('"+mark+"', '')").Close())
+	waitFor(t, 10*time.Second, "the mark arrived and its hold was released", func() bool { return len(held()) == 0 })
+}
+
+// A handed-over channel subscription that reaches the successor ahead of it (parked: the
+// successor has not seen the mark yet) starts just before the notification at its position,
+// which may come in the same loop pass as the ones before it — queued by then for the
+// channel's live subscriptions (fanout.pendingNotes) and written at the pass's end. Those
+// must not reach the subscription that starts: it had them (cmd/pgsse's
+// TestHandoffSIGUSR2WithProcsKeepsEveryClient: a --procs sibling's channel clients got a
+// notification twice, about one run in twenty, when the successor's sibling got its mark and
+// the next two notifications in one batch).
+func TestHandoffParkedResumeSkipsThePassQueue(t *testing.T) {
+	t.Parallel()
+	a := startHub(t, nil)
+	addr := a.Addr().String()
+	c := dial(t, addr, "/channels/hpq", bearerH(allStreams(t)))
+	require.Equal(t, 200, c.Status, c.Body)
+	next := func() string {
+		for {
+			ev, err := c.next(5 * time.Second)
+			require.NoError(t, err)
+			if ev.Data != "" || ev.Retry == "" { // not the response head's retry
+				return ev.Data
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	conn := connectPlain(a.DSN)
+	require.NotNil(t, conn)
+	defer conn.Close(context.Background())
+
+	accept := make(chan struct{})
+	b := startSuccessor(t, a, addr, accept)
+	mark, err := a.BeginHandoff(ctx)
+	require.NoError(t, err)
+	names, err := a.ListenedChannels(ctx)
+	require.NoError(t, err)
+	// The successor counts from a mark of its own, notified only once the subscription is
+	// there: it arrives ahead of the successor and is parked, as when a sibling's mark comes
+	// through its first process's hub late.
+	const late = "pgsse_handoff_parked"
+	require.NoError(t, b.HoldChannels(ctx, late, names))
+	a.StopAcceptingAll()
+	require.NoError(t, a.MarkHandoff(ctx, mark))
+	close(accept)
+	require.NoError(t, conn.Exec(ctx, "SELECT pg_notify('hpq', '1')").Close())
+	require.Equal(t, "1", next(), "the predecessor wrote notification 1 (handoff position 1)")
+	handed, err := a.HandOver(ctx, func(batch []HandedConn) error {
+		fds := make([]int, len(batch))
+		recs := make([][]byte, len(batch))
+		for i, h := range batch {
+			fd, err := unix.Dup(h.FD)
+			if err != nil {
+				return err
+			}
+			fds[i], recs[i] = fd, h.Record
+		}
+		return b.Adopt(fds, recs)
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, handed)
+	b.onLoop(t, func() {
+		ch := b.chans.lookup([]byte("hpq"))
+		require.NotNil(t, ch)
+		require.Len(t, ch.parked, 1, "the subscription waits for the successor's position 1")
+	})
+	// One transaction: the successor's session delivers the three together, one loop pass.
+	require.NoError(t, conn.Exec(ctx, "BEGIN; SELECT pg_notify('"+late+"', ''); SELECT pg_notify('hpq', '1'); SELECT pg_notify('hpq', '2'); COMMIT").Close())
+	require.NoError(t, conn.Exec(ctx, "SELECT pg_notify('hpq', '3')").Close())
+	assert.Equal(t, "2", next(), "after 1, from the predecessor: 2, not 1 again")
+	assert.Equal(t, "3", next())
+}

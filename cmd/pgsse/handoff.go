@@ -34,7 +34,11 @@ import (
 //	                                                  handoffMarker says so (not ExtraFiles:
 //	                                                  os.File.Fd would make them blocking for
 //	                                                  the predecessor's acceptors too)
-//	successor → predecessor   'H' u8 version          at once: the handoff version it speaks
+//	successor → predecessor   'H' u8 version [u8 n]   at once: the handoff version it speaks;
+//	                                                  with n, n 'P' frames follow (--procs)
+//	successor → predecessor   'P' u8 slot             a socket for the predecessor's sibling of
+//	                                                  that slot to hand over on (SCM_RIGHTS;
+//	                                                  prochandoff.go)
 //	predecessor → successor   'C' record              the raw channels it holds and its handoff
 //	                                                  mark's (framing.HandoffChannels)
 //	successor → predecessor   'R'                     its LISTEN session is up and every one of
@@ -52,7 +56,9 @@ import (
 // The records are framing's handoff records (framing/handoff.go, fuzzed). If the successor
 // cannot start, exits, speaks another version or is not ready within handoffReadyTimeout,
 // the predecessor kills it and keeps serving everything, logging one line; it never stopped
-// accepting. Once 'K' is in, the predecessor tells systemd the main PID is the successor's
+// accepting. With --procs, it stops accepting only once every sibling it forwarded a 'P' to
+// is ready too, and it waits for them to have handed over before it exits (prochandoff.go).
+// Once 'K' is in, the predecessor tells systemd the main PID is the successor's
 // (sd_notify MAINPID=, handoffNotify) and exits 0 after answering what it still had in
 // progress. A SIGUSR2 during a handoff is ignored with a log line.
 //
@@ -92,6 +98,9 @@ type handoffMarker struct {
 	Parent  int  `json:"parent"`  // the predecessor's pid
 	Hub     bool `json:"hub"`     // 'L' carries the hub socket's listener
 	Admin   bool `json:"admin"`   // 'L' carries the admin listener
+	// Siblings: the predecessor's --procs siblings (slots 1 … Siblings) hand over too, if the
+	// successor sends their sockets (prochandoff.go).
+	Siblings int `json:"siblings,omitempty"`
 }
 
 func readHandoffMarker(env func(string) (string, bool)) (*handoffMarker, error) {
@@ -221,7 +230,8 @@ type handoffer struct {
 	log     *slog.Logger
 	srv     *engine.Server
 	adminLn net.Listener // the admin endpoint's listener (nil: none)
-	procs   int          // --procs: the siblings are not handed over yet (they drain)
+	procs   int          // --procs
+	sup     *supervisor  // the siblings (nil without --procs): handed over too (prochandoff.go)
 	stdout  *os.File
 	stderr  *os.File
 	busy    atomic.Bool
@@ -246,16 +256,14 @@ func (h *handoffer) start(done chan<- bool) {
 func (h *handoffer) run() bool {
 	began := time.Now()
 	h.log.Info("SIGUSR2: starting a successor to hand everything over to")
-	if h.procs > 1 {
-		h.log.Warn("with --procs above 1 only the first process's connections and listeners are handed over; the siblings drain once it is done (their clients resume from Last-Event-ID at the successor's processes)",
-			"procs", h.procs)
-	}
 	child, ctrl, exited, err := h.spawn()
 	if err != nil {
 		h.log.Error("handoff failed, still serving everything: cannot start the successor", "err", err)
 		return false
 	}
+	var sibs []*handingSibling // the siblings asked to hand over too
 	giveUp := func(why string, err error) bool {
+		abortSiblings(sibs)
 		_ = child.Process.Kill()
 		_ = ctrl.Close()
 		if e := waitExit(exited, 2*time.Second); e != nil && err == nil {
@@ -265,15 +273,32 @@ func (h *handoffer) run() bool {
 		return false
 	}
 	_ = ctrl.SetReadDeadline(began.Add(readyTimeout()))
-	typ, body, fds, err := readFrame(ctrl)
-	closeFDs(fds)
+	nsib, why, err := readHello(ctrl)
 	switch {
-	case err != nil:
+	case err != nil && why == "":
 		return giveUp(h.whyNotReady(err, exited), err)
-	case typ != 'H' || len(body) != 1:
-		return giveUp("the successor does not speak the handoff protocol", nil)
-	case int(body[0]) != framing.HandoffVersion:
-		return giveUp(fmt.Sprintf("the successor speaks handoff version %d, this binary %d", body[0], framing.HandoffVersion), nil)
+	case why != "":
+		return giveUp(why, err)
+	case nsib > 0 && h.sup == nil:
+		return giveUp("the successor sent sockets for siblings this process does not have", nil)
+	}
+	// The successor's siblings' sockets, each forwarded to our sibling of the same slot.
+	for range nsib {
+		typ, body, fds, err := readFrame(ctrl)
+		if err != nil || typ != 'P' || len(body) != 1 || len(fds) != 1 {
+			closeFDs(fds)
+			if err != nil {
+				return giveUp(h.whyNotReady(err, exited), err)
+			}
+			return giveUp("the successor does not speak the handoff protocol", nil)
+		}
+		if hs := h.sup.forward(int(body[0]), fds[0]); hs != nil {
+			sibs = append(sibs, hs)
+		}
+	}
+	if h.procs > 1 && len(sibs) < h.procs-1 {
+		h.log.Warn("handoff: not every sibling process is handed over; those that are not drain once this process is done (their clients resume from Last-Event-ID at the successor's processes)",
+			"procs", h.procs, "handed_over", len(sibs))
 	}
 	// The successor LISTENs every raw channel we hold, and our mark's, before it says ready.
 	rctx, rcancel := context.WithDeadline(context.Background(), began.Add(readyTimeout()))
@@ -283,7 +308,7 @@ func (h *handoffer) run() bool {
 		h.srv.EndHandoff()
 		return giveUp("cannot LISTEN the handoff mark's channel", err)
 	}
-	if err := h.channels(rctx, ctrl, mark); err != nil {
+	if err := sendChannels(rctx, h.srv, ctrl, mark); err != nil {
 		h.srv.EndHandoff()
 		if ne := net.Error(nil); errors.As(err, &ne) || errors.Is(err, io.EOF) {
 			return giveUp(h.whyNotReady(err, exited), err)
@@ -291,60 +316,115 @@ func (h *handoffer) run() bool {
 		return giveUp("the successor did not LISTEN our channels", err)
 	}
 	_ = ctrl.SetReadDeadline(time.Time{})
+	// Every sibling's successor is ready too, or nobody moves.
+	if slot, err := siblingsReady(sibs, began.Add(readyTimeout())); err != nil {
+		h.srv.EndHandoff()
+		return giveUp(fmt.Sprintf("the sibling process of slot %d could not hand over", slot), err)
+	}
 
 	// From here the successor takes over: we stop accepting (it accepts on the same sockets).
 	h.srv.StopAcceptingAll()
 	if h.adminLn != nil {
 		_ = h.adminLn.Close() // the successor serves the admin endpoint on its own copy
 	}
+	// The siblings move their connections meanwhile, each to the successor's of its slot.
+	var moving []*handingSibling
+	for _, hs := range sibs {
+		if h.sup.commit(hs) && hs.tell('G') == nil {
+			moving = append(moving, hs)
+		}
+	}
+	handed, adopted, tookOver := handOverAll(h.log, h.srv, ctrl, mark)
+	if !tookOver {
+		_ = child.Process.Kill()
+		return false
+	}
+	// Our hub feeds the siblings' connections until they are handed over: we wait for them.
+	wait := time.NewTimer(siblingHandoffWait)
+	defer wait.Stop()
+	siblings := 0
+	for _, hs := range moving {
+		select {
+		case <-hs.gone:
+			siblings++
+		case <-wait.C:
+			h.log.Warn("handoff: a sibling process did not finish handing over in time; it drains", "slot", hs.slot, "pid", hs.pid)
+		}
+	}
+	handoffNotify("MAINPID="+strconv.Itoa(child.Process.Pid)+"\nREADY=1", h.log)
+	h.log.Info("handed everything over to the successor; exiting", "successor", child.Process.Pid,
+		"connections", handed, "adopted", adopted, "siblings", siblings, "took", time.Since(began).Round(time.Millisecond).String())
+	return true
+}
+
+// readHello reads the successor's 'H': the handoff version it speaks, and how many sibling
+// sockets ('P') follow (prochandoff.go). why says what is wrong with it; a read error alone
+// leaves why empty.
+func readHello(ctrl *net.UnixConn) (siblings int, why string, err error) {
+	typ, body, fds, err := readFrame(ctrl)
+	closeFDs(fds)
+	switch {
+	case err != nil:
+		return 0, "", err
+	case typ != 'H' || len(body) < 1 || len(body) > 2:
+		return 0, "the successor does not speak the handoff protocol", nil
+	case int(body[0]) != framing.HandoffVersion:
+		return 0, fmt.Sprintf("the successor speaks handoff version %d, this binary %d", body[0], framing.HandoffVersion), nil
+	case len(body) == 2:
+		return int(body[1]), "", nil
+	}
+	return 0, "", nil
+}
+
+// handOverAll is the predecessor's side once it has stopped accepting (the first process's
+// and a sibling's): the channels taken on meanwhile, the mark, 'A', the connections, 'D' and
+// the successor's 'K'. tookOver is false if the successor went away before it took over
+// (logged): this process then serves the connections it has, accepting no more.
+func handOverAll(log *slog.Logger, srv *engine.Server, ctrl *net.UnixConn, mark string) (handed, adopted int, tookOver bool) {
 	// The channels taken on since (by connections accepted before we stopped, by workers),
 	// then the mark: every channel the successor LISTENs now counts from it exactly.
 	mctx, mcancel := context.WithTimeout(context.Background(), handoffReadyTimeout)
 	defer mcancel()
-	if err := h.channels(mctx, ctrl, mark); err != nil {
-		_ = child.Process.Kill()
-		h.log.Error("handoff: the successor went away as it took over; serving the connections we have, accepting no more", "err", err)
-		return false
+	if err := sendChannels(mctx, srv, ctrl, mark); err != nil {
+		log.Error("handoff: the successor went away as it took over; serving the connections we have, accepting no more", "err", err)
+		return 0, -1, false
 	}
 	_ = ctrl.SetReadDeadline(time.Time{})
-	if err := h.srv.MarkHandoff(mctx, mark); err != nil {
-		h.log.Warn("handoff: cannot notify the handoff mark; channel subscriptions are handed over without their positions (hub workers get one RESYNC)", "err", err)
+	if err := srv.MarkHandoff(mctx, mark); err != nil {
+		log.Warn("handoff: cannot notify the handoff mark; channel subscriptions are handed over without their positions (hub workers get one RESYNC)", "err", err)
 	}
 	if err := writeFrame(ctrl, 'A', nil, nil); err != nil {
-		h.log.Error("handoff: the successor went away as it took over; serving the connections we have, accepting no more", "err", err)
-		return false
+		log.Error("handoff: the successor went away as it took over; serving the connections we have, accepting no more", "err", err)
+		return 0, -1, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), handoffMoveTimeout)
 	defer cancel()
-	handed, err := h.srv.HandOver(ctx, func(batch []engine.HandedConn) error {
+	handed, err := srv.HandOver(ctx, func(batch []engine.HandedConn) error {
 		body, fds := batchBody(batch)
 		return writeFrame(ctrl, 'B', body, fds)
 	})
 	if err != nil {
-		h.log.Error("handoff: not every connection could be handed over; the rest are drained here", "handed", handed, "err", err)
+		log.Error("handoff: not every connection could be handed over; the rest are drained here", "handed", handed, "err", err)
 	}
 	if err := writeFrame(ctrl, 'D', nil, nil); err != nil {
-		h.log.Error("handoff: the successor went away while taking the connections", "handed", handed, "err", err)
-		return true // the listeners are its; nothing is left for us to serve
+		log.Error("handoff: the successor went away while taking the connections", "handed", handed, "err", err)
+		return handed, -1, true // the listeners are its; nothing is left for us to serve
 	}
 	_ = ctrl.SetReadDeadline(time.Now().Add(handoffMoveTimeout))
-	typ, body, fds, err = readFrame(ctrl)
+	typ, body, fds, err := readFrame(ctrl)
 	closeFDs(fds)
-	adopted := -1
+	adopted = -1
 	if err == nil && typ == 'K' && len(body) == 4 {
 		adopted = int(bin.BigEndian.Uint32(body))
 	}
 	_ = ctrl.Close()
-	handoffNotify("MAINPID="+strconv.Itoa(child.Process.Pid)+"\nREADY=1", h.log)
-	h.log.Info("handed everything over to the successor; exiting", "successor", child.Process.Pid,
-		"connections", handed, "adopted", adopted, "took", time.Since(began).Round(time.Millisecond).String())
-	return true
+	return handed, adopted, true
 }
 
-// channels sends the raw channels this process holds and its mark ('C'), and waits for the
-// successor's ready ('R'), which it sends once it LISTENs them all.
-func (h *handoffer) channels(ctx context.Context, ctrl *net.UnixConn, mark string) error {
-	names, err := h.srv.ListenedChannels(ctx)
+// sendChannels sends the raw channels this process holds and its mark ('C'), and waits for
+// the successor's ready ('R'), which it sends once it LISTENs them all.
+func sendChannels(ctx context.Context, srv *engine.Server, ctrl *net.UnixConn, mark string) error {
+	names, err := srv.ListenedChannels(ctx)
 	if err != nil {
 		return err
 	}
@@ -418,6 +498,9 @@ func (h *handoffer) spawn() (*exec.Cmd, *net.UnixConn, <-chan error, error) {
 	fds := []int{sseFD}
 	defer func() { closeFDs(fds) }()
 	m := handoffMarker{Version: framing.HandoffVersion, Parent: os.Getpid()}
+	if h.sup != nil {
+		m.Siblings = len(h.sup.slots)
+	}
 	if hubFD >= 0 {
 		m.Hub = true
 		fds = append(fds, hubFD)
@@ -513,22 +596,41 @@ type successor struct {
 	admin  net.Listener // the inherited admin listener, or nil
 }
 
-// asSuccessor serves on the listeners a predecessor handed over (Config.Inherited) and says
-// which handoff version it speaks, at once. A marker of another version is answered with ours
-// and refused: the predecessor keeps serving.
-func (s *serveSetup) asSuccessor(m *handoffMarker) (*successor, error) {
-	ctrl, err := unixConnFD(handoffCtrlFD)
+// asSuccessor serves on the listeners a predecessor handed over (Config.Inherited) on the
+// control socket fd (handoffCtrlFD; a successor's sibling: siblingHandoffFD) and says which
+// handoff version it speaks, at once. A marker of another version is answered with ours and
+// refused: the predecessor keeps serving. If the predecessor's siblings hand over too (the
+// marker's Siblings, and this process has as many), the sockets its own siblings take over on
+// follow the 'H' (prochandoff.go).
+func (s *serveSetup) asSuccessor(fd int, m *handoffMarker) (*successor, error) {
+	ctrl, err := unixConnFD(fd)
 	if err != nil {
-		return nil, fmt.Errorf("%s: descriptor %d: %v", handoffEnv, handoffCtrlFD, err)
+		return nil, fmt.Errorf("%s: descriptor %d: %v", handoffEnv, fd, err)
 	}
 	_ = os.Unsetenv(handoffEnv) // not for our --procs siblings, nor a successor of ours
 	su := &successor{m: m, ctrl: ctrl, accept: make(chan struct{})}
-	if err := writeFrame(ctrl, 'H', []byte{framing.HandoffVersion}, nil); err != nil {
+	hello := []byte{framing.HandoffVersion}
+	var theirs []int
+	if m.Version == framing.HandoffVersion && m.Siblings > 0 && m.Siblings == s.procs-1 {
+		if s.siblingHandoffs, theirs, err = siblingPairs(m.Siblings); err != nil {
+			return nil, fmt.Errorf("%s: socket pairs for the siblings: %v", handoffEnv, err)
+		}
+		hello = append(hello, byte(m.Siblings))
+	}
+	err = writeFrame(ctrl, 'H', hello, nil)
+	for i := 0; err == nil && i < len(theirs); i++ {
+		err = writeFrame(ctrl, 'P', []byte{byte(i + 1)}, theirs[i:i+1])
+	}
+	closeFDs(theirs)
+	if err != nil {
 		return nil, fmt.Errorf("%s: cannot answer the predecessor: %v", handoffEnv, err)
 	}
 	if m.Version != framing.HandoffVersion {
 		return nil, fmt.Errorf("%s: the predecessor speaks handoff version %d, this binary %d", handoffEnv, m.Version, framing.HandoffVersion)
 	}
+	// A first process's 'L' is there already; a sibling's comes once its predecessor is told.
+	_ = ctrl.SetReadDeadline(time.Now().Add(readyTimeout()))
+	defer ctrl.SetReadDeadline(time.Time{})
 	typ, _, fds, err := readFrame(ctrl)
 	want := 1
 	if m.Hub {

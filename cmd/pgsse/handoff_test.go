@@ -226,18 +226,11 @@ func (f *hoFleet) events() []int {
 // or missed one, and that every client got events after before.
 func (f *hoFleet) check(t *testing.T, before []int, lastNote int) {
 	t.Helper()
-	waitFor(t, 30*time.Second, "every subscriber has every event", func() bool {
-		for i, c := range f.clients {
-			last, _, err := c.state()
-			if err == nil && f.wants[i] != nil && !assert.ObjectsAreEqual(f.wants[i](), last) {
-				return false
-			}
-			if err == nil && f.wants[i] == nil && c.lastNote() != lastNote {
-				return false
-			}
-		}
-		return true
-	})
+	// Until then, or 30 s: the assertions below then name each client that lags.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && !f.caughtUp(lastNote) {
+		time.Sleep(20 * time.Millisecond) // polling: the clients' states have no signal
+	}
 	closed := 0
 	for i, c := range f.clients {
 		last, n, err := c.state()
@@ -254,6 +247,37 @@ func (f *hoFleet) check(t *testing.T, before []int, lastNote int) {
 		assert.Greater(t, n, before[i], "client %d got events after the signal", i)
 	}
 	assert.Zero(t, closed, "client connections closed or broken")
+}
+
+// logGaps logs each client's longest pause between two durable events since resetGaps:
+// p50, p99 and the longest, with how long the handover took.
+func (f *hoFleet) logGaps(t *testing.T, took string) {
+	var gaps []time.Duration
+	for _, c := range f.clients {
+		c.mu.Lock()
+		if c.maxGap > 0 {
+			gaps = append(gaps, c.maxGap)
+		}
+		c.mu.Unlock()
+	}
+	slices.Sort(gaps)
+	if len(gaps) > 0 {
+		t.Logf("%d clients: the longest pause between two durable events at a client, p50 %v, p99 %v, max %v; handover took %s",
+			len(f.clients), gaps[len(gaps)/2], gaps[len(gaps)*99/100], gaps[len(gaps)-1], took)
+	}
+}
+
+func (f *hoFleet) caughtUp(lastNote int) bool {
+	for i, c := range f.clients {
+		last, _, err := c.state()
+		if err == nil && f.wants[i] != nil && !assert.ObjectsAreEqual(f.wants[i](), last) {
+			return false
+		}
+		if err == nil && f.wants[i] == nil && c.lastNote() != lastNote {
+			return false
+		}
+	}
+	return true
 }
 
 // hoLoad publishes to h/1 over SQL, to h/2 over keep-alive HTTP (pubs publishers), and to the
@@ -490,13 +514,24 @@ type hoSetup struct {
 
 func startHandoffServer(t *testing.T, single, multi, channel, workers, pubs int, extraEnv ...string) *hoSetup {
 	t.Helper()
+	return startHandoffProcs(t, 1, single, multi, channel, workers, pubs, extraEnv...)
+}
+
+// startHandoffProcs is startHandoffServer with --procs procs (1: not given).
+func startHandoffProcs(t *testing.T, procs, single, multi, channel, workers, pubs int, extraEnv ...string) *hoSetup {
+	t.Helper()
 	dsn := migrated(t)
 	sock := filepath.Join(t.TempDir(), "hub.sock")
 	bin := filepath.Join(t.TempDir(), "pgsse")
 	installBinary(t, binary(t), bin)
-	srv := servetest.Start(t, servetest.Options{Bin: bin,
-		Env:  append([]string{"DATABASE_URL=" + dsn, "PGSSE_JWT_SECRET=" + handoffSecret}, extraEnv...),
-		Args: []string{"--retention", "0", "--max-connections-per-subject", "0", "--hub-socket", sock}})
+	args := []string{"--retention", "0", "--max-connections-per-subject", "0", "--hub-socket", sock}
+	o := servetest.Options{Bin: bin, Env: append([]string{"DATABASE_URL=" + dsn, "PGSSE_JWT_SECRET=" + handoffSecret}, extraEnv...)}
+	if procs > 1 {
+		o.Procs = procs
+		args = append(args, "--procs", strconv.Itoa(procs))
+	}
+	o.Args = args
+	srv := servetest.Start(t, o)
 	subTok := mintHandoff(t, auth.Claims{Streams: []string{"*"}, Channels: []string{"*"}})
 	pubTok := mintHandoff(t, auth.Claims{Publish: []string{"*"}})
 	load := startLoad(t, dsn, srv.URL(""), pubTok, pubs)
@@ -557,19 +592,7 @@ func TestHandoffSIGUSR2KeepsEveryClient(t *testing.T) {
 	h.fleet.check(t, before, int(h.load.note.Load()))
 	checkWorkers(t, h.workers, int(h.load.note.Load()))
 	assert.LessOrEqual(t, h.load.httpErr.Load(), int64(0), "keep-alive HTTP publishes that failed")
-	var gaps []time.Duration
-	for _, c := range h.fleet.clients {
-		c.mu.Lock()
-		if c.maxGap > 0 {
-			gaps = append(gaps, c.maxGap)
-		}
-		c.mu.Unlock()
-	}
-	slices.Sort(gaps)
-	if len(gaps) > 0 {
-		t.Logf("%d clients: the longest pause between two durable events at a client, p50 %v, p99 %v, max %v; handover took %s",
-			len(h.fleet.clients), gaps[len(gaps)/2], gaps[len(gaps)*99/100], gaps[len(gaps)-1], m.Took)
-	}
+	h.fleet.logGaps(t, m.Took)
 	low := census()
 	assert.GreaterOrEqual(t, low, 1, "the census never showed 0 LISTEN sessions")
 	waitFor(t, 10*time.Second, "one LISTEN session again", func() bool { return listenSessions(t, h.dsn) == 1 })
@@ -640,4 +663,125 @@ func stopPID(t *testing.T, pid int) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// procConns is how many SSE connections each process of --procs serves, by slot (the first
+// process's /metrics: pgsse_process_sse_connections).
+func procConns(s *servetest.Server, procs int) []float64 {
+	out := make([]float64, procs)
+	for i := range out {
+		out[i] = s.Metric(`pgsse_process_sse_connections{process="` + strconv.Itoa(i) + `"}`)
+	}
+	return out
+}
+
+// With --procs 2 every process is replaced the same way (SPEC §6): durable, multi-stream and
+// channel subscribers spread over both processes by the kernel, hub workers, publishers over
+// SQL and keep-alive HTTP; SIGUSR2 to the first process → the sibling's connections move to
+// the successor's sibling as the first process's move to the successor: zero client
+// connections closed (no retry: either — a drained sibling would send one), every durable
+// event once and in order, every channel notification once, the old processes all gone, the
+// new ones serving (and new clients reaching both).
+func TestHandoffSIGUSR2WithProcsKeepsEveryClient(t *testing.T) {
+	n := handoffScale()
+	h := startHandoffProcs(t, 2, n, n/5, n/10, 4, 4)
+	total := len(h.fleet.clients)
+	waitFor(t, 15*time.Second, "every client counted", func() bool { return h.srv.Metric("pgsse_sse_connections") == float64(total) })
+	spread := procConns(h.srv, 2)
+	require.Positive(t, spread[0], "the first process has subscribers")
+	require.Positive(t, spread[1], "the sibling has subscribers")
+	oldSibling := h.srv.SiblingPIDs()[1]
+	require.NotZero(t, oldSibling)
+	pred := h.srv.Process()
+	installBinary(t, binary(t), h.bin)
+	before := h.fleet.events()
+	h.fleet.resetGaps()
+	census := watchListenSessions(t, h.dsn)
+
+	h.srv.Signal(syscall.SIGUSR2)
+	line, err := pred.WaitLine(ctxFor(t, 90*time.Second), func(l []byte) bool {
+		return bytes.Contains(l, []byte("handed everything over to the successor"))
+	})
+	require.NoError(t, err, "the predecessor hands over")
+	var m struct {
+		Successor   int
+		Connections int
+		Siblings    int
+		Took        string
+	}
+	require.NoError(t, json.Unmarshal(line, &m))
+	require.NotZero(t, m.Successor)
+	t.Cleanup(func() { stopPID(t, m.Successor) })
+	assert.Equal(t, 1, m.Siblings, "the sibling handed over and exited")
+	assert.Equal(t, int(spread[0])+len(h.workers), m.Connections, "the first process handed over its SSE clients and hub workers")
+	assert.Equal(t, 0, h.srv.WaitExit(20*time.Second), "the predecessor exits 0")
+	assert.True(t, servetest.Gone(oldSibling), "the old sibling is gone")
+	sib := h.srv.WaitLog(30*time.Second, "the successor's sibling took over", func(l map[string]any) bool {
+		return l["msg"] == "handoff complete: serving everything the predecessor served" && l["proc"] != nil
+	})
+	assert.Equal(t, spread[1], sib["adopted"], "the sibling's successor adopted every one of its connections")
+	newSibling := int(sib["pid"].(float64))
+	assert.NotEqual(t, oldSibling, newSibling)
+	assert.False(t, servetest.Gone(newSibling), "the successor's sibling serves")
+	assert.Contains(t, h.srv.Log(), `"msg":"handed this sibling's connections over to the successor's; exiting"`)
+
+	// The new processes serve: the connections are where they were, new clients reach them.
+	waitFor(t, 15*time.Second, "the successor counts every client", func() bool {
+		return h.srv.Metric("pgsse_sse_connections") == float64(total)
+	})
+	assert.Equal(t, spread, procConns(h.srv, 2), "each connection stayed with its slot")
+	for range 8 {
+		dialSSE(t, h.srv.Listen, "/streams/h/1", h.subTok)
+	}
+	time.Sleep(500 * time.Millisecond)
+	h.load.Stop()
+	h.fleet.check(t, before, int(h.load.note.Load()))
+	checkWorkers(t, h.workers, int(h.load.note.Load()))
+	assert.Zero(t, h.load.httpErr.Load(), "keep-alive HTTP publishes that failed")
+	assert.GreaterOrEqual(t, census(), 1, "the census never showed 0 LISTEN sessions")
+	waitFor(t, 10*time.Second, "one LISTEN session again", func() bool { return listenSessions(t, h.dsn) == 1 })
+	assert.NotContains(t, h.srv.Log(), "switching to an own LISTEN session", "no sibling failed over to a session of its own")
+	h.fleet.logGaps(t, m.Took)
+}
+
+// A successor whose sibling exits at once: the predecessor and its sibling keep serving
+// everybody (nobody disconnected), one line says why, the successor is gone.
+func TestHandoffProcsFailedSiblingKeepsServing(t *testing.T) {
+	h := startHandoffProcs(t, 2, 30, 6, 6, 2, 2)
+	total := len(h.fleet.clients)
+	waitFor(t, 15*time.Second, "every client counted", func() bool { return h.srv.Metric("pgsse_sse_connections") == float64(total) })
+	require.Positive(t, procConns(h.srv, 2)[1], "the sibling has subscribers")
+	oldSibling := h.srv.SiblingPIDs()[1]
+	real := filepath.Join(t.TempDir(), "pgsse-real")
+	installBinary(t, binary(t), real)
+	installScript(t, h.bin, handoffSiblingExitEnv+"=1 exec "+real+` "$@"`)
+	before := h.fleet.events()
+
+	h.srv.Signal(syscall.SIGUSR2)
+	line, err := h.srv.Process().WaitLine(ctxFor(t, 40*time.Second), func(l []byte) bool {
+		return bytes.Contains(l, []byte("handoff failed, still serving everything: "))
+	})
+	require.NoError(t, err, "one line saying why")
+	assert.Contains(t, string(line), "the sibling process of slot 1 could not hand over")
+	var m struct{ Successor int }
+	require.NoError(t, json.Unmarshal(line, &m))
+	waitFor(t, 10*time.Second, "the successor is gone", func() bool { return servetest.Gone(m.Successor) })
+	h.srv.Alive("after the failed handoff")
+	assert.False(t, servetest.Gone(oldSibling), "the sibling serves on")
+	waitFor(t, 15*time.Second, "events after the failed handoff", func() bool {
+		for i, n := range h.fleet.events() {
+			if n <= before[i] {
+				return false
+			}
+		}
+		return true
+	})
+	for range 8 { // both processes accept again
+		dialSSE(t, h.srv.Listen, "/streams/h/1", h.subTok)
+	}
+	h.load.Stop()
+	h.fleet.check(t, before, int(h.load.note.Load()))
+	checkWorkers(t, h.workers, int(h.load.note.Load()))
+	assert.Zero(t, h.load.httpErr.Load(), "HTTP publishes that failed")
+	assert.Equal(t, float64(total+8), h.srv.Metric("pgsse_sse_connections"))
 }

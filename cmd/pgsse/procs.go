@@ -34,8 +34,10 @@ import (
 // How a sibling is told what it is, and why no outside worker can pose as one: the first
 // process makes a socketpair per sibling, enrols one end in its hub as a sibling
 // (engine.Server.AddSibling: the only hub connection allowed the stream channel) and hands the
-// other end to the child as descriptor 3; the environment variable siblingEnv says which slot
-// it fills, the address to bind (the port the first process actually bound, for :0) and where
+// other end to the child as descriptor 3 — and a second socketpair as descriptor 4, the control
+// socket over which a SIGUSR2 handoff reaches the sibling (prochandoff.go); the environment
+// variable siblingEnv says which slot it fills, the address to bind (the port the first
+// process actually bound, for :0) and where
 // to serve its metrics. The child runs with the same arguments and environment otherwise.
 //
 // The rules of life and death:
@@ -58,6 +60,8 @@ import (
 const (
 	siblingEnv           = "PGSSE_INTERNAL_SIBLING" // JSON siblingMarker; set only by the first process
 	siblingHubFD         = 3                        // the sibling's end of the socketpair (ExtraFiles[0])
+	siblingCtlFD         = 4                        // its end of the control socketpair (ExtraFiles[1]; prochandoff.go)
+	siblingHandoffFD     = 5                        // with siblingMarker.Handoff: the predecessor's sibling's socket (ExtraFiles[2])
 	siblingRestartMin    = 100 * time.Millisecond
 	siblingRestartMax    = 30 * time.Second
 	siblingStableAfter   = time.Minute
@@ -74,6 +78,9 @@ type siblingMarker struct {
 	Listen  string `json:"listen"`  // the address to bind, with the port the first process bound
 	Metrics string `json:"metrics"` // Unix socket to serve /metrics on, in the first process's private directory
 	Parent  int    `json:"parent"`  // the first process's pid
+	// Handoff: this sibling is the successor of the predecessor's sibling of the same slot;
+	// siblingHandoffFD is the socket it hands over on (prochandoff.go).
+	Handoff bool `json:"handoff,omitempty"`
 }
 
 // readSiblingMarker returns the marker if this process is a sibling, nil otherwise.
@@ -110,6 +117,10 @@ func (s *serveSetup) asSibling(m *siblingMarker) error {
 	// The child was started as /proc/self/exe, which the kernel names "exe": take the
 	// first process's name back for ps and top (best effort; Linux only).
 	_ = os.WriteFile("/proc/self/comm", []byte(filepath.Base(os.Args[0])), 0)
+	if s.siblingCtl, err = siblingCtl(); err != nil {
+		_ = c.Close()
+		return err
+	}
 	s.sibling = m
 	s.procs = 1
 	s.adminListen, s.pprof = "", false
@@ -156,6 +167,12 @@ type supervisor struct {
 	done   chan struct{}
 	once   sync.Once
 
+	// hold, if set (a successor whose siblings take over: setHandoffs), delays restarts until
+	// releaseRestarts: a sibling that could not take over is not replaced by one that accepts
+	// on its own while the predecessor may still call the handoff off.
+	hold     chan struct{}
+	holdOnce sync.Once
+
 	mu       sync.Mutex // guards slots' pid (read by the metrics gatherer)
 	procs    prometheus.Gauge
 	restarts prometheus.Counter
@@ -167,6 +184,14 @@ type siblingSlot struct {
 	pid       int // 0 while not running
 	startedAt time.Time
 	backoff   time.Duration // the next restart's delay
+	// ctl is this process's end of the running sibling's control socket (prochandoff.go);
+	// handoff, if set, is the socket its first start hands over on (a successor's sibling:
+	// siblingMarker.Handoff). committed: the sibling hands its connections over to a
+	// successor's and then exits: not restarted, gone closed once it has.
+	ctl       *net.UnixConn
+	handoff   *os.File
+	committed bool
+	gone      chan struct{}
 }
 
 type siblingExit struct {
@@ -259,8 +284,8 @@ func (sv *supervisor) spawn(sl *siblingSlot) {
 	cmd, err := sv.command(sl)
 	if err == nil {
 		err = cmd.Start()
-		if cmd.ExtraFiles != nil {
-			_ = cmd.ExtraFiles[0].Close() // the child has its copy
+		for _, f := range cmd.ExtraFiles {
+			_ = f.Close() // the child has its copy
 		}
 	}
 	if err != nil {
@@ -297,18 +322,47 @@ func (sv *supervisor) command(sl *siblingSlot) (*exec.Cmd, error) {
 		_ = theirs.Close()
 		return nil, err
 	}
-	marker, _ := json.Marshal(siblingMarker{Slot: sl.slot, Listen: sv.listen, Metrics: sl.metrics, Parent: os.Getpid()})
+	ctlFDs, err := siblingSocketpair()
+	if err != nil {
+		_ = theirs.Close()
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
+	ctlTheirs := os.NewFile(uintptr(ctlFDs[1]), "pgsse-sibling-ctl")
+	ctlOurs := os.NewFile(uintptr(ctlFDs[0]), "pgsse-sibling-ctl")
+	cc, err := net.FileConn(ctlOurs)
+	_ = ctlOurs.Close()
+	if err != nil {
+		_ = theirs.Close()
+		_ = ctlTheirs.Close()
+		return nil, err
+	}
+	sv.mu.Lock()
+	if sl.ctl != nil {
+		_ = sl.ctl.Close()
+	}
+	sl.ctl = cc.(*net.UnixConn)
+	sv.mu.Unlock()
+	m := siblingMarker{Slot: sl.slot, Listen: sv.listen, Metrics: sl.metrics, Parent: os.Getpid()}
+	files := []*os.File{theirs, ctlTheirs}
+	if sl.handoff != nil { // the first start only: a restart serves afresh
+		m.Handoff = true
+		files = append(files, sl.handoff)
+		sl.handoff = nil
+	}
+	marker, _ := json.Marshal(m)
 	cmd := exec.Command(selfExe, append([]string{"serve"}, sv.args...)...)
 	if _, err := os.Stat(selfExe); err != nil { // not Linux
 		if cmd.Path, err = os.Executable(); err != nil {
-			_ = theirs.Close()
+			for _, f := range files {
+				_ = f.Close()
+			}
 			return nil, err
 		}
 	}
 	cmd.Args[0] = os.Args[0]
 	cmd.Env = append(append([]string(nil), sv.env...), siblingEnv+"="+string(marker))
 	cmd.Stdout, cmd.Stderr = sv.stdout, sv.stderr
-	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.ExtraFiles = files
 	cmd.SysProcAttr = siblingProcAttr()
 	return cmd, nil
 }
@@ -319,11 +373,20 @@ func (sv *supervisor) exited(e siblingExit, stopping bool) {
 	sv.mu.Lock()
 	ran := time.Since(sl.startedAt)
 	sl.pid = 0
+	committed := sl.committed
+	if committed {
+		sl.committed = false
+		close(sl.gone)
+	}
 	sv.mu.Unlock()
 	sv.procs.Set(float64(1 + sv.running()))
 	cause := "exit status 0"
 	if e.err != nil {
 		cause = e.err.Error()
+	}
+	if committed {
+		sv.log.Info("a sibling process handed its connections over to the successor's and exited", "slot", e.slot, "pid", e.pid, "status", cause)
+		return
 	}
 	if stopping {
 		sv.log.Debug("sibling process stopped", "slot", e.slot, "pid", e.pid, "status", cause)
@@ -343,6 +406,13 @@ func (sv *supervisor) retryLater(sl *siblingSlot) {
 	d := sl.backoff
 	sl.backoff = min(2*sl.backoff, siblingRestartMax)
 	time.AfterFunc(d, func() {
+		if sv.hold != nil {
+			select {
+			case <-sv.hold:
+			case <-sv.stopC:
+				return
+			}
+		}
 		select {
 		case sv.due <- sl.slot:
 		case <-sv.stopC:

@@ -43,7 +43,10 @@ type serveSetup struct {
 	shortSecret int            // bytes of an HS256 secret shorter than shortSecret, warned about once serving
 	procs       int            // --procs: processes serving --listen (procs.go)
 	sibling     *siblingMarker // this process is a sibling of --procs (set by asSibling)
-	cli         *cli           // names each flag in errors as its value was given (cli.attribute)
+	siblingCtl  *net.UnixConn  // a sibling's control socket with its first process (prochandoff.go)
+	// siblingHandoffs: a successor's, the sockets its siblings take over on, by slot.
+	siblingHandoffs map[int]*os.File
+	cli             *cli // names each flag in errors as its value was given (cli.attribute)
 }
 
 func parseServe(args []string, env func(string) (string, bool), stdout, stderr io.Writer) (*serveSetup, error) {
@@ -375,14 +378,20 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 		return err
 	}
 	marker, err := readSiblingMarker(env)
+	var su *successor
 	if err == nil && marker != nil {
 		err = s.asSibling(marker)
+		if err == nil && marker.Handoff {
+			if os.Getenv(handoffSiblingExitEnv) != "" {
+				return configErrorf("%s is set: this sibling exits at once", handoffSiblingExitEnv)
+			}
+			su, err = s.asSuccessor(siblingHandoffFD, siblingSuccessorMarker(marker))
+		}
 	}
-	var su *successor
 	if err == nil && marker == nil {
 		var hm *handoffMarker
 		if hm, err = readHandoffMarker(env); err == nil && hm != nil {
-			su, err = s.asSuccessor(hm)
+			su, err = s.asSuccessor(handoffCtrlFD, hm)
 		}
 	}
 	if err != nil {
@@ -410,6 +419,7 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 			return errReported
 		}
 		defer sup.stop()
+		sup.setHandoffs(s.siblingHandoffs)
 		gatherer = procsGatherer{own: s.registry, sup: sup}
 	}
 
@@ -499,10 +509,18 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 				defer stopMetrics()
 			}
 		}
+		handed := make(chan bool, 1)
 		var ho *handoffer
 		if s.sibling == nil {
-			ho = &handoffer{log: log, srv: srv, adminLn: adminRaw, procs: s.procs,
+			ho = &handoffer{log: log, srv: srv, adminLn: adminRaw, procs: s.procs, sup: sup,
 				stdout: fileOr(stdout, os.Stdout), stderr: fileOr(stderr, os.Stderr)}
+		}
+		var sh *siblingHandoff
+		if s.siblingCtl != nil {
+			sh = &siblingHandoff{log: log, srv: srv, ctl: s.siblingCtl, cmds: make(chan byte, 1), handed: handed}
+			sh.busy.Store(su != nil) // no handover of ours while we take over
+			go sh.serve()
+			defer s.siblingCtl.Close()
 		}
 		if su != nil {
 			if ho != nil {
@@ -513,12 +531,18 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 				if ho != nil {
 					ho.busy.Store(false)
 				}
+				if sh != nil {
+					sh.busy.Store(false)
+				}
+				if sup != nil {
+					sup.releaseRestarts()
+				}
 			}()
 		} else if s.sibling == nil {
 			handoffNotify("READY=1", log)
 		}
 		var ended bool
-		runErr, ended = waitServe(ctx, stop, runDone, orphaned, srv, s.sibling, log, usr2, ho)
+		runErr, ended = waitServe(ctx, stop, runDone, orphaned, srv, s.sibling, log, usr2, ho, handed)
 		if sup != nil {
 			sup.stop() // the siblings drain first: none of them fails over on the way down
 		}
@@ -556,14 +580,14 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 }
 
 // waitServe waits while the engine serves: for a signal (stop makes a second one kill the
-// process the default way), the engine's own end (ended, with its error), or — in a sibling —
-// the first process's death plus orphanGrace. An orphaned sibling stops accepting at once
+// process the default way), the engine's own end (ended, with its error), a handoff that has
+// handed everything over (handed: SIGUSR2 in the first process, its 'P' in a sibling), or — in
+// a sibling — the first process's death plus orphanGrace. An orphaned sibling stops accepting at once
 // (srv.StopAccepting) and serves the connections it has until then, so that a new set of
 // processes started meanwhile can bind --listen (docs/scaling.md).
 func waitServe(ctx context.Context, stop func(), runDone <-chan error, orphaned <-chan struct{}, srv interface{ StopAccepting() }, m *siblingMarker, log *slog.Logger,
-	usr2 <-chan os.Signal, ho *handoffer) (err error, ended bool) {
+	usr2 <-chan os.Signal, ho *handoffer, handed chan bool) (err error, ended bool) {
 	var graceOver <-chan time.Time
-	handed := make(chan bool, 1)
 	for {
 		select {
 		case <-usr2:
