@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/pgsse/pgsse/framing"
 )
@@ -211,14 +210,9 @@ func TestHandoffChannelsLoseNothing(t *testing.T) {
 	require.NoError(t, a.MarkHandoff(ctx, mark))
 	close(accept)
 	handed, err := a.HandOver(ctx, func(batch []HandedConn) error {
-		fds := make([]int, len(batch))
-		recs := make([][]byte, len(batch))
-		for i, h := range batch {
-			fd, err := unix.Dup(h.FD)
-			if err != nil {
-				return err
-			}
-			fds[i], recs[i] = fd, h.Record
+		fds, recs, err := dupHanded(batch)
+		if err != nil {
+			return err
 		}
 		time.Sleep(handoffChannelsDelay) // a slow handover: notifications reach b's session meanwhile
 		return b.Adopt(fds, recs)
@@ -329,14 +323,9 @@ func TestHandoffParkedResumeSkipsThePassQueue(t *testing.T) {
 	require.NoError(t, conn.Exec(ctx, "SELECT pg_notify('hpq', '1')").Close())
 	require.Equal(t, "1", next(), "the predecessor wrote notification 1 (handoff position 1)")
 	handed, err := a.HandOver(ctx, func(batch []HandedConn) error {
-		fds := make([]int, len(batch))
-		recs := make([][]byte, len(batch))
-		for i, h := range batch {
-			fd, err := unix.Dup(h.FD)
-			if err != nil {
-				return err
-			}
-			fds[i], recs[i] = fd, h.Record
+		fds, recs, err := dupHanded(batch)
+		if err != nil {
+			return err
 		}
 		return b.Adopt(fds, recs)
 	})

@@ -11,7 +11,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 )
 
 // Presence across a handoff (presence.go: adopted, closed; presencewriter.go: the successor's
@@ -146,14 +145,9 @@ func TestHandoffKeepsPresence(t *testing.T) {
 	a.StopAcceptingAll()
 	close(accept)
 	handed, err := a.HandOver(ctx, func(batch []HandedConn) error {
-		fds := make([]int, len(batch))
-		recs := make([][]byte, len(batch))
-		for i, h := range batch {
-			fd, err := unix.Dup(h.FD)
-			if err != nil {
-				return err
-			}
-			fds[i], recs[i] = fd, h.Record
+		fds, recs, err := dupHanded(batch)
+		if err != nil {
+			return err
 		}
 		return b.Adopt(fds, recs)
 	})

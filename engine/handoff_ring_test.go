@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 )
 
 // Moved subscribers catch up from the successor's memory, not the table (issue 22;
@@ -76,14 +75,9 @@ func TestHandoffStreamsCatchUpFromMemory(t *testing.T) {
 	require.NoError(t, a.MarkHandoff(ctx, mark))
 	close(accept)
 	handed, err := a.HandOver(ctx, func(batch []HandedConn) error {
-		fds := make([]int, len(batch))
-		recs := make([][]byte, len(batch))
-		for i, h := range batch {
-			fd, err := unix.Dup(h.FD)
-			if err != nil {
-				return err
-			}
-			fds[i], recs[i] = fd, h.Record
+		fds, recs, err := dupHanded(batch)
+		if err != nil {
+			return err
 		}
 		// A slow handover: every stream has events past these records' cursors meanwhile,
 		// which reach b's session before the subscriptions do.

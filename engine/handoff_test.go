@@ -265,14 +265,9 @@ func TestHandoffMovesEveryConnection(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	handed, err := a.HandOver(ctx, func(batch []HandedConn) error {
-		fds := make([]int, len(batch))
-		recs := make([][]byte, len(batch))
-		for i, h := range batch {
-			fd, err := unix.Dup(h.FD)
-			if err != nil {
-				return err
-			}
-			fds[i], recs[i] = fd, h.Record
+		fds, recs, err := dupHanded(batch)
+		if err != nil {
+			return err
 		}
 		return b.Adopt(fds, recs)
 	})
@@ -377,6 +372,21 @@ func TestHandOverMovesManyBatchesPerLoopTask(t *testing.T) {
 	assert.Equal(t, n, handed)
 	assert.Equal(t, []int{handoffBatch, handoffBatch, handoffBatch, 5}, sizes, "sent a batch of descriptors at a time")
 	assert.Zero(t, left, "the first loop task handed over every connection that was ready, not one batch")
+}
+
+// dupHanded is what a test's handover callback sends on: each handed connection's descriptor
+// (a duplicate, as SCM_RIGHTS would give the successor) and its record.
+func dupHanded(batch []HandedConn) ([]int, [][]byte, error) {
+	fds := make([]int, len(batch))
+	recs := make([][]byte, len(batch))
+	for i, h := range batch {
+		fd, err := unix.Dup(h.FD)
+		if err != nil {
+			return nil, nil, err
+		}
+		fds[i], recs[i] = fd, h.Record
+	}
+	return fds, recs, nil
 }
 
 // startSuccessor starts a successor of a as cmd/pgsse does: serving on a's --listen (addr)
