@@ -51,15 +51,7 @@ func TestHandoffStreamsCatchUpFromMemory(t *testing.T) {
 		go func() { defer wg.Done(); r.run(done) }()
 	}
 	defer func() { close(done); wg.Wait() }()
-	waitFor(t, 10*time.Second, "every client has events", func() bool {
-		for i, r := range readers {
-			if _, n, err := r.state(); n == 0 {
-				require.NoError(t, err, "client %d", i)
-				return false
-			}
-		}
-		return true
-	})
+	waitEveryReaderHasEvents(t, readers)
 
 	// The successor, and the handoff as cmd/pgsse runs it.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

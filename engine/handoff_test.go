@@ -85,6 +85,21 @@ func (r *handoffReader) run(done <-chan struct{}) {
 	}
 }
 
+// waitEveryReaderHasEvents waits until each reader has read an event, failing at once on a
+// reader's error (the handoff tests start moving only then).
+func waitEveryReaderHasEvents(t *testing.T, readers []*handoffReader) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "every client has events", func() bool {
+		for i, r := range readers {
+			if _, n, err := r.state(); n == 0 {
+				require.NoError(t, err, "client %d", i)
+				return false
+			}
+		}
+		return true
+	})
+}
+
 func (r *handoffReader) state() ([]int64, int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -239,15 +254,7 @@ func TestHandoffMovesEveryConnection(t *testing.T) {
 		go func() { defer wg.Done(); r.run(done) }()
 	}
 	defer func() { close(done); wg.Wait() }()
-	waitFor(t, 10*time.Second, "every client has events", func() bool {
-		for i, r := range readers {
-			if _, n, err := r.state(); n == 0 {
-				require.NoError(t, err, "client %d", i)
-				return false
-			}
-		}
-		return true
-	})
+	waitEveryReaderHasEvents(t, readers)
 
 	// The successor: serves on the inherited --listen, accepting once the predecessor stops.
 	accept := make(chan struct{})

@@ -517,8 +517,8 @@ func (t *connTable) answerPublish(sc *sseConn, b []byte, keepAlive, bodyUnread b
 // bytes its socket has not taken yet (the unsent remainder of a partly written event first)
 // — and returns a duplicate of its descriptor for the successor; the loop's own descriptor
 // is closed (gnet: OnClose removes the connection from the tables, the socket lives on in
-// the duplicate). ok is false for a
-// connection that cannot be handed over now (not streaming, or bytes in gnet's own buffer).
+// the duplicate). ok is false for a connection that cannot be handed over now (not
+// streaming, or bytes in gnet's own buffer).
 func (t *connTable) handOver(sc *sseConn, dst []byte) (rec []byte, fd int, ok bool) {
 	if !sc.streaming() || sc.c.OutboundBuffered() > 0 {
 		return dst, -1, false
