@@ -71,6 +71,7 @@ type subscription struct {
 	st     *stream  // a stream subscription's stream, or nil
 	ch     *channel // a channel subscription's channel, or nil
 	cursor int64    // last durable id written (or skipped) on this subscription
+	seen   uint64   // the last ephemeral event's seq handed to it (a sweep hands an event once: fanout_sweep.go)
 	idx    int32    // in its stream's or channel's subscriber list (fanout.go)
 	state  subState
 	// replaying is set while a table read for this subscription is in flight.
@@ -206,6 +207,7 @@ func (s *subscriptions) hold(sc *sseConn, k int, composite bool) {
 // (readHead). With one, its history is read once the connection has its response head.
 func (s *subscriptions) subscribeStream(sub *subscription, name string, cursor int64, hasCursor bool) {
 	sub.st = s.fan.join(name, sub)
+	sub.seen = sub.st.queuedSeq() // what was queued before it joined is not its
 	switch {
 	case hasCursor:
 		sub.cursor = cursor
@@ -362,6 +364,7 @@ func (s *subscriptions) adopt(sc *sseConn, h *framing.HandoffConn) {
 			continue
 		}
 		sub.st = s.fan.join(r.Name, sub)
+		sub.seen = sub.st.queuedSeq()
 		sub.cursor = r.Cursor
 		sub.gapChecked = r.Checked
 		sub.to(subCatchUp)
@@ -425,6 +428,10 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 				continue
 			}
 		} else {
+			if ev.seq <= sub.seen {
+				continue // handed to it by an earlier sweep (fanout_sweep.go)
+			}
+			sub.seen = ev.seq
 			if !sub.sees(ev) {
 				continue
 			}
@@ -583,6 +590,10 @@ func (s *subscriptions) deliverMulti(sc *sseConn) int {
 				owners = append(owners, sub)
 			}
 		} else {
+			if ev.seq <= sub.seen {
+				continue
+			}
+			sub.seen = ev.seq
 			if !sub.sees(ev) {
 				continue
 			}
