@@ -71,7 +71,7 @@ type subscription struct {
 	st     *stream  // a stream subscription's stream, or nil
 	ch     *channel // a channel subscription's channel, or nil
 	cursor int64    // last durable id written (or skipped) on this subscription
-	seen   uint64   // the last ephemeral event's seq handed to it (a sweep hands an event once: fanout_sweep.go)
+	seen   uint64   // the last event's seq handed to it (a sweep hands an event once: fanout_sweep.go, unseen)
 	idx    int32    // in its stream's or channel's subscriber list (fanout.go)
 	state  subState
 	// replaying is set while a table read for this subscription is in flight.
@@ -403,6 +403,11 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 		s.queueMulti(sc) // one write for all its streams, once the pass is known (flushMulti)
 		return 0
 	}
+	items = unseen(items, sub.seen)
+	if len(items) == 0 {
+		return 0
+	}
+	sub.seen = items[len(items)-1].seq
 	l := s.out.limits()
 	queued := sc.pending()
 	live := sub.state == subLive
@@ -428,10 +433,6 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 				continue
 			}
 		} else {
-			if ev.seq <= sub.seen {
-				continue // handed to it by an earlier sweep (fanout_sweep.go)
-			}
-			sub.seen = ev.seq
 			if !sub.sees(ev) {
 				continue
 			}
@@ -454,6 +455,26 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 	sub.cursor = cutEvent(out, cut).id - 1
 	s.pause(sub)
 	return writtenBefore(out, cut)
+}
+
+// unseen is what of a stream's queued events (in seq order) comes after seen: what a sweep
+// has not handed the subscription yet (fanout_sweep.go). The events queued while a sweep runs
+// stay queued for the next one, so a queue may hold many that most subscriptions had; a
+// subscription's share is found by a binary search, not by going over them.
+func unseen(items []*event, seen uint64) []*event {
+	if len(items) == 0 || items[0].seq > seen {
+		return items
+	}
+	lo, hi := 0, len(items)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if items[m].seq <= seen {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return items[lo:]
 }
 
 // appendEvent appends the items that write ev to sub's connection: the event's shared
@@ -547,10 +568,11 @@ func (s *subscriptions) deliverMulti(sc *sseConn) int {
 		if sub.st == nil {
 			continue
 		}
-		evs := sub.st.passEvents()
+		evs := unseen(sub.st.passEvents(), sub.seen)
 		if len(evs) == 0 {
 			continue
 		}
+		sub.seen = evs[len(evs)-1].seq
 		streams++
 		if sub.state == subLive && queued > l.high {
 			s.pause(sub)
@@ -590,10 +612,6 @@ func (s *subscriptions) deliverMulti(sc *sseConn) int {
 				owners = append(owners, sub)
 			}
 		} else {
-			if ev.seq <= sub.seen {
-				continue
-			}
-			sub.seen = ev.seq
 			if !sub.sees(ev) {
 				continue
 			}
