@@ -162,9 +162,6 @@ type taskQueue struct {
 	// between runs after each round of tasks, given how long that round took (on the loop,
 	// bracketing itself), and reports whether it has more to do (Server.admitRound).
 	between func(taskTime time.Duration) bool
-	// soon: what between has left is a paused fan-out sweep, resumed as soon as gnet has
-	// polled the sockets (Server.admitRound sets it).
-	soon bool
 }
 
 // The drain does not hold the loop for long: once it has run for drainSlice with work still
@@ -328,15 +325,7 @@ func (q *taskQueue) drain() {
 		waiting := len(q.tasks) > 0
 		q.mu.Unlock()
 		if more && !waiting || (more || waiting) && time.Since(started) >= drainSlice {
-			// q.scheduled stays set: pushes meanwhile wait for it.
-			if q.soon {
-				// A paused fan-out sweep (fanout_sweep.go): gnet polls the sockets once this
-				// returns and runs the drain again right after them, without the loop idling
-				// drainYield — woken by a timer on a loaded host, that is often a millisecond.
-				go q.resume()
-			} else {
-				time.AfterFunc(drainYield, q.resume)
-			}
+			time.AfterFunc(drainYield, q.resume) // q.scheduled stays set: pushes meanwhile wait for it
 			return
 		}
 	}

@@ -375,7 +375,6 @@ func (s *Server) admitRound(taskTime time.Duration) bool {
 		s.leave()
 		s.driving = false
 	}
-	s.tasks.soon = s.sweepLeft && !more
 	return more || s.sweepLeft
 }
 
