@@ -49,6 +49,7 @@ type stream struct {
 	out      []*event // events queued for the live set, written by the sweep (fanout_sweep.go)
 	dirty    bool
 	sw       sweepState // its part in the sweep in progress
+	ephemera int        // ephemeral events in out
 
 	// Ids reused after a crash (rewind): maxTimeUS is the latest publish time (PostgreSQL's
 	// clock) of the events accounted for — a table event with an id ≤ last but a later time is
@@ -132,7 +133,7 @@ func (f *fanout) receiving(at time.Time) { f.received = at }
 
 // passEvents are the events queued for the stream's live side and not trimmed by a sweep yet,
 // in arrival order (read them during the sweep only: fanout_sweep.go).
-func (st *stream) passEvents() []*event { return st.out }
+func (st *stream) passEvents() []*event { return st.sweepable() }
 
 // head is the highest id the stream has accounted for; -1 when not known yet.
 func (st *stream) head() int64 { return st.last }
@@ -330,6 +331,7 @@ func (f *fanout) queue(st *stream, ev *event) {
 	f.seq++
 	ev.seq = f.seq
 	st.out = append(st.out, ev)
+	st.queued(ev)
 	f.markDirty(st)
 }
 

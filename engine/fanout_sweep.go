@@ -15,11 +15,16 @@ import "time"
 //
 // What keeps it exact: a subscription's durable events are filtered by its cursor (deliver),
 // so one visited before an event arrived takes it in the next sweep and one visited after
-// does not take it twice; an ephemeral event has no id, and is filtered by the subscription's
-// seen (the last event sequence number it was handed). A subscription removed from a stream
-// whose sweep is paused leaves by swapRemoveKeeping, which keeps every subscription before
-// the sweep's position one that was visited — the last one, moved into its place, would
-// otherwise be skipped. A subscription that joins mid-sweep is appended, after the position.
+// does not take it twice. An ephemeral event has no id to filter by: one that arrives while
+// the sweep is visiting its stream is not handed out by that visit — nor is anything queued
+// after it, to keep the stream's order — so the ephemeral events a sweep hands out are those
+// its stream held when the sweep reached it, to every subscription once, and trimmed at the
+// end (sweepable). A queue of durable events alone, carried from sweep to sweep, costs a
+// subscription only its share: deliver finds its cursor by a binary search. A subscription
+// removed from a stream whose sweep is paused leaves by swapRemoveKeeping, which keeps every
+// subscription before the sweep's position one that was visited — the last one, moved into
+// its place, would otherwise be skipped. A subscription that joins mid-sweep is appended,
+// after the position.
 // The sweep runs on the loop, in the loop entries' leave, so every connection keeps its one
 // owner; the writes of a slice are a loop entry's, and connections closed meanwhile are
 // removed on its way out (Server.leave), never during a slice.
@@ -44,9 +49,11 @@ type streamSweep struct {
 
 // sweepState is a stream's part in the sweep in progress.
 type sweepState struct {
-	visiting bool      // the sweep has reached the stream
-	pos      int       // its subscriptions before pos were written (while visiting)
-	had      int       // the events out held when the sweep reached it: trimmed at the end
+	visiting bool // the sweep has reached the stream
+	pos      int  // its subscriptions before pos were written (while visiting)
+	had      int  // the events out held when the sweep reached it: trimmed at the end
+	frozen   bool // an ephemeral event arrived during the visit: out[limit:] waits for the next sweep
+	limit    int
 	at       time.Time // when the sweep reached it (stageWritten)
 }
 
@@ -58,14 +65,29 @@ func (st *stream) pausedAt() int {
 	return st.sw.pos
 }
 
-// queuedSeq is the sequence number of the last event queued on the stream and not trimmed
-// yet: a subscription that joins now is not handed the ones up to it (subscription.seen).
-func (st *stream) queuedSeq() uint64 {
-	if len(st.out) == 0 {
-		return 0
+// queued notes an event appended to out: an ephemeral one that arrives while the sweep is
+// visiting the stream ends what the visit hands out (sweepable).
+func (st *stream) queued(ev *event) {
+	if ev.id != 0 {
+		return
 	}
-	return st.out[len(st.out)-1].seq
+	st.ephemera++
+	if st.sw.visiting && !st.sw.frozen {
+		st.sw.frozen, st.sw.limit = true, len(st.out)-1
+	}
 }
+
+// sweepable is what of out the sweep in progress hands out: all of it, or what came before
+// an ephemeral event that arrived during the stream's visit.
+func (st *stream) sweepable() []*event {
+	if st.sw.frozen {
+		return st.out[:st.sw.limit]
+	}
+	return st.out
+}
+
+// onlyDurable reports whether the stream's queue holds durable events alone.
+func (st *stream) onlyDurable() bool { return st.ephemera == 0 }
 
 // sweepOn runs one slice of the sweep, starting one if none is in progress; budget 0 runs
 // it to its end. drive says the task drain is continuing it (otherwise a paused sweep is
@@ -90,7 +112,7 @@ func (sw *streamSweep) sweepOn(f *fanout, budget time.Duration, drive bool) bool
 			st.sw = sweepState{visiting: true, had: len(st.out), at: start}
 		}
 		for st.sw.pos < len(st.subs) {
-			delivered += f.subs.deliver(st.subs[st.sw.pos], st.out)
+			delivered += f.subs.deliver(st.subs[st.sw.pos], st.sweepable())
 			st.sw.pos++
 			if n++; n%f.sliceSubs == 0 {
 				f.between()
@@ -128,6 +150,9 @@ func (sw *streamSweep) end(f *fanout) {
 		st.sw = sweepState{}
 		items := st.out[:had]
 		for _, ev := range items {
+			if ev.id == 0 {
+				st.ephemera--
+			}
 			if ev.timeUS > 0 {
 				f.metrics.lag.Observe(float64(now-ev.timeUS) / 1e6)
 			}

@@ -71,7 +71,6 @@ type subscription struct {
 	st     *stream  // a stream subscription's stream, or nil
 	ch     *channel // a channel subscription's channel, or nil
 	cursor int64    // last durable id written (or skipped) on this subscription
-	seen   uint64   // the last event's seq handed to it (a sweep hands an event once: fanout_sweep.go, unseen)
 	idx    int32    // in its stream's or channel's subscriber list (fanout.go)
 	state  subState
 	// replaying is set while a table read for this subscription is in flight.
@@ -207,7 +206,6 @@ func (s *subscriptions) hold(sc *sseConn, k int, composite bool) {
 // (readHead). With one, its history is read once the connection has its response head.
 func (s *subscriptions) subscribeStream(sub *subscription, name string, cursor int64, hasCursor bool) {
 	sub.st = s.fan.join(name, sub)
-	sub.seen = sub.st.queuedSeq() // what was queued before it joined is not its
 	switch {
 	case hasCursor:
 		sub.cursor = cursor
@@ -364,7 +362,6 @@ func (s *subscriptions) adopt(sc *sseConn, h *framing.HandoffConn) {
 			continue
 		}
 		sub.st = s.fan.join(r.Name, sub)
-		sub.seen = sub.st.queuedSeq()
 		sub.cursor = r.Cursor
 		sub.gapChecked = r.Checked
 		sub.to(subCatchUp)
@@ -403,17 +400,20 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 		s.queueMulti(sc) // one write for all its streams, once the pass is known (flushMulti)
 		return 0
 	}
-	items = unseen(items, sub.seen)
-	if len(items) == 0 {
-		return 0
-	}
-	sub.seen = items[len(items)-1].seq
 	l := s.out.limits()
 	queued := sc.pending()
 	live := sub.state == subLive
 	if live && queued > l.high {
 		s.pause(sub)
 		live = false
+	}
+	if sub.st != nil && sub.st.onlyDurable() {
+		// Durable events alone, in id order: a sweep's queue may carry many this subscription
+		// had in the sweep before (fanout_sweep.go); its share starts after its cursor.
+		if !live {
+			return 0
+		}
+		items = after(items, sub.cursor)
 	}
 	out := s.items[:0]
 	s.ids = s.ids[:0]
@@ -457,18 +457,16 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 	return writtenBefore(out, cut)
 }
 
-// unseen is what of a stream's queued events (in seq order) comes after seen: what a sweep
-// has not handed the subscription yet (fanout_sweep.go). The events queued while a sweep runs
-// stay queued for the next one, so a queue may hold many that most subscriptions had; a
-// subscription's share is found by a binary search, not by going over them.
-func unseen(items []*event, seen uint64) []*event {
-	if len(items) == 0 || items[0].seq > seen {
+// after is what of items — durable events in id order — comes after id c, found by a
+// binary search.
+func after(items []*event, c int64) []*event {
+	if len(items) == 0 || items[0].id > c {
 		return items
 	}
 	lo, hi := 0, len(items)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
-		if items[m].seq <= seen {
+		if items[m].id <= c {
 			lo = m + 1
 		} else {
 			hi = m
@@ -568,11 +566,10 @@ func (s *subscriptions) deliverMulti(sc *sseConn) int {
 		if sub.st == nil {
 			continue
 		}
-		evs := unseen(sub.st.passEvents(), sub.seen)
+		evs := sub.st.passEvents()
 		if len(evs) == 0 {
 			continue
 		}
-		sub.seen = evs[len(evs)-1].seq
 		streams++
 		if sub.state == subLive && queued > l.high {
 			s.pause(sub)
