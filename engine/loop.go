@@ -162,17 +162,6 @@ type taskQueue struct {
 	// between runs after each round of tasks, given how long that round took (on the loop,
 	// bracketing itself), and reports whether it has more to do (Server.admitRound).
 	between func(taskTime time.Duration) bool
-	// soon: what between has left is a paused fan-out sweep (Server.admitRound sets it). The
-	// drain then resumes right after gnet's next poll of the sockets instead of drainYield
-	// later, so that the loop does not idle between slices (a timer's wake-up on a loaded host
-	// is often a millisecond: scenario 3's fan-out took 1.6× as long). gnet runs, per pass, the
-	// sockets that became ready, then its urgent task queue, then its ordinary one — where the
-	// drain runs (Execute); a task queued there from the drain would run in the same pass,
-	// before any poll, but an urgent one (AsyncWrite of nothing on the anchor, whose callback
-	// is afterPoll) runs only in the next pass, after the sockets, and queues the drain again.
-	soon      bool
-	anchor    gnet.Conn
-	afterPoll gnet.AsyncCallback
 }
 
 // The drain does not hold the loop for long: once it has run for drainSlice with work still
@@ -188,7 +177,6 @@ const (
 func newTaskQueue() *taskQueue {
 	q := &taskQueue{}
 	q.drainFn = func(context.Context) error { q.drain(); return nil }
-	q.afterPoll = func(gnet.Conn, error) error { q.resume(); return nil }
 	return q
 }
 
@@ -292,12 +280,10 @@ func (q *taskQueue) wake() {
 	}
 }
 
-// start attaches the loop (through its anchor connection) and runs whatever was queued
-// before it existed.
-func (q *taskQueue) start(anchor gnet.Conn) {
-	loop := anchor.EventLoop()
+// start attaches the loop and runs whatever was queued before it existed.
+func (q *taskQueue) start(loop gnet.EventLoop) {
 	q.mu.Lock()
-	q.loop, q.anchor = loop, anchor
+	q.loop = loop
 	pending := len(q.tasks) > 0 && !q.scheduled
 	if pending {
 		q.scheduled = true
@@ -339,11 +325,7 @@ func (q *taskQueue) drain() {
 		waiting := len(q.tasks) > 0
 		q.mu.Unlock()
 		if more && !waiting || (more || waiting) && time.Since(started) >= drainSlice {
-			// q.scheduled stays set: pushes meanwhile wait for it.
-			if q.soon && q.anchor != nil && q.anchor.AsyncWrite(nil, q.afterPoll) == nil {
-				return
-			}
-			time.AfterFunc(drainYield, q.resume)
+			time.AfterFunc(drainYield, q.resume) // q.scheduled stays set: pushes meanwhile wait for it
 			return
 		}
 	}

@@ -239,7 +239,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.anchor, s.anchorPeer = anchor, peer
 	s.addr = sseLn.Addr()
 	s.healthyAt.Store(time.Now().UnixNano())
-	s.tasks.start(anchor)
+	s.tasks.start(anchor.EventLoop())
 
 	acceptors := []*acceptor{s.newAcceptor("--listen "+s.addr.String(), sseLn, originSSE, s.conns.openCounter(),
 		func() int64 { return int64(s.cfg.MaxConnections + shedSlack) })}
@@ -375,7 +375,6 @@ func (s *Server) admitRound(taskTime time.Duration) bool {
 		s.leave()
 		s.driving = false
 	}
-	s.tasks.soon = s.sweepLeft && !more
 	return more || s.sweepLeft
 }
 
