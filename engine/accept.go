@@ -5,12 +5,15 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
+	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -334,6 +337,7 @@ func (a *acceptor) enroll() {
 			a.pending.Add(-1)
 			continue // stopping: close the rest
 		}
+		a.srv.sseLocal.share(c) // not a hub socket's: share takes TCP connections only
 		res, err := a.srv.eng.Register(gnet.NewNetConnContext(a.ctx, c))
 		if err != nil {
 			_ = c.Close()
@@ -528,3 +532,91 @@ func (c *adminConn) Close() error {
 	c.once.Do(func() { <-c.slots })
 	return err
 }
+
+// localAddrs gives the SSE connections one *net.TCPAddr per local address instead of one each
+// (issue 25: an idle connection's bytes). gnet v2.9.7's Register keeps both addresses of the
+// net.TCPConn it is handed (eventloop_unix.go, enroll: newStreamConn(…, c.LocalAddr(),
+// c.RemoteAddr())) for as long as the connection is open, and the net package's accept made
+// each connection its own local TCPAddr (48 B) whose IP is a slice of the 32-byte sockaddr
+// getsockname returned: 80 B per connection that gnet's own acceptor, and so the floor, shares
+// (its connections point at the listener's address). Every connection of one listener has the
+// same local address unless the listener is on a wildcard address, so the table holds a few.
+//
+// Register takes a *net.TCPConn and nothing else for TCP, and the net package has no way to
+// say which address object a connection reports, so share writes it into the connection's
+// netFD before the connection is handed to gnet: the field is found by name and type once
+// (laddrField), and a Go release that moves it makes share fall back to sharing the IP only
+// (TestLocalAddrsShareOneAddress fails then, so it does not go unnoticed). The shared
+// addresses are never written after they are made; their IP is the 4-byte form for IPv4.
+type localAddrs struct {
+	mu     sync.Mutex
+	shared map[netip.AddrPort]*net.TCPAddr
+}
+
+// maxLocalAddrs bounds localAddrs's table (a wildcard listener on a host with many addresses:
+// the connections to the others keep their own).
+const maxLocalAddrs = 64
+
+// laddrField is the offset of net.TCPConn's netFD pointer (conn.fd) and, in the netFD, of its
+// local address (laddr, a net.Addr); ok is false if this Go's net package does not have them.
+func laddrField() (fd, laddr uintptr, ok bool) {
+	c, ok1 := reflect.TypeFor[net.TCPConn]().FieldByName("conn")
+	if !ok1 || c.Type.Kind() != reflect.Struct {
+		return 0, 0, false
+	}
+	f, ok1 := c.Type.FieldByName("fd")
+	if !ok1 || f.Type.Kind() != reflect.Pointer || f.Type.Elem().Kind() != reflect.Struct || f.Type.Elem().Name() != "netFD" {
+		return 0, 0, false
+	}
+	l, ok1 := f.Type.Elem().FieldByName("laddr")
+	if !ok1 || l.Type != reflect.TypeFor[net.Addr]() {
+		return 0, 0, false
+	}
+	return c.Offset + f.Offset, l.Offset, true
+}
+
+// share makes c report the table's address for its local address, if c is a TCP connection
+// nobody else holds yet (the acceptor's, before Register) and its address has no zone (gnet
+// hands a zone's bytes back to a pool when a connection closes: a shared one would go back
+// once per connection).
+func (t *localAddrs) share(c net.Conn) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	a, ok := tc.LocalAddr().(*net.TCPAddr)
+	if !ok || a.Zone != "" {
+		return
+	}
+	ap := a.AddrPort()
+	t.mu.Lock()
+	s := t.shared[ap]
+	if s == nil && len(t.shared) < maxLocalAddrs {
+		if t.shared == nil {
+			t.shared = map[netip.AddrPort]*net.TCPAddr{}
+		}
+		s = &net.TCPAddr{IP: net.IP(ap.Addr().Unmap().AsSlice()), Port: a.Port}
+		t.shared[ap] = s
+	}
+	t.mu.Unlock()
+	if s == nil {
+		return
+	}
+	if !laddrOK {
+		a.IP = s.IP // the address stays the connection's; its IP no longer holds the sockaddr
+		return
+	}
+	fd := *(*unsafe.Pointer)(unsafe.Add(unsafe.Pointer(tc), laddrFD))
+	if fd == nil {
+		return
+	}
+	la := (*net.Addr)(unsafe.Add(fd, laddrAt))
+	if *la != net.Addr(a) { // not the field LocalAddr reads after all
+		a.IP = s.IP
+		return
+	}
+	*la = s
+}
+
+// laddrFD, laddrAt and laddrOK are laddrField's answer, worked out once.
+var laddrFD, laddrAt, laddrOK = laddrField()

@@ -230,3 +230,42 @@ func TestPlaceholderSealed(t *testing.T) {
 	require.ErrorAs(t, err, &ne)
 	assert.True(t, ne.Timeout(), "nothing arrives: %v", err)
 }
+
+// The connections accepted on one address report one *net.TCPAddr for their local address —
+// the one gnet keeps for as long as they are open (issue 25: 48 B and a 32-byte sockaddr per
+// connection otherwise) — and it reads as before; their peer addresses stay their own.
+func TestLocalAddrsShareOneAddress(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	var local localAddrs
+	var accepted []net.Conn
+	for range 3 {
+		d, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		defer d.Close()
+		c, err := ln.Accept()
+		require.NoError(t, err)
+		defer c.Close()
+		before := c.LocalAddr().String()
+		local.share(c)
+		assert.Equal(t, before, c.LocalAddr().String())
+		assert.Equal(t, d.LocalAddr().String(), c.RemoteAddr().String())
+		accepted = append(accepted, c)
+	}
+	require.True(t, laddrOK, "this Go's net.TCPConn has no conn.fd.laddr: the local address is no longer shared")
+	assert.Same(t, accepted[0].LocalAddr(), accepted[1].LocalAddr(), "one address object for every connection")
+	assert.Same(t, accepted[0].LocalAddr(), accepted[2].LocalAddr())
+	assert.NotSame(t, accepted[0].RemoteAddr(), accepted[1].RemoteAddr())
+	assert.Len(t, accepted[0].LocalAddr().(*net.TCPAddr).IP, net.IPv4len)
+
+	// A connection handed over (net.FileConn, as Adopt makes them) shares it too.
+	f, err := accepted[0].(*net.TCPConn).File()
+	require.NoError(t, err)
+	fc, err := net.FileConn(f)
+	require.NoError(t, err)
+	_ = f.Close()
+	defer fc.Close()
+	local.share(fc)
+	assert.Same(t, accepted[0].LocalAddr(), fc.LocalAddr())
+}

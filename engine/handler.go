@@ -15,21 +15,15 @@ import (
 // (loop.go) — from the connection's context: when OnOpen runs, that is the origin the
 // acceptor that handed it over gave it (accept.go); after that, its part's own state.
 
-// compactAddrs lets go of the two 32-byte sockaddrs each SSE connection would otherwise keep
-// for as long as it is open (issue 25: an idle connection's bytes). gnet keeps the addresses of
-// the net.TCPConn the acceptor handed it (accept.go), and the net package made each address's
-// IP a slice of the sockaddr the accept or getsockname returned. pgsse never asks a
-// connection for its addresses, but they stay readable: the local IP is one slice shared by
-// every connection with that address (local, on the loop only), the peer's IPv4 address one
-// slice shared by the connections from it while peers holds at most maxSharedPeerIPs of them
-// (behind a proxy, a handful of addresses make every connection), a copy of its own otherwise.
-func compactAddrs(c gnet.Conn, local *net.IP, peers map[[4]byte]net.IP) {
-	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
-		if !a.IP.Equal(*local) {
-			*local = slices.Clone(a.IP)
-		}
-		a.IP = *local
-	}
+// compactAddrs lets go of the 32-byte sockaddr each SSE connection's peer address would
+// otherwise keep for as long as it is open (issue 25: an idle connection's bytes). gnet keeps
+// the addresses of the net.TCPConn the acceptor handed it (accept.go), and the net package
+// made each address's IP a slice of the sockaddr the accept returned. pgsse never asks a
+// connection for its addresses, but they stay readable: the peer's IPv4 address is one slice
+// shared by the connections from it while peers holds at most maxSharedPeerIPs of them
+// (behind a proxy, a handful of addresses make every connection), a copy of its own
+// otherwise. (The local address is shared whole before gnet has it: accept.go, localAddrs.)
+func compactAddrs(c gnet.Conn, peers map[[4]byte]net.IP) {
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		ip4 := a.IP.To4()
 		if ip4 == nil {
@@ -90,7 +84,7 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		s.hurry()
 		s.enter()
 		defer s.leave()
-		compactAddrs(c, &s.sseLocalIP, s.ssePeerIPs)
+		compactAddrs(c, s.ssePeerIPs)
 		s.conns.open(c)
 		return nil, gnet.None
 	}

@@ -36,8 +36,8 @@ const (
 // (docs/architecture.md, invariant 1); other goroutines hand work over through tasks.
 type Server struct {
 	*loopEnv
-	sseLocalIP net.IP             // the SSE connections' local IP, shared by them (handler.go: compactAddrs)
-	ssePeerIPs map[[4]byte]net.IP // their peers' IPv4 addresses, each shared (compactAddrs)
+	sseLocal   localAddrs         // the SSE connections' local addresses, shared by them (accept.go)
+	ssePeerIPs map[[4]byte]net.IP // their peers' IPv4 addresses, each shared (handler.go: compactAddrs)
 
 	// The parts.
 	conns connTable     // the SSE port's connections and their state machine (sseconn.go)
