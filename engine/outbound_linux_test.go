@@ -86,7 +86,7 @@ func TestOutboundFinishCompletesTheBegunEvent(t *testing.T) {
 	first := &event{id: 1, enc: sse.AppendEvent(nil, 1, nil, bytes.Repeat([]byte("a"), 100_000))}
 	second := &event{id: 2, enc: sse.AppendEvent(nil, 2, nil, []byte("dropped"))}
 	s.conns.writeEvents(sc, []*event{first})
-	require.True(t, sc.q != nil && sc.q.begun, "the socket took part of the first event")
+	require.True(t, sc.queue() != nil && sc.queue().begun, "the socket took part of the first event")
 	s.conns.writeEvents(sc, []*event{second})
 	s.conns.closeWithRetry(sc)
 	assert.Equal(t, stateClosing, sc.state)
@@ -198,8 +198,8 @@ func TestOutboundFinishKeepsTheEventOfABegunLead(t *testing.T) {
 	items := func() []outItem { return []outItem{leadItem(lead), sharedBodyItem(ev, body)} }
 	kept := func(sc *sseConn) string {
 		var b []byte
-		if sc.q != nil {
-			for _, it := range sc.q.items[sc.q.head:] {
+		if sc.queue() != nil {
+			for _, it := range sc.queue().items[sc.queue().head:] {
 				b = append(b, it.b...)
 			}
 		}
@@ -213,7 +213,7 @@ func TestOutboundFinishKeepsTheEventOfABegunLead(t *testing.T) {
 
 	// The lead was queued and then written whole (flushQueue's consume).
 	s.out.keep(scs[1], items(), 0)
-	s.out.consume(scs[1].q, len(lead))
+	s.out.consume(scs[1].queue(), len(lead))
 	s.out.trimQueue(scs[1])
 	require.Equal(t, string(body), kept(scs[1]), "the lead was flushed: its event stays")
 

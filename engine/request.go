@@ -267,7 +267,7 @@ func (r *requests) preflight(sc *sseConn, req *sse.Request, cors sse.CORS) {
 
 // subRequest is what a subscription request asked for, kept from its head (a view into
 // gnet's buffer) while its token is verified, while it waits in the admission FIFO and until
-// its response head is sent (sseConn.setup).
+// its response head is sent (sseConn.request).
 type subRequest struct {
 	name      string
 	isChan    bool
@@ -431,7 +431,7 @@ func (r *requests) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
 		if sc.closed || sc.state != stateVerifying {
 			return // gone, or sent away (drain, timeout) while the pool worked
 		}
-		r.authorized(sc, sc.setup, claims, err)
+		r.authorized(sc, sc.request(), claims, err)
 	})
 	switch verdict {
 	case tokenChecked:

@@ -15,18 +15,21 @@ import (
 )
 
 // An idle connection costs what sseConn costs, with its first subscription inline: at most
-// 160 bytes (a 160-byte allocation; before subscriptions had a type of their own it was 168 in
-// a 176-byte one). Cold state hangs off pointers: the request until the response head is sent
-// (setup), a publisher's state (pub), the queue only while the socket is behind (q), further
-// subscriptions (more).
+// 80 bytes, an 80-byte size class (issue 25; 168 B in a 176-byte one before subscriptions had
+// a type of their own, 112 B before its cold pointers became one). What only some connections
+// hold hangs off one pointer (ext): the request until the response head is sent, a
+// publisher's state, the queue only while the socket is behind, a token's tags, subject and
+// exp, further subscriptions.
 func TestIdleConnSize(t *testing.T) {
 	t.Logf("sseConn %d B (subscription %d B inline), subRequest %d B until the response head, outQueue %d B while queued, "+
 		"connExt %d B for a token's tags, subject or exp or several streams, subSet %d B + %d B a stream after the first, publishConn %d B for a publisher",
 		unsafe.Sizeof(sseConn{}), unsafe.Sizeof(subscription{}), unsafe.Sizeof(subRequest{}), unsafe.Sizeof(outQueue{}),
 		unsafe.Sizeof(connExt{}), unsafe.Sizeof(subSet{}), unsafe.Sizeof(subscription{}), unsafe.Sizeof(publishConn{}))
-	// 112 B (a size class of its own): what a token brings and the subscriptions after the first hang off ext, one time field serves the time rules and the heartbeats (issue 25).
-	assert.LessOrEqual(t, unsafe.Sizeof(sseConn{}), uintptr(112))
-	assert.LessOrEqual(t, unsafe.Sizeof(subscription{}), uintptr(40))
+	// 80 B (a size class of its own): the queue, a publisher's state, the request, what a token
+	// brings and the subscriptions after the first hang off ext; one time field serves the time
+	// rules and the heartbeats; a subscription's stream or channel is one pointer (issue 25).
+	assert.LessOrEqual(t, unsafe.Sizeof(sseConn{}), uintptr(80))
+	assert.LessOrEqual(t, unsafe.Sizeof(subscription{}), uintptr(32))
 }
 
 // subServer is a Server that is not running (no table reads: catch-ups stop where they would
