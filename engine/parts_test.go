@@ -74,6 +74,7 @@ var lentFields = map[string]string{
 	"sseConn.state":  "read",
 	"sseConn.closed": "read",
 	"sseConn.nsub":   "subscriptions",
+	"subRequest.ext": "connTable", // the connection's extension while it sets up
 	"sseConn.first":  "subscriptions",
 	// A raw channel (channels.go) has an SSE side (fanout.go) and a hub side (hubserver.go).
 	"channel.name": "read",

@@ -283,6 +283,9 @@ type subRequest struct {
 	// subject it counts under on them ("" = anonymous), from its token's sub claim.
 	presence    bool
 	presenceSub string
+	// ext is the connection's extension while it sets up (sseconn.go: setRequest): one
+	// allocation for both.
+	ext connExt
 }
 
 // streamAsk is one stream of GET /streams?stream=… and where its subscription starts.

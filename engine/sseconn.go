@@ -219,13 +219,31 @@ func (sc *sseConn) request() *subRequest {
 	return sc.ext.setup
 }
 
-// setRequest records what it asked for, or (nil) lets go of it.
+// setRequest records what it asked for, or (nil) lets go of it. While the request is held the
+// extension is the one inside it (subRequest.ext), so that setting up allocates no extension
+// of its own: an 80-byte connExt per connection, garbage once the response head is sent,
+// would sit among the sseConns of the same size class and keep their spans resident (issue
+// 25). What of it outlives the setup (a token's tags, the subscriptions after the first)
+// moves to an extension of its own when the request goes.
 func (sc *sseConn) setRequest(req *subRequest) {
 	if req != nil {
-		sc.extended().setup = req
-	} else if sc.ext != nil {
-		sc.ext.setup = nil
-		sc.tidy()
+		if sc.ext != nil {
+			req.ext = *sc.ext
+		}
+		req.ext.setup = req
+		sc.ext = &req.ext
+		return
+	}
+	x := sc.ext
+	if x == nil || x.setup == nil {
+		return
+	}
+	inside := x == &x.setup.ext
+	x.setup = nil
+	sc.tidy()
+	if inside && sc.ext != nil {
+		moved := *x
+		sc.ext = &moved
 	}
 }
 

@@ -198,3 +198,29 @@ func TestMultiStreamArrivalOrderAndCompositeIDs(t *testing.T) {
 	notify(s2, "a", 6, "six")
 	assert.Equal(t, "id: 0:6\ndata: six\n\n", c2.text()[head:])
 }
+
+// Setting up allocates no extension of its own: while the request is held, the connection's
+// extension is the one inside it, and what outlives the setup (a token's tags) moves to an
+// extension of its own when the response head lets the request go (issue 25: an 80-byte
+// garbage connExt per connection kept the sseConns' spans resident).
+func TestSetupExtensionLivesInTheRequest(t *testing.T) {
+	public, req := &sseConn{}, &subRequest{}
+	public.setRequest(req)
+	require.Same(t, &req.ext, public.ext)
+	require.Same(t, req, public.request())
+	public.setRequest(nil)
+	assert.Nil(t, public.ext, "a public connection holds nothing once it streams")
+
+	tagged, req2 := &sseConn{}, &subRequest{}
+	tagged.setPublisher(&publishConn{}) // a keep-alive publisher turning subscriber keeps what it had
+	tagged.setRequest(req2)
+	require.Same(t, &req2.ext, tagged.ext)
+	require.NotNil(t, tagged.publisher())
+	tagged.setPublisher(nil)
+	tagged.extended().tags = []string{"team-a"}
+	tagged.setRequest(nil)
+	require.NotNil(t, tagged.ext)
+	assert.NotSame(t, &req2.ext, tagged.ext, "the tags moved out of the request")
+	assert.Equal(t, []string{"team-a"}, tagged.tags())
+	assert.Nil(t, tagged.request())
+}
