@@ -139,8 +139,9 @@ type outbound struct {
 	iovecs    []unix.Iovec
 	items     []outItem // scratch for building one connection's write
 	free      []*outQueue
-	large     []*event // large events read from the table that queues hold (budget.go)
-	pressed   bool     // the limits shrank (budget.go); cleared, and the heap returned, once the queues are low again
+	freeExts  []*connExt // empty connection extensions the emptied queues left (sseConn.setQueue)
+	large     []*event   // large events read from the table that queues hold (budget.go)
+	pressed   bool       // the limits shrank (budget.go); cleared, and the heap returned, once the queues are low again
 
 	totalSeen atomic.Int64  // total as of the last tick, for keepMemory
 	relieved  chan struct{} // the loop tells keepMemory that the outbound pressure passed
@@ -339,7 +340,14 @@ func (o *outbound) enqueue(sc *sseConn, it outItem, b []byte, begun bool) {
 	q := sc.queue()
 	if q == nil {
 		q = o.newQueue()
-		sc.setQueue(q)
+		var spare *connExt
+		if n := len(o.freeExts); n > 0 {
+			spare, o.freeExts[n-1] = o.freeExts[n-1], nil
+			o.freeExts = o.freeExts[:n-1]
+		}
+		if back := sc.setQueue(q, spare); back != nil {
+			o.freeExts = append(o.freeExts, back)
+		}
 	}
 	if q.bytes == 0 {
 		o.queued++
@@ -457,7 +465,9 @@ func (o *outbound) trimQueue(sc *sseConn) {
 // emptied returns an empty queue for reuse.
 func (o *outbound) emptied(sc *sseConn) {
 	q := sc.queue()
-	sc.setQueue(nil)
+	if x := sc.setQueue(nil, nil); x != nil && len(o.freeExts) < queueFreeListLen {
+		o.freeExts = append(o.freeExts, x)
+	}
 	o.queued--
 	clear(q.items[q.head:])
 	q.items, q.head, q.bytes, q.begun = q.items[:0], 0, 0, false
@@ -509,7 +519,7 @@ func (o *outbound) dropQueue(sc *sseConn) {
 		o.queued--
 	}
 	q.begun = false
-	sc.setQueue(nil)
+	sc.setQueue(nil, nil)
 }
 
 // retryQueues tries every queue that has not been tried for olderThanMS: from the sweep

@@ -232,3 +232,34 @@ func TestOutboundFinishKeepsTheEventOfABegunLead(t *testing.T) {
 	}
 	require.Zero(t, s.out.total, "every byte accounted for")
 }
+
+// A socket that falls behind and catches up, again and again, allocates nothing: its queue
+// comes from the emptied ones, and so does the connection extension that holds it (issue 25:
+// the queue moved into the extension, which would otherwise be made anew each time).
+func TestFallingBehindAndCatchingUpAllocatesNothing(t *testing.T) {
+	s, cs, scs := queueServer(t, 1)
+	c, sc := cs[0], scs[0]
+	ev := &event{id: 1, enc: s.tr.event(nil, 1, nil, []byte(strings.Repeat("x", 64<<10)))}
+	items := make([]outItem, 1)
+	fds := []int32{int32(c.fd)}
+	buf := make([]byte, 256<<10)
+	cycle := func() {
+		items[0] = sharedItem(ev)
+		s.conns.writeLive(sc, items, durableHighBytes)
+		if sc.queue() == nil {
+			panic("the socket took 64 KiB at once: nothing queued")
+		}
+		for sc.pending() > 0 {
+			for {
+				if n, _ := unix.Read(c.peer, buf); n <= 0 {
+					break
+				}
+			}
+			s.out.flushReady(fds)
+		}
+	}
+	cycle() // the first queue and extension are made here
+	require.Nil(t, sc.ext, "a caught-up public connection holds no extension")
+	allocs := testing.AllocsPerRun(50, cycle)
+	assert.Zero(t, allocs, "allocations per falling behind and catching up")
+}

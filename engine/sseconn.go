@@ -183,14 +183,32 @@ func (sc *sseConn) queue() *outQueue {
 	return sc.ext.q
 }
 
-// setQueue gives the connection its outbound queue, or (nil) takes it away.
-func (sc *sseConn) setQueue(q *outQueue) {
+// setQueue gives the connection q as its outbound queue, or (nil) takes it away. spare is an
+// empty extension it may take if it has none (nil: it makes one). It returns what the caller
+// may keep for the next queue: the spare it did not take, or the extension it let go of, empty
+// — so that a socket falling behind and catching up, again and again, allocates nothing
+// (outbound.go keeps them with its emptied queues).
+func (sc *sseConn) setQueue(q *outQueue, spare *connExt) (unused *connExt) {
 	if q != nil {
-		sc.extended().q = q
-	} else if sc.ext != nil {
-		sc.ext.q = nil
-		sc.tidy()
+		if sc.ext == nil {
+			if spare == nil {
+				spare = &connExt{}
+			}
+			sc.ext, spare = spare, nil
+		}
+		sc.ext.q = q
+		return spare
 	}
+	x := sc.ext
+	if x == nil {
+		return spare
+	}
+	x.q = nil
+	sc.tidy()
+	if sc.ext == nil && spare == nil {
+		return x
+	}
+	return spare
 }
 
 // publisher is its publish request state (nil: not a publisher; publish.go).
