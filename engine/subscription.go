@@ -457,7 +457,7 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 		s.pause(sub)
 		live = false
 	}
-	if sub.st != nil && sub.st.onlyDurable() {
+	if st := sub.stream(); st != nil && st.onlyDurable() {
 		// Durable events alone, in id order: a sweep's queue may carry many this subscription
 		// had in the sweep before (fanout_sweep.go); its share starts after its cursor.
 		if !live {
