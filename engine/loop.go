@@ -59,7 +59,11 @@ func (s *Server) leave() {
 		return
 	}
 	s.hub.flush()
-	s.sweepLeft = s.fan.flush(s.driving)
+	budget := time.Duration(0) // no publisher waits between slices: the sweep runs to its end
+	if s.pub.count() > 0 {
+		budget = sweepSlice
+	}
+	s.sweepLeft = s.fan.flush(budget, s.driving)
 	s.hub.flush() // whatever the writes above queued (nothing, usually: then it costs a length check)
 	s.conns.reapClosed()
 	if s.sweepLeft && !s.driving {
