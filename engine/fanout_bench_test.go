@@ -206,7 +206,7 @@ func fanoutFixture(tb testing.TB, subs, perPass, k, size int, configure func(*Co
 			ts.fan.onPayload(&ts.lsn.payload)
 			next++
 		}
-		ts.fan.flushStreams()
+		ts.fan.flushStreams(0, true)
 		ts.leave()
 		done <- struct{}{}
 	}

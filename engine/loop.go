@@ -42,8 +42,9 @@ const (
 )
 
 // enter/leave bracket every entry into the loop's state (gnet callbacks, each round of the
-// task queue, each round of admissions). On the way out of the outermost entry, everything
-// the entry queued is written — one write per connection for all of it — and connections
+// task queue, each round of admissions). On the way out of the outermost entry, what the
+// entry queued is written — one write per connection for all of it; the fan-out's share by a
+// slice of its sweep, which the task drain continues (fanout_sweep.go) — and connections
 // closed meanwhile (gnet closes a socket synchronously when a write fails) are removed from
 // the tables, so no slice changes under an iteration.
 //
@@ -58,9 +59,16 @@ func (s *Server) leave() {
 		return
 	}
 	s.hub.flush()
-	s.fan.flush()
+	budget := time.Duration(0) // no publisher waits between slices: the sweep runs to its end
+	if s.pub.count() > 0 {
+		budget = sweepSlice
+	}
+	s.sweepLeft = s.fan.flush(budget, s.driving)
 	s.hub.flush() // whatever the writes above queued (nothing, usually: then it costs a length check)
 	s.conns.reapClosed()
+	if s.sweepLeft && !s.driving {
+		s.tasks.kick() // the drain continues the sweep (admitRound)
+	}
 	if poll := s.subs.anyLagging() || (pollQueues && s.out.anyQueued()) || s.hub.needsPoll(); poll != s.needPoll.Load() {
 		s.needPoll.Store(poll)
 		if poll {

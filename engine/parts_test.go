@@ -48,7 +48,7 @@ var engineParts = map[string][]string{
 	"admission":     {"admission.go"},
 	"publishing":    {"publish.go"},
 	"subscriptions": {"subscription.go", "catchup.go"},
-	"fanout":        {"fanout.go", "fanout_keep.go", "rewinds.go"},
+	"fanout":        {"fanout.go", "fanout_keep.go", "fanout_sweep.go", "rewinds.go"},
 	"channelTable":  {"channels.go"},
 	"listenState":   {"listen.go"},
 	"outbound":      {"outbound.go", "budget.go", "writable_linux.go", "writable_other.go"},

@@ -78,6 +78,8 @@ type Server struct {
 	// loop-owned
 	lastSweepMS int64 // when the sweep last ran (tick)
 	depth       int   // nesting of enter/leave
+	sweepLeft   bool  // the fan-out's sweep is paused with more to write (leave)
+	driving     bool  // the task drain is continuing it (admitRound)
 }
 
 // New checks cfg and prepares a Server; nothing is started until Run.
@@ -356,14 +358,22 @@ func bindError(err error) error {
 }
 
 // admitRound is one round of admissions after a round of tasks that took taskTime
-// (taskQueue.between); it reports whether more connections wait.
+// (taskQueue.between), then a slice of the fan-out's sweep if one is left (fanout_sweep.go:
+// the drain continues it, and yields to gnet after); it reports whether either has more to do.
 func (s *Server) admitRound(taskTime time.Duration) bool {
-	if s.adm.waiting() == 0 {
-		return false
+	more := false
+	if s.adm.waiting() > 0 {
+		s.enter()
+		more = s.adm.round(admitBudget(taskTime))
+		s.leave()
 	}
-	s.enter()
-	defer s.leave()
-	return s.adm.round(admitBudget(taskTime))
+	if s.sweepLeft {
+		s.driving = true
+		s.enter()
+		s.leave()
+		s.driving = false
+	}
+	return more || s.sweepLeft
 }
 
 // drain tells every client to come back later (jittered) and every worker to fail over,

@@ -457,6 +457,14 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 		s.pause(sub)
 		live = false
 	}
+	if st := sub.stream(); st != nil && st.onlyDurable() {
+		// Durable events alone, in id order: a sweep's queue may carry many this subscription
+		// had in the sweep before (fanout_sweep.go); its share starts after its cursor.
+		if !live {
+			return 0
+		}
+		items = after(items, sub.cursor)
+	}
 	out := s.items[:0]
 	s.ids = s.ids[:0]
 	defer func() {
@@ -497,6 +505,24 @@ func (s *subscriptions) deliver(sub *subscription, items []*event) int {
 	sub.cursor = cutEvent(out, cut).id - 1
 	s.pause(sub)
 	return writtenBefore(out, cut)
+}
+
+// after is what of items — durable events in id order — comes after id c, found by a
+// binary search.
+func after(items []*event, c int64) []*event {
+	if len(items) == 0 || items[0].id > c {
+		return items
+	}
+	lo, hi := 0, len(items)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if items[m].id <= c {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return items[lo:]
 }
 
 // appendEvent appends the items that write ev to sub's connection: the event's shared

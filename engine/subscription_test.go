@@ -57,7 +57,7 @@ func notify(s *Server, stream string, id int64, data string) {
 		kind = store.KindEphemeral
 	}
 	s.fan.onPayload(&store.Payload{Kind: kind, Stream: []byte(stream), ID: id, Data: []byte(data)})
-	s.fan.flush()
+	s.fan.flush(sweepSlice, true)
 }
 
 // A connection holds any number of subscriptions, each on its own stream and in its own
@@ -188,7 +188,7 @@ func TestMultiStreamArrivalOrderAndCompositeIDs(t *testing.T) {
 		}
 		s.fan.onPayload(&store.Payload{Kind: kind, Stream: []byte(p.stream), ID: p.id, Data: []byte(p.data)})
 	}
-	s.fan.flush()
+	s.fan.flush(sweepSlice, true)
 	assert.Equal(t, "id: 0:1,1,2\ndata: a1\n\nid: 1:1,2,2\ndata: b2\n\ndata: typing\n\nid: 0:2,2,2\ndata: a2\n\nid: 2:2,2,3\ndata: c3\n\n",
 		c.text()[head:], "in arrival order across streams, whatever order the streams are flushed in")
 
