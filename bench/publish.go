@@ -35,6 +35,7 @@ type PublishParams struct {
 	// (e) one subscriber: LatencyEvents events POSTed at LatencyRate per second.
 	LatencyEvents int
 	LatencyRate   float64
+	Phases        string // the phases to run, by letter ("" = all); a skipped one's figures are 0
 }
 
 func fullPublish() PublishParams {
@@ -96,6 +97,9 @@ func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) 
 	// the measured window (which ends when the returned context is done) and calls done
 	// before it tears its connections down, so that CPU is sampled while they exist.
 	phase := func(name string, run func(window func() context.Context, done func()) (*phaseStats, error)) (*phaseStats, error) {
+		if pp.Phases != "" && !strings.Contains(pp.Phases, name[1:2]) {
+			return &phaseStats{wall: time.Nanosecond}, nil
+		}
 		e.logf("publish: %s", name)
 		var (
 			pg0, pg1     map[int]time.Duration
@@ -223,6 +227,22 @@ func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) 
 			mean := float64(lat.receivedSum) / float64(n) / 1e9
 			res.add(label+": POST sent → event received mean", "ms", mean*1e3, true)
 			res.add(label+": stage means summed ÷ measured mean", "", sum/mean, false)
+			// The stages start when the loop sees the request and end at the server's write:
+			// the request's way in and the event's way out (loopback, and waking the loop
+			// and the client's reader) are outside them. The answer takes the same two
+			// ways, and its stages are measured too, so its mean less theirs is that time
+			// in this run.
+			if m := lat.answered.Count(); m > 0 {
+				toAnswer := lat.stages["answered"]
+				for _, stage := range publishStages[:5] { // head … committed
+					toAnswer += lat.stages[stage]
+				}
+				amean := float64(lat.answeredSum) / float64(m) / 1e9
+				outside := amean - toAnswer
+				res.add(label+": POST sent → answer mean", "ms", amean*1e3, true)
+				res.add(label+": outside the server (answer mean − its stages: loopback both ways, wake-ups)", "ms", outside*1e3, true)
+				res.add(label+": (stage means + outside) ÷ measured mean", "", (sum+outside)/mean, false)
+			}
 		}
 	}
 	for _, st := range []*phaseStats{a, b, c, d} {
@@ -466,6 +486,7 @@ func readAnswer(rd *bufio.Reader) (int, error) {
 type latencyStats struct {
 	received, answered Histogram
 	receivedSum        int64 // ns, for the mean the stage means add up to
+	answeredSum        int64 // ns: with the stages up to the answer, the time outside the server
 	missing            int
 	stages             map[string]float64 // pgsse_publish_stage_seconds over the phase: mean seconds per stage
 	early              float64            // of its events, delivered at their COMMIT's answer (pgsse_early_deliveries_total)
@@ -490,6 +511,7 @@ func publishLatency(ctx context.Context, r *run, tok string, pp PublishParams, p
 	rd := bufio.NewReader(conn)
 	st := &latencyStats{}
 	sent := make([]int64, n+1)
+	answered := make([]int64, n+1)
 	stages0 := publishStageTotals(ctx, r)
 	interval := time.Duration(float64(time.Second) / pp.LatencyRate)
 	next := time.Now()
@@ -515,7 +537,9 @@ func publishLatency(ctx context.Context, r *run, tok string, pp PublishParams, p
 		if status != 200 {
 			return nil, fmt.Errorf("(e): status %d", status)
 		}
-		st.answered.Add(time.Now().UnixNano() - t0)
+		answered[seq] = time.Now().UnixNano()
+		st.answered.Add(answered[seq] - t0)
+		st.answeredSum += answered[seq] - t0
 	}
 	c.WaitHave(int64(n), 1, 5*time.Second)
 	if err := r.alive(); err != nil {
