@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // BenchmarkPublishCommitLatency splits the "committed" stage of one durable event published
@@ -103,4 +104,56 @@ func schedTimes(t testing.TB, pid int) (cpu, wait time.Duration) {
 	w, err := strconv.ParseInt(f[1], 10, 64)
 	require.NoError(t, err)
 	return time.Duration(c), time.Duration(w)
+}
+
+// BenchmarkPublisherSentStage measures the sent stage (Submit → the transaction handed to
+// the connection) of a request to an idle Publisher, submitted by a goroutine that goes on
+// running and then blocks in a raw system call, as the engine's loop does (epoll_wait): with
+// Submit yielding to the worker it woke, and without (the worker then waits for another thread
+// to be woken to run it). One event every 20 ms, as in scenario 9 (e).
+//
+//	scripts/pg.sh with go test -run '^$' -bench BenchmarkPublisherSentStage -benchtime 200x ./store/
+func BenchmarkPublisherSentStage(b *testing.B) {
+	dsn := migrated(b)
+	for _, yield := range []bool{true, false} {
+		name := "yield"
+		if !yield {
+			name = "no-yield"
+		}
+		b.Run(name, func(b *testing.B) {
+			p := newTestPublisher(b, PublisherConfig{DatabaseURL: dsn}, testHooks{testNoYield: !yield})
+			var fds [2]int
+			require.NoError(b, unix.Pipe2(fds[:], unix.O_CLOEXEC))
+			defer unix.Close(fds[0])
+			defer unix.Close(fds[1])
+			var sent []time.Duration
+			publish := func(i int) {
+				var r PublishResult
+				require.NoError(b, p.Submit(one("sent/"+strconv.Itoa(i%50), `{"a":1}`), func(res PublishResult) {
+					r = res
+					_, _ = unix.Write(fds[1], []byte{1})
+				}))
+				for t := time.Now(); time.Since(t) < 10*time.Microsecond; { // the rest of the loop's pass
+				}
+				var x [1]byte
+				_, err := unix.Read(fds[0], x[:]) // a raw system call: the caller's thread keeps its P
+				require.NoError(b, err)
+				require.NoError(b, r.Err)
+				sent = append(sent, r.Times.Sent.Sub(r.Times.Queued))
+			}
+			for i := range 20 {
+				publish(i)
+			}
+			sent = sent[:0]
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				publish(i)
+				time.Sleep(20 * time.Millisecond)
+			}
+			b.StopTimer()
+			slices.Sort(sent)
+			b.ReportMetric(float64(sent[len(sent)/2].Microseconds()), "sent-p50-µs")
+			b.ReportMetric(float64(sent[len(sent)*9/10].Microseconds()), "sent-p90-µs")
+		})
+	}
 }
