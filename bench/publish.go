@@ -8,7 +8,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +37,7 @@ type PublishParams struct {
 	// (e) one subscriber: LatencyEvents events POSTed at LatencyRate per second.
 	LatencyEvents int
 	LatencyRate   float64
+	Phases        string // the phases to run, by letter ("" = all); a skipped one's figures are 0
 }
 
 func fullPublish() PublishParams {
@@ -96,6 +99,9 @@ func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) 
 	// the measured window (which ends when the returned context is done) and calls done
 	// before it tears its connections down, so that CPU is sampled while they exist.
 	phase := func(name string, run func(window func() context.Context, done func()) (*phaseStats, error)) (*phaseStats, error) {
+		if pp.Phases != "" && !strings.Contains(pp.Phases, name[1:2]) {
+			return &phaseStats{wall: time.Nanosecond}, nil
+		}
 		e.logf("publish: %s", name)
 		var (
 			pg0, pg1     map[int]time.Duration
@@ -223,6 +229,43 @@ func Publish(ctx context.Context, e *Env, t Target, pp PublishParams, p Params) 
 			mean := float64(lat.receivedSum) / float64(n) / 1e9
 			res.add(label+": POST sent → event received mean", "ms", mean*1e3, true)
 			res.add(label+": stage means summed ÷ measured mean", "", sum/mean, false)
+			// The stages start when the loop sees the request and end at the server's write:
+			// the request's way in and the event's way out (loopback, and waking the loop
+			// and the client's reader) are outside them. The answer takes the same two
+			// ways, and its stages are measured too, so its mean less theirs is that time
+			// in this run.
+			if m := lat.answered.Count(); m > 0 {
+				toAnswer := lat.stages["answered"]
+				for _, stage := range publishStages[:5] { // head … committed
+					toAnswer += lat.stages[stage]
+				}
+				amean := float64(lat.answeredSum) / float64(m) / 1e9
+				outside := amean - toAnswer
+				res.add(label+": POST sent → answer mean", "ms", amean*1e3, true)
+				res.add(label+": outside the server (answer mean − its stages: loopback both ways, wake-ups)", "ms", outside*1e3, true)
+				res.add(label+": (stage means + outside) ÷ measured mean", "", (sum+outside)/mean, false)
+			}
+			// The same with medians, read from the stage histogram's buckets (within 15 % of
+			// each stage's true median from 10 µs to 10 ms). Medians do not add up as means
+			// do, so this is a check of the breakdown, not an identity.
+			medSum, medToAnswer := 0.0, lat.stageMedians["answered"]
+			for i, stage := range publishStages {
+				if stage != "notified" || !early {
+					medSum += lat.stageMedians[stage]
+				}
+				if i < 5 {
+					medToAnswer += lat.stageMedians[stage]
+				}
+			}
+			if p50, a50 := lat.received.Quantile(0.5).Seconds(), lat.answered.Quantile(0.5).Seconds(); p50 > 0 && !math.IsNaN(medSum+medToAnswer) {
+				for _, stage := range slices.Concat(publishStages, []string{"answered"}) {
+					res.add(label+": stage "+stage+" median (pgsse_publish_stage_seconds buckets)", "ms", lat.stageMedians[stage]*1e3, true)
+				}
+				res.add(label+": stage medians summed (pgsse_publish_stage_seconds buckets)", "ms", medSum*1e3, true)
+				res.add(label+": stage medians summed ÷ measured median", "", medSum/p50, false)
+				res.add(label+": outside the server, medians (answer p50 − its stages' medians)", "ms", (a50-medToAnswer)*1e3, true)
+				res.add(label+": (stage medians + outside) ÷ measured median", "", (medSum+a50-medToAnswer)/p50, false)
+			}
 		}
 	}
 	for _, st := range []*phaseStats{a, b, c, d} {
@@ -466,8 +509,10 @@ func readAnswer(rd *bufio.Reader) (int, error) {
 type latencyStats struct {
 	received, answered Histogram
 	receivedSum        int64 // ns, for the mean the stage means add up to
+	answeredSum        int64 // ns: with the stages up to the answer, the time outside the server
 	missing            int
 	stages             map[string]float64 // pgsse_publish_stage_seconds over the phase: mean seconds per stage
+	stageMedians       map[string]float64 // and median seconds per stage, read from its buckets
 	early              float64            // of its events, delivered at their COMMIT's answer (pgsse_early_deliveries_total)
 }
 
@@ -490,6 +535,7 @@ func publishLatency(ctx context.Context, r *run, tok string, pp PublishParams, p
 	rd := bufio.NewReader(conn)
 	st := &latencyStats{}
 	sent := make([]int64, n+1)
+	answered := make([]int64, n+1)
 	stages0 := publishStageTotals(ctx, r)
 	interval := time.Duration(float64(time.Second) / pp.LatencyRate)
 	next := time.Now()
@@ -515,7 +561,9 @@ func publishLatency(ctx context.Context, r *run, tok string, pp PublishParams, p
 		if status != 200 {
 			return nil, fmt.Errorf("(e): status %d", status)
 		}
-		st.answered.Add(time.Now().UnixNano() - t0)
+		answered[seq] = time.Now().UnixNano()
+		st.answered.Add(answered[seq] - t0)
+		st.answeredSum += answered[seq] - t0
 	}
 	c.WaitHave(int64(n), 1, 5*time.Second)
 	if err := r.alive(); err != nil {
@@ -523,6 +571,7 @@ func publishLatency(ctx context.Context, r *run, tok string, pp PublishParams, p
 	}
 	stages1 := publishStageTotals(ctx, r)
 	st.stages = map[string]float64{}
+	st.stageMedians = map[string]float64{}
 	st.early = stages1[earlyTotal].sum - stages0[earlyTotal].sum
 	for stage, t1 := range stages1 {
 		if stage == earlyTotal {
@@ -530,6 +579,7 @@ func publishLatency(ctx context.Context, r *run, tok string, pp PublishParams, p
 		}
 		if t0 := stages0[stage]; t1.count > t0.count {
 			st.stages[stage] = (t1.sum - t0.sum) / (t1.count - t0.count)
+			st.stageMedians[stage] = bucketMedian(t0.buckets, t1.buckets)
 		}
 	}
 	c.Close()
@@ -549,7 +599,37 @@ func publishLatency(ctx context.Context, r *run, tok string, pp PublishParams, p
 // its subscriber, in order (answered is the publisher's, beside the path).
 var publishStages = []string{"head", "body", "queued", "sent", "committed", "notified", "written"}
 
-type stageTotal struct{ sum, count float64 }
+type stageTotal struct {
+	sum, count float64
+	buckets    map[float64]float64 // cumulative count by upper bound
+}
+
+// bucketMedian is histogram_quantile(0.5, …) over the observations between two readings of
+// a histogram's cumulative buckets (linear within the bucket; NaN without observations).
+func bucketMedian(b0, b1 map[float64]float64) float64 {
+	les := make([]float64, 0, len(b1))
+	for le := range b1 {
+		les = append(les, le)
+	}
+	slices.Sort(les)
+	if len(les) == 0 {
+		return math.NaN()
+	}
+	total := b1[les[len(les)-1]] - b0[les[len(les)-1]]
+	rank := total / 2
+	lower, below := 0.0, 0.0
+	for _, le := range les {
+		n := b1[le] - b0[le]
+		if n >= rank && n > below {
+			if math.IsInf(le, 1) {
+				return lower
+			}
+			return lower + (le-lower)*(rank-below)/(n-below)
+		}
+		lower, below = le, n
+	}
+	return math.NaN()
+}
 
 // earlyTotal is publishStageTotals' entry for pgsse_early_deliveries_total (its value in both
 // fields): events delivered at their COMMIT's answer, whose path skips the notified stage.
@@ -585,6 +665,20 @@ func publishStageTotals(ctx context.Context, r *run) map[string]stageTotal {
 			tot.sum = v
 		case "pgsse_publish_stage_seconds_count":
 			tot.count = v
+		case "pgsse_publish_stage_seconds_bucket":
+			_, le, ok := strings.Cut(labels, `le="`)
+			if !ok {
+				continue
+			}
+			le, _, _ = strings.Cut(le, `"`)
+			bound, err := strconv.ParseFloat(le, 64) // "+Inf" too
+			if err != nil {
+				continue
+			}
+			if tot.buckets == nil {
+				tot.buckets = map[float64]float64{}
+			}
+			tot.buckets[bound] = v
 		default:
 			continue
 		}

@@ -67,6 +67,8 @@ func main() {
 	flag.DurationVar(&p.IdleWindow, "idle-window", p.IdleWindow, "1: CPU measured over this window")
 	flag.IntVar(&p.LatencyEvents, "latency-events", p.LatencyEvents, "2: events")
 	flag.Float64Var(&p.LatencyRate, "latency-rate", p.LatencyRate, "2: events per second")
+	flag.StringVar(&p.Publish.Phases, "publish-phases", "", "9: run only these of its phases, e.g. e (default: abcde)")
+	flag.IntVar(&p.Publish.LatencyEvents, "publish-latency-events", p.Publish.LatencyEvents, "9: events POSTed in phase (e)")
 	flag.IntVar(&p.FanoutEvents, "fanout-events", p.FanoutEvents, "3, 6: events")
 	flag.DurationVar(&p.FanoutGap, "fanout-gap", p.FanoutGap, "3, 6: pause after an event reached everybody")
 	flag.IntVar(&p.FanoutData, "fanout-data", p.FanoutData, "3, 6: bytes of data per event")
@@ -148,7 +150,8 @@ func main() {
 			"fanout-gap": func(q *bench.Params) any { return &q.FanoutGap }, "fanout-data": func(q *bench.Params) any { return &q.FanoutData },
 			"throughput-duration": func(q *bench.Params) any { return &q.ThroughputDuration }, "data": func(q *bench.Params) any { return &q.Data },
 			"throughput-batch": func(q *bench.Params) any { return &q.ThroughputBatch },
-			"slow-percent":     func(q *bench.Params) any { return &q.SlowPercent }, "slow-rcvbuf": func(q *bench.Params) any { return &q.SlowRcvBuf },
+			"publish-phases":   func(q *bench.Params) any { return &q.Publish.Phases }, "publish-latency-events": func(q *bench.Params) any { return &q.Publish.LatencyEvents },
+			"slow-percent": func(q *bench.Params) any { return &q.SlowPercent }, "slow-rcvbuf": func(q *bench.Params) any { return &q.SlowRcvBuf },
 			"rcvbuf":  func(q *bench.Params) any { return &q.RcvBuf },
 			"sources": func(q *bench.Params) any { return &q.Sources }, "readers": func(q *bench.Params) any { return &q.Readers },
 			"hub-workers": func(q *bench.Params) any { return &q.Hub.Workers }, "hub-rate": func(q *bench.Params) any { return &q.Hub.Rate },
