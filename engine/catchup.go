@@ -231,6 +231,12 @@ func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadR
 		s.pause(sub)
 		return
 	}
+	if sub.st.inRing(sub.cursor) {
+		// The rest is in the stream's ring: one write from it, not more reads of the table
+		// (each waits its turn in the replay pool behind every other subscriber catching up).
+		s.tryJoin(sub)
+		return
+	}
 	s.replay(sub)
 }
 

@@ -1,0 +1,76 @@
+package engine
+
+import (
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgsse/pgsse/internal/testkit/pgtest"
+)
+
+// A subscriber far behind (a reconnect after a restart, or a connection a successor adopted
+// with an old cursor) is caught up from the table only until its cursor reaches the stream's
+// ring; the rest is written from the ring at once (tryJoin), not read again batch by batch.
+// Each read of replayBatchEvents costs a round trip through the replay pool, which a few
+// thousand subscribers catching up at once queue behind one another: scenario 17's restarted
+// server made reads for seconds after every subscriber had reconnected, and a subscriber whose
+// reads waited longer than the ring lasts never joined (bench/RESULTS.md, task deployscale).
+// Here: `before` events only in the table, `inRing` more that the ring holds; a subscriber
+// from cursor 1 needs ceil((before-1)/replayBatchEvents) reads, not one per batch up to the head.
+func TestCatchUpJoinsFromTheRingOnceItReachesIt(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "", nil)
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	const before, inRing = 500, 500
+	pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.publish('cr', g::text) FROM generate_series(1, %d) g", before))
+
+	// A follower from the head: the stream's live side starts there, and its ring gets
+	// what follows.
+	live := dial(t, addr, "/streams/cr", tok)
+	require.Equal(t, 200, live.Status)
+	waitFor(t, 10*time.Second, "the follower live at the head", func() bool {
+		ok := false
+		ts.onLoop(t, func() {
+			for _, sc := range ts.conns.list {
+				if s := sc.streamSub("cr"); s != nil {
+					ok = s.state == subLive && s.cursor == before
+				}
+			}
+		})
+		return ok
+	})
+	pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.publish('cr', g::text) FROM generate_series(1, %d) g", inRing))
+	for {
+		if ev := live.mustNextData(15 * time.Second); ev.id() == before+inRing {
+			break
+		}
+	}
+	ts.onLoop(t, func() {
+		st := ts.fan.streams["cr"]
+		require.NotNil(t, st)
+		require.Len(t, st.ring, inRing, "the ring holds every event since the follower joined")
+	})
+
+	reads0 := metricValue(t, ts.metrics.replays)
+	late := dial(t, addr, "/streams/cr", tok, "Last-Event-ID: 1")
+	require.Equal(t, 200, late.Status)
+	for id := int64(2); id <= before+inRing; id++ {
+		ev := late.mustNextData(15 * time.Second)
+		require.Equal(t, strconv.FormatInt(id, 10), ev.IDValue, "every event once, in order")
+	}
+	reads := metricValue(t, ts.metrics.replays) - reads0
+	want := float64((before - 1 + replayBatchEvents - 1) / replayBatchEvents)
+	assert.LessOrEqual(t, reads, want, "table reads until the cursor is in the ring, then the ring (pgsse_replay_reads_total)")
+	ts.onLoop(t, func() {
+		for _, sc := range ts.conns.list {
+			if s := sc.streamSub("cr"); s != nil {
+				assert.Equal(t, subLive, s.state)
+			}
+		}
+	})
+}
