@@ -33,7 +33,9 @@ import (
 //	           `pgsse serve` (--procs dp.Procs) running from a binary installed at a path of
 //	           its own. In one run: a steady window (dp.Window) as the baseline; then
 //	           (a) SIGTERM, and the same binary started again on the same ports once the
-//	           old process has exited; then (b) the binary installed again at its path
+//	           old process has exited; then, once the new one is at steady state (a
+//	           deployQuiet window without catch-up reads or lagging subscribers, every
+//	           subscriber at the head), (b) the binary installed again at its path
 //	           (written beside it, renamed over it) and SIGUSR2: the handoff to a successor
 //	           started from it. For each: connections the server closed and reconnects
 //	           (counted at the clients), the delivery pause — per subscriber, the longest wait
@@ -297,6 +299,32 @@ func (d *deployRun) caughtUp() error {
 	return nil
 }
 
+// deployQuiet is the window without catch-up reads (pgsse_replay_reads_total unchanged) or
+// lagging subscribers (pgsse_lagging_connections 0), every subscriber having had an event
+// committed at its start, that (b) waits for: steady state.
+const deployQuiet = 2 * time.Second
+
+// steady waits (deployWaitTimeout at most) until srv has served deployQuiet with no catch-up
+// read and no lagging subscriber, every subscriber having had the event committed as that
+// window began; it returns how long ago the window began, or -1 if it did not come in time.
+func (d *deployRun) steady(ctx context.Context, srv *Server) (time.Duration, error) {
+	deadline := time.Now().Add(deployWaitTimeout)
+	for time.Now().Before(deadline) {
+		began := time.Now()
+		reads := replayReads(ctx, srv)
+		if err := d.caughtUp(); err != nil {
+			return -1, err
+		}
+		if left := deployQuiet - time.Since(began); left > 0 {
+			time.Sleep(left)
+		}
+		if replayReads(ctx, srv) == reads && serverMetric(ctx, srv, "pgsse_lagging_connections") == 0 {
+			return time.Since(began), nil
+		}
+	}
+	return -1, nil
+}
+
 // Deploy is scenario 17 against t (pgsse); client makes its client processes (each calling
 // DeployClientMain). It returns the steady, (a) and (b) results and the whole run's checks.
 func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, client HolderCommand) ([]*Result, error) {
@@ -430,6 +458,19 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 		}
 		time.Sleep(dp.Settle)
 		restart.add("catch-up reads (pgsse_replay_reads_total of the new process)", "", replayReads(ctx, srv2), true)
+		// (b) starts from steady state: every subscriber of (a) has had a new event does not
+		// mean they are live — a server still catching reconnected subscribers up from the
+		// table serves each a little behind the head, and those subscribers would be handed
+		// over with cursors its successor has no memory of (issue 22, task deployscale).
+		quiet, err := d.steady(ctx, srv2)
+		if err != nil {
+			return fmt.Errorf("(a): %w", err)
+		}
+		if quiet < 0 {
+			restart.note("no %v without catch-up reads within %v of the signal: (b) starts from a server still catching subscribers up", deployQuiet, deployWaitTimeout)
+		} else {
+			restart.add("time from the signal until a "+deployQuiet.String()+" window without catch-up reads or lagging subscribers", "ms", ms(time.Since(time.Unix(0, signalAt))-quiet), true)
+		}
 		rssNew, _ := srv2.RSS()
 		restart.add("server RSS", "MiB", float64(rssNew)/(1<<20), true)
 		restart.add("new process's RSS ÷ the old's", "×", float64(rssNew)/float64(max(rssOld, 1)), true)
