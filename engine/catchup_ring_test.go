@@ -23,11 +23,28 @@ import (
 // from cursor 1 needs ceil((before-1)/replayBatchEvents) reads, not one per batch up to the head.
 func TestCatchUpJoinsFromTheRingOnceItReachesIt(t *testing.T) {
 	t.Parallel()
+	catchUpFromRing(t, 500, 500)
+}
+
+// The ring reaches back far enough for that: 2,000 events (20 s of a stream at 100 events/s,
+// scenario 17's rate) are in it, so that a subscriber whose cursor is that far behind the
+// head once its first reads are done joins from memory. With 512 events it read the table
+// ceil((500-1+2000-512)/200) = 10 times, each behind every other subscriber catching up.
+func TestCatchUpRingHoldsTwentySecondsOfABusyStream(t *testing.T) {
+	t.Parallel()
+	catchUpFromRing(t, 500, 2000)
+}
+
+func catchUpFromRing(t *testing.T, before, inRing int) {
 	ts := startServer(t, "", nil)
 	addr := ts.Addr().String()
 	tok := bearerH(allStreams(t))
-	const before, inRing = 500, 500
 	pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.publish('cr', g::text) FROM generate_series(1, %d) g", before))
+	// Their notifications have reached the server (and been dropped: nobody follows the
+	// stream yet) before the follower comes, so that the ring starts after them.
+	waitFor(t, 10*time.Second, "the notifications of the first events", func() bool {
+		return metricValue(t, ts.metrics.notifications) >= float64(before)
+	})
 
 	// A follower from the head: the stream's live side starts there, and its ring gets
 	// what follows.
@@ -38,7 +55,7 @@ func TestCatchUpJoinsFromTheRingOnceItReachesIt(t *testing.T) {
 		ts.onLoop(t, func() {
 			for _, sc := range ts.conns.list {
 				if s := sc.streamSub("cr"); s != nil {
-					ok = s.state == subLive && s.cursor == before
+					ok = s.state == subLive && s.cursor == int64(before)
 				}
 			}
 		})
@@ -46,20 +63,22 @@ func TestCatchUpJoinsFromTheRingOnceItReachesIt(t *testing.T) {
 	})
 	pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.publish('cr', g::text) FROM generate_series(1, %d) g", inRing))
 	for {
-		if ev := live.mustNextData(15 * time.Second); ev.id() == before+inRing {
+		if ev := live.mustNextData(15 * time.Second); ev.id() == int64(before+inRing) {
 			break
 		}
 	}
+	ringLen := -1
 	ts.onLoop(t, func() {
-		st := ts.fan.streams["cr"]
-		require.NotNil(t, st)
-		require.Len(t, st.ring, inRing, "the ring holds every event since the follower joined")
+		if st := ts.fan.streams["cr"]; st != nil {
+			ringLen = len(st.ring)
+		}
 	})
+	require.Equal(t, inRing, ringLen, "the ring holds every event since the follower joined")
 
 	reads0 := metricValue(t, ts.metrics.replays)
 	late := dial(t, addr, "/streams/cr", tok, "Last-Event-ID: 1")
 	require.Equal(t, 200, late.Status)
-	for id := int64(2); id <= before+inRing; id++ {
+	for id := int64(2); id <= int64(before+inRing); id++ {
 		ev := late.mustNextData(15 * time.Second)
 		require.Equal(t, strconv.FormatInt(id, 10), ev.IDValue, "every event once, in order")
 	}
