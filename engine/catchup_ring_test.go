@@ -93,3 +93,52 @@ func catchUpFromRing(t *testing.T, before, inRing int) {
 		}
 	})
 }
+
+// Many subscribers catching up at once queue at most readGate.max reads in the replay pool
+// at a time, the others waiting in the engine: a read reserves what it may bring against the
+// outbound budget from the moment it is queued, and thousands queued behind the pool's few
+// connections (scenario 17's restart at 15,000) squeezed every connection's watermark to its
+// floor, pausing live subscribers. Here the table is locked, so that no read returns while
+// the subscribers come; the watermark stays where it is without pressure, and once the lock
+// is gone every subscriber gets every event once, in order.
+func TestCatchUpReadsQueuedAtOnceAreBounded(t *testing.T) {
+	t.Parallel()
+	const budget = 16 << 20
+	ts := startServer(t, "", func(c *Config) { c.MaxOutboundMemory = budget })
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	const events, clients = 50, 40
+	pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.publish('gate', g::text) FROM generate_series(1, %d) g", events))
+	lock := connect(t, ts.DSN)
+	pgtest.ExecOn(t, lock, "BEGIN; LOCK TABLE pgsse.events IN ACCESS EXCLUSIVE MODE")
+	locked := true
+	defer func() {
+		if locked {
+			pgtest.ExecOn(t, lock, "COMMIT")
+		}
+	}()
+	var cs []*sseClient
+	for range clients {
+		c := dial(t, addr, "/streams/gate", tok, "Last-Event-ID: 1")
+		require.Equal(t, 200, c.Status)
+		cs = append(cs, c)
+	}
+	maxReads := ts.subs.reads.max(ts.cfg.ReplayPoolSize, budget)
+	var inFlight, waiting, high int
+	waitFor(t, 10*time.Second, "every subscriber's read queued or waiting", func() bool {
+		ts.onLoop(t, func() {
+			inFlight, waiting, high = ts.subs.reads.inFlight, len(ts.subs.reads.waiting), ts.out.limits().high
+		})
+		return inFlight+waiting >= clients || inFlight > maxReads
+	})
+	assert.LessOrEqual(t, inFlight, maxReads, "reads queued in the replay pool at once")
+	assert.Equal(t, durableHighBytes, high, "the watermark is not squeezed by reads that have not started")
+	pgtest.ExecOn(t, lock, "COMMIT")
+	locked = false
+	for i, c := range cs {
+		for id := int64(2); id <= events; id++ {
+			ev := c.mustNextData(15 * time.Second)
+			require.Equal(t, strconv.FormatInt(id, 10), ev.IDValue, "subscriber %d: every event once, in order", i)
+		}
+	}
+}
