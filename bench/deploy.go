@@ -516,6 +516,9 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 			// subscribers up from the table serves each a little behind the head, and those
 			// subscribers would be handed over with cursors its successor has no memory of
 			// (issue 22, task deployscale).
+			if dp.HandoffFirst {
+				return nil // nothing follows
+			}
 			quiet, err := d.steady(ctx, srv2)
 			if err != nil {
 				return fmt.Errorf("(a): %w", err)
