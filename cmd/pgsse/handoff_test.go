@@ -645,6 +645,23 @@ func TestHandoffFailedSuccessorKeepsServing(t *testing.T) {
 	assert.Zero(t, h.load.httpErr.Load(), "HTTP publishes that failed")
 }
 
+// running is the processes whose executable path (argv[0]) is bin.
+func running(bin string) []int {
+	var pids []int
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile("/proc/" + d.Name() + "/cmdline")
+		if err == nil && bytes.Equal(bytes.SplitN(cmd, []byte{0}, 2)[0], []byte(bin)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 func ctxFor(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -744,44 +761,57 @@ func TestHandoffSIGUSR2WithProcsKeepsEveryClient(t *testing.T) {
 	h.fleet.logGaps(t, m.Took)
 }
 
-// A successor whose sibling exits at once: the predecessor and its sibling keep serving
-// everybody (nobody disconnected), one line says why, the successor is gone.
+// A successor whose sibling exits at once, or hangs and never says ready: the predecessor and
+// its sibling keep serving everybody (nobody disconnected), one line says why, the successor
+// and its new sibling are gone.
 func TestHandoffProcsFailedSiblingKeepsServing(t *testing.T) {
-	h := startHandoffProcs(t, 2, 30, 6, 6, 2, 2)
-	total := len(h.fleet.clients)
-	waitFor(t, 15*time.Second, "every client counted", func() bool { return h.srv.Metric("pgsse_sse_connections") == float64(total) })
-	require.Positive(t, procConns(h.srv, 2)[1], "the sibling has subscribers")
-	oldSibling := h.srv.SiblingPIDs()[1]
-	real := filepath.Join(t.TempDir(), "pgsse-real")
-	installBinary(t, binary(t), real)
-	installScript(t, h.bin, handoffSiblingExitEnv+"=1 exec "+real+` "$@"`)
-	before := h.fleet.events()
+	for _, c := range []struct{ name, env, why string }{
+		{"exits at once", "1", "the sibling process of slot 1 could not hand over"},
+		{"hangs", "hang", `the sibling process of slot 1 could not hand over","successor":`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := startHandoffProcs(t, 2, 30, 6, 6, 2, 2, "PGSSE_INTERNAL_HANDOFF_TIMEOUT=8s")
+			total := len(h.fleet.clients)
+			waitFor(t, 15*time.Second, "every client counted", func() bool { return h.srv.Metric("pgsse_sse_connections") == float64(total) })
+			require.Positive(t, procConns(h.srv, 2)[1], "the sibling has subscribers")
+			oldSibling := h.srv.SiblingPIDs()[1]
+			real := filepath.Join(t.TempDir(), "pgsse-real")
+			installBinary(t, binary(t), real)
+			installScript(t, h.bin, handoffSiblingExitEnv+"="+c.env+" exec "+real+` "$@"`)
+			before := h.fleet.events()
 
-	h.srv.Signal(syscall.SIGUSR2)
-	line, err := h.srv.Process().WaitLine(ctxFor(t, 40*time.Second), func(l []byte) bool {
-		return bytes.Contains(l, []byte("handoff failed, still serving everything: "))
-	})
-	require.NoError(t, err, "one line saying why")
-	assert.Contains(t, string(line), "the sibling process of slot 1 could not hand over")
-	var m struct{ Successor int }
-	require.NoError(t, json.Unmarshal(line, &m))
-	waitFor(t, 10*time.Second, "the successor is gone", func() bool { return servetest.Gone(m.Successor) })
-	h.srv.Alive("after the failed handoff")
-	assert.False(t, servetest.Gone(oldSibling), "the sibling serves on")
-	waitFor(t, 15*time.Second, "events after the failed handoff", func() bool {
-		for i, n := range h.fleet.events() {
-			if n <= before[i] {
-				return false
+			h.srv.Signal(syscall.SIGUSR2)
+			line, err := h.srv.Process().WaitLine(ctxFor(t, 40*time.Second), func(l []byte) bool {
+				return bytes.Contains(l, []byte("handoff failed, still serving everything: "))
+			})
+			require.NoError(t, err, "one line saying why")
+			assert.Contains(t, string(line), c.why)
+			if c.env == "hang" {
+				assert.Contains(t, string(line), `"err":"not ready within 8s"`)
 			}
-		}
-		return true
-	})
-	for range 8 { // both processes accept again
-		dialSSE(t, h.srv.Listen, "/streams/h/1", h.subTok)
+			var m struct{ Successor int }
+			require.NoError(t, json.Unmarshal(line, &m))
+			waitFor(t, 10*time.Second, "the successor is gone", func() bool { return servetest.Gone(m.Successor) })
+			waitFor(t, 10*time.Second, "the successor's sibling is gone", func() bool { return len(running(real)) == 0 })
+			h.srv.Alive("after the failed handoff")
+			assert.False(t, servetest.Gone(oldSibling), "the sibling serves on")
+			assert.Equal(t, oldSibling, h.srv.SiblingPIDs()[1], "the same sibling serves slot 1")
+			waitFor(t, 15*time.Second, "events after the failed handoff", func() bool {
+				for i, n := range h.fleet.events() {
+					if n <= before[i] {
+						return false
+					}
+				}
+				return true
+			})
+			for range 8 { // both processes accept again
+				dialSSE(t, h.srv.Listen, "/streams/h/1", h.subTok)
+			}
+			h.load.Stop()
+			h.fleet.check(t, before, int(h.load.note.Load()))
+			checkWorkers(t, h.workers, int(h.load.note.Load()))
+			assert.Zero(t, h.load.httpErr.Load(), "HTTP publishes that failed")
+			assert.Equal(t, float64(total+8), h.srv.Metric("pgsse_sse_connections"))
+		})
 	}
-	h.load.Stop()
-	h.fleet.check(t, before, int(h.load.note.Load()))
-	checkWorkers(t, h.workers, int(h.load.note.Load()))
-	assert.Zero(t, h.load.httpErr.Load(), "HTTP publishes that failed")
-	assert.Equal(t, float64(total+8), h.srv.Metric("pgsse_sse_connections"))
 }

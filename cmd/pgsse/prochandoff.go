@@ -44,8 +44,8 @@ import (
 //     siblings' connections until they are handed over.
 const (
 	siblingHandoffWait = handoffMoveTimeout + 15*time.Second
-	// handoffSiblingExitEnv makes a successor's sibling exit at once (tests only: the failure
-	// path of a new sibling).
+	// handoffSiblingExitEnv makes a successor's sibling exit at once, or with "hang" never say
+	// ready (tests only: the failure paths of a new sibling).
 	handoffSiblingExitEnv = "PGSSE_INTERNAL_HANDOFF_SIBLING_EXIT"
 )
 

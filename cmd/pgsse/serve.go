@@ -382,7 +382,11 @@ func cmdServe(ctx context.Context, args []string, env func(string) (string, bool
 	if err == nil && marker != nil {
 		err = s.asSibling(marker)
 		if err == nil && marker.Handoff {
-			if os.Getenv(handoffSiblingExitEnv) != "" {
+			switch os.Getenv(handoffSiblingExitEnv) {
+			case "":
+			case "hang":
+				time.Sleep(time.Hour) // never ready: the predecessor's readiness timeout ends it
+			default:
 				return configErrorf("%s is set: this sibling exits at once", handoffSiblingExitEnv)
 			}
 			su, err = s.asSuccessor(siblingHandoffFD, siblingSuccessorMarker(marker))
