@@ -591,7 +591,11 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 			handoff.add("time from the signal until the old process exited", "ms", ms(exited), true)
 			handoff.add("time from the signal until the handover was done (its log line)", "ms", ms(took), true)
 			handoff.add("connections handed over (its log line)", "", float64(m.Connections), false)
-			if ph, err := waitLogLine(ctx, pred, signalAt, func(l string) bool { return strings.Contains(l, "handoff: connections moved") }); err == nil {
+			// (A binary from before that line has none: the wait is short.)
+			pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+			ph, err := waitLogLine(pctx, pred, signalAt, func(l string) bool { return strings.Contains(l, "handoff: connections moved") })
+			pcancel()
+			if err == nil {
 				for _, kv := range logfmtRE.FindAllStringSubmatch(ph, -1) {
 					if d, err := time.ParseDuration(strings.Trim(kv[2], `"`)); err == nil {
 						handoff.add("the move's "+kv[1]+" (its log line: handoff: connections moved)", "ms", ms(d), true)
