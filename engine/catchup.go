@@ -161,16 +161,16 @@ func (g *readGate) wait(sub *subscription) {
 	g.waiting = append(g.waiting, sub)
 }
 
-// fillReads starts the reads waiting for room (after a read returned, and on the sweep).
-func (s *subscriptions) fillReads() {
-	g := &s.reads
-	for g.inFlight < g.max(s.cfg.ReplayPoolSize, s.cfg.MaxOutboundMemory) && len(g.waiting) > 0 {
+// fill starts the reads waiting for room (after a read returned, and on the sweep): replay
+// (subscriptions.replay) for each, in order, while there is room.
+func (g *readGate) fill(max int, replay func(*subscription)) {
+	for g.inFlight < max && len(g.waiting) > 0 {
 		sub := g.waiting[0]
 		g.waiting[0] = nil
 		g.waiting = g.waiting[1:]
 		delete(g.queued, sub)
 		if sub.state == subCatchUp && !sub.conn.ending() {
-			s.replay(sub)
+			replay(sub)
 		}
 	}
 	if len(g.waiting) == 0 {
@@ -216,7 +216,7 @@ func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadR
 	sub.replaying = false
 	s.readDone(sub)
 	s.reads.inFlight--
-	defer s.fillReads() // after sub's own next read, if any: it goes first
+	defer s.reads.fill(s.reads.max(s.cfg.ReplayPoolSize, s.cfg.MaxOutboundMemory), s.replay) // after sub's own next read, if any: it goes first
 	sc := sub.conn
 	defer s.nextRead(sc)
 	if sc.ending() {
@@ -440,7 +440,7 @@ func (s *subscriptions) retryRead(sub *subscription, err error) {
 
 // runReadRetries reissues the subscriptions' failed history reads (from the tick).
 func (s *subscriptions) runReadRetries() {
-	s.fillReads() // none may be in flight to start them (replay: the pool's queue was full)
+	s.reads.fill(s.reads.max(s.cfg.ReplayPoolSize, s.cfg.MaxOutboundMemory), s.replay) // none may be in flight to start them (replay: the pool's queue was full)
 	if len(s.retry) == 0 {
 		return
 	}
