@@ -5,12 +5,16 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
+	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/panjf2000/gnet/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -334,6 +338,7 @@ func (a *acceptor) enroll() {
 			a.pending.Add(-1)
 			continue // stopping: close the rest
 		}
+		a.srv.sseAddrs.share(c) // not a hub socket's: share takes TCP connections only
 		res, err := a.srv.eng.Register(gnet.NewNetConnContext(a.ctx, c))
 		if err != nil {
 			_ = c.Close()
@@ -527,4 +532,123 @@ func (c *adminConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() { <-c.slots })
 	return err
+}
+
+// connAddrs makes the addresses an SSE connection keeps while it is open small (issue 25: an
+// idle connection's bytes). gnet v2.9.7's Register keeps both addresses of the net.TCPConn it
+// is handed (eventloop_unix.go, enroll: newStreamConn(…, c.LocalAddr(), c.RemoteAddr())), and
+// the net package's accept made each connection two 48-byte TCPAddrs whose IPs are slices of
+// the 32-byte sockaddrs accept and getsockname returned: 160 B per connection, in the size
+// classes gnet's hand-over leaves most of its garbage in (48 and 32 B), so that each one kept
+// a span of that garbage resident. share, before the connection is handed to gnet, makes its
+// local address the table's one for that address (every connection of a listener has the same
+// one unless the listener is on a wildcard address) and an IPv4 peer's address a peerAddr4 (6
+// bytes); another peer's address keeps its TCPAddr, with its IP copied out of the sockaddr.
+// pgsse never asks a connection for its addresses, but they read as before.
+//
+// Register takes a *net.TCPConn and nothing else for TCP, and the net package has no way to
+// say which address objects a connection reports, so share writes them into the connection's
+// netFD while the acceptor still owns it: the fields are found by name and type once
+// (addrFields), and a Go release that moves them makes share copy the IPs only
+// (TestConnAddrsAreSmall fails then, so it does not go unnoticed). The shared addresses are
+// never written after they are made.
+type connAddrs struct {
+	mu     sync.Mutex
+	shared map[netip.AddrPort]*net.TCPAddr
+}
+
+// maxLocalAddrs bounds connAddrs's table (a wildcard listener on a host with many addresses:
+// the connections to the others keep their own).
+const maxLocalAddrs = 64
+
+// peerAddr4 is an IPv4 peer's address as an SSE connection reports it (connAddrs): 6 bytes,
+// where a TCPAddr is 48 and keeps the sockaddr its IP points into.
+type peerAddr4 struct {
+	ip   [4]byte
+	port uint16
+}
+
+// Network implements net.Addr, as net.TCPAddr does.
+func (a peerAddr4) Network() string { return "tcp" }
+
+// String implements net.Addr, as net.TCPAddr does (gnet resolves it once, in Register).
+func (a peerAddr4) String() string {
+	return netip.AddrPortFrom(netip.AddrFrom4(a.ip), a.port).String()
+}
+
+// addrFields is the offset of net.TCPConn's netFD pointer (conn.fd) and, in the netFD, of its
+// local and remote addresses (laddr, raddr: net.Addr); ok is false if this Go's net package
+// does not have them.
+func addrFields() (fd, laddr, raddr uintptr, ok bool) {
+	c, ok1 := reflect.TypeFor[net.TCPConn]().FieldByName("conn")
+	if !ok1 || c.Type.Kind() != reflect.Struct {
+		return 0, 0, 0, false
+	}
+	f, ok1 := c.Type.FieldByName("fd")
+	if !ok1 || f.Type.Kind() != reflect.Pointer || f.Type.Elem().Kind() != reflect.Struct || f.Type.Elem().Name() != "netFD" {
+		return 0, 0, 0, false
+	}
+	l, ok1 := f.Type.Elem().FieldByName("laddr")
+	r, ok2 := f.Type.Elem().FieldByName("raddr")
+	addr := reflect.TypeFor[net.Addr]()
+	if !ok1 || !ok2 || l.Type != addr || r.Type != addr {
+		return 0, 0, 0, false
+	}
+	return c.Offset + f.Offset, l.Offset, r.Offset, true
+}
+
+// addrFD, laddrAt, raddrAt and addrsOK are addrFields's answer, worked out once.
+var addrFD, laddrAt, raddrAt, addrsOK = addrFields()
+
+// share makes c's addresses small (connAddrs), if c is a TCP connection nobody else holds yet
+// (the acceptor's, before Register). A local address with a zone keeps its own (gnet hands a
+// zone's bytes back to a pool when a connection closes: a shared one would go back once per
+// connection).
+func (t *connAddrs) share(c net.Conn) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	var la, ra *net.Addr // the netFD's fields, if they are where LocalAddr and RemoteAddr read
+	if addrsOK {
+		if fd := *(*unsafe.Pointer)(unsafe.Add(unsafe.Pointer(tc), addrFD)); fd != nil {
+			la, ra = (*net.Addr)(unsafe.Add(fd, laddrAt)), (*net.Addr)(unsafe.Add(fd, raddrAt))
+			if *la != tc.LocalAddr() || *ra != tc.RemoteAddr() {
+				la, ra = nil, nil
+			}
+		}
+	}
+	if a, ok := tc.LocalAddr().(*net.TCPAddr); ok {
+		if s := t.local(a); s != nil && la != nil {
+			*la = s
+		} else {
+			a.IP = slices.Clone(a.IP)
+		}
+	}
+	if a, ok := tc.RemoteAddr().(*net.TCPAddr); ok {
+		if ip4 := a.IP.To4(); ip4 != nil && a.Zone == "" && ra != nil {
+			*ra = peerAddr4{ip: [4]byte(ip4), port: uint16(a.Port)}
+		} else {
+			a.IP = slices.Clone(a.IP)
+		}
+	}
+}
+
+// local is the table's address equal to a (nil: a has a zone, or the table is full).
+func (t *connAddrs) local(a *net.TCPAddr) *net.TCPAddr {
+	if a.Zone != "" {
+		return nil
+	}
+	ap := a.AddrPort()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.shared[ap]
+	if s == nil && len(t.shared) < maxLocalAddrs {
+		if t.shared == nil {
+			t.shared = map[netip.AddrPort]*net.TCPAddr{}
+		}
+		s = &net.TCPAddr{IP: net.IP(ap.Addr().Unmap().AsSlice()), Port: a.Port}
+		t.shared[ap] = s
+	}
+	return s
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
+	"github.com/panjf2000/gnet/v2/pkg/socket"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -229,4 +230,70 @@ func TestPlaceholderSealed(t *testing.T) {
 	var ne net.Error
 	require.ErrorAs(t, err, &ne)
 	assert.True(t, ne.Timeout(), "nothing arrives: %v", err)
+}
+
+// The connections accepted on one address report one *net.TCPAddr for their local address and
+// a 6-byte peerAddr4 for an IPv4 peer's — the addresses gnet keeps for as long as they are
+// open (issue 25: two 48-byte TCPAddrs and two 32-byte sockaddrs per connection otherwise) —
+// and both read as before.
+func TestConnAddrsAreSmall(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	var addrs connAddrs
+	var accepted []net.Conn
+	for range 3 {
+		d, err := net.Dial("tcp", ln.Addr().String())
+		require.NoError(t, err)
+		defer d.Close()
+		c, err := ln.Accept()
+		require.NoError(t, err)
+		defer c.Close()
+		local, remote := c.LocalAddr().String(), c.RemoteAddr().String()
+		addrs.share(c)
+		assert.Equal(t, local, c.LocalAddr().String())
+		assert.Equal(t, remote, c.RemoteAddr().String())
+		assert.Equal(t, d.LocalAddr().String(), c.RemoteAddr().String())
+		assert.Equal(t, "tcp", c.RemoteAddr().Network())
+		accepted = append(accepted, c)
+	}
+	require.True(t, addrsOK, "this Go's net.TCPConn has no conn.fd.laddr and raddr: the addresses are no longer made small")
+	assert.Same(t, accepted[0].LocalAddr(), accepted[1].LocalAddr(), "one address object for every connection")
+	assert.Same(t, accepted[0].LocalAddr(), accepted[2].LocalAddr())
+	assert.Len(t, accepted[0].LocalAddr().(*net.TCPAddr).IP, net.IPv4len)
+	assert.IsType(t, peerAddr4{}, accepted[0].RemoteAddr())
+	sa, _, _, _, err := socket.GetTCPSockAddr(accepted[0].RemoteAddr().Network(), accepted[0].RemoteAddr().String())
+	require.NoError(t, err, "what gnet's Register makes of the peer's address")
+	assert.Equal(t, accepted[0].RemoteAddr().String(), socket.SockaddrToTCPOrUnixAddr(sa).String())
+
+	// A connection handed over (net.FileConn, as Adopt makes them) gets them too.
+	f, err := accepted[0].(*net.TCPConn).File()
+	require.NoError(t, err)
+	fc, err := net.FileConn(f)
+	require.NoError(t, err)
+	_ = f.Close()
+	defer fc.Close()
+	addrs.share(fc)
+	assert.Same(t, accepted[0].LocalAddr(), fc.LocalAddr())
+	assert.Equal(t, accepted[0].RemoteAddr(), fc.RemoteAddr())
+}
+
+// An IPv6 peer keeps its TCPAddr, its IP copied out of the accept's sockaddr.
+func TestConnAddrsIPv6Peer(t *testing.T) {
+	ln, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skip("no IPv6 loopback:", err)
+	}
+	defer ln.Close()
+	d, err := net.Dial("tcp6", ln.Addr().String())
+	require.NoError(t, err)
+	defer d.Close()
+	c, err := ln.Accept()
+	require.NoError(t, err)
+	defer c.Close()
+	remote := c.RemoteAddr().String()
+	var addrs connAddrs
+	addrs.share(c)
+	assert.Equal(t, remote, c.RemoteAddr().String())
+	assert.IsType(t, &net.TCPAddr{}, c.RemoteAddr())
 }

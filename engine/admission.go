@@ -97,8 +97,8 @@ func (a *admission) round(budget time.Duration) bool {
 			continue
 		}
 		a.conns.admit(sc)
-		a.pres.opened(sc, sc.setup) // counted before its response head: its first presence event counts it
-		a.subs.subscribe(sc, sc.setup)
+		a.pres.opened(sc, sc.request()) // counted before its response head: its first presence event counts it
+		a.subs.subscribe(sc, sc.request())
 	}
 	return a.q.len() > 0
 }

@@ -90,21 +90,21 @@ func (s *subscriptions) nextRead(sc *sseConn) {
 
 // readHead reads the head of a starting subscription's stream: where it starts.
 func (s *subscriptions) readHead(sub *subscription) {
-	if s.replayer == nil || sub.replaying || !s.mayRead(sub) {
+	if s.replayer == nil || sub.replaying() || !s.mayRead(sub) {
 		return
 	}
-	sub.replaying = true
-	ok := s.replayer.Read(store.ReadRequest{Stream: sub.st.name, HeadOnly: true},
+	sub.setReplaying(true)
+	ok := s.replayer.Read(store.ReadRequest{Stream: sub.stream().name, HeadOnly: true},
 		func(res store.ReadResult) { s.tasks.push(func() { s.onHead(sub, res) }) })
 	if !ok {
-		sub.replaying = false
+		sub.setReplaying(false)
 		s.readDone(sub)
 		s.conns.shed(sub.conn, shedOverCapacity) // the replay queue is full
 	}
 }
 
 func (s *subscriptions) onHead(sub *subscription, res store.ReadResult) {
-	sub.replaying = false
+	sub.setReplaying(false)
 	s.readDone(sub)
 	defer s.nextRead(sub.conn)
 	if sub.conn.closed {
@@ -180,7 +180,7 @@ func (g *readGate) fill(max int, replay func(*subscription)) {
 
 // replay reads the next batch of history for one subscription.
 func (s *subscriptions) replay(sub *subscription) {
-	if s.replayer == nil || sub.replaying || sub.conn.ending() || sub.st.holdRead(sub, s.lsn.settling()) {
+	if s.replayer == nil || sub.replaying() || sub.conn.ending() || sub.stream().holdRead(sub, s.lsn.settling()) {
 		return
 	}
 	if s.reads.inFlight >= s.reads.max(s.cfg.ReplayPoolSize, s.cfg.MaxOutboundMemory) {
@@ -191,12 +191,12 @@ func (s *subscriptions) replay(sub *subscription) {
 		return
 	}
 	s.reads.inFlight++
-	sub.replaying = true
+	sub.setReplaying(true)
 	s.metrics.replays.Inc()
 	// What the read may bring counts against the budget until it is written (outbound.reading).
 	reserved := s.out.limits().replayBytes()
 	after := sub.cursor
-	req := store.ReadRequest{Stream: sub.st.name, After: after, Tags: sub.conn.tags(), Limit: replayBatchEvents,
+	req := store.ReadRequest{Stream: sub.stream().name, After: after, Tags: sub.conn.tags(), Limit: replayBatchEvents,
 		MaxBytes: reserved, Encode: s.tr.replayEncoder()}
 	s.out.reserveRead(reserved)
 	ok := s.replayer.Read(req, func(res store.ReadResult) {
@@ -204,16 +204,16 @@ func (s *subscriptions) replay(sub *subscription) {
 	})
 	if !ok {
 		s.out.releaseRead(reserved)
-		sub.replaying = false
+		sub.setReplaying(false)
 		s.readDone(sub)
 		s.reads.inFlight-- // those waiting start on the next return or sweep
-		s.log.Warn("replay queue full; client told to retry", "stream", sub.st.name)
+		s.log.Warn("replay queue full; client told to retry", "stream", sub.stream().name)
 		s.conns.closeWithRetry(sub.conn)
 	}
 }
 
 func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadResult) {
-	sub.replaying = false
+	sub.setReplaying(false)
 	s.readDone(sub)
 	s.reads.inFlight--
 	defer s.reads.fill(s.reads.max(s.cfg.ReplayPoolSize, s.cfg.MaxOutboundMemory), s.replay) // after sub's own next read, if any: it goes first
@@ -234,13 +234,13 @@ func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadR
 	items := s.items[:0]
 	s.ids = s.ids[:0]
 	c := sub.cursor
-	resume, lost := sub.st.lostCursor(c)
+	resume, lost := sub.stream().lostCursor(c)
 	switch {
 	case !sub.gapChecked && lost && resume <= res.Head:
 		// The client's cursor is from history the stream lost (fanout.rewind): its ids were
 		// given to other events since, which are read next — also when it is past the new
 		// head (a gap to the head would skip the new events below it).
-		s.conns.write(sc, s.tr.gap([]byte(sub.st.name), c, resume))
+		s.conns.write(sc, s.tr.gap([]byte(sub.stream().name), c, resume))
 		sub.cursor, sub.gapChecked = resume, true
 		if !sc.ending() {
 			s.replay(sub)
@@ -248,13 +248,13 @@ func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadR
 		return
 	case !sub.gapChecked && c > res.Head:
 		// The client's own cursor is newer than the head.
-		items = append(items, transientItem(s.tr.gap([]byte(sub.st.name), c, res.Head)))
+		items = append(items, transientItem(s.tr.gap([]byte(sub.stream().name), c, res.Head)))
 		sub.cursor = res.Head
 	case (c > 0 || sub.gapChecked) && c+1 < res.Oldest:
 		// The next events were pruned: before this client connected, or while it was
 		// too slow to take live writes. A cursor of 0 the client sent asks for whatever is
 		// retained; a cursor still 0 later (no events yet when it subscribed) does not.
-		items = append(items, transientItem(s.tr.gap([]byte(sub.st.name), c, res.Oldest-1)))
+		items = append(items, transientItem(s.tr.gap([]byte(sub.stream().name), c, res.Oldest-1)))
 		sub.cursor = res.Oldest - 1
 	}
 	sub.gapChecked = true
@@ -268,14 +268,14 @@ func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadR
 		if len(e.Data) < largeEventBytes {
 			sub.cursor = e.ID
 			items = s.appendTableEvent(items, sub, e.Data) // the encoding, this connection's alone (the transport's replay encoder)
-		} else if ev := s.out.tableEvent(sub.st.name, e); ev != nil {
+		} else if ev := s.out.tableEvent(sub.stream().name, e); ev != nil {
 			sub.cursor = e.ID
 			items = s.appendEvent(items, sub, ev) // shared with whoever else reads it
 		} else {
 			waitLarge = true // too many large events held: read from here again later
 			break
 		}
-		sub.st.sawPublished(e.ID, e.TimeUS)
+		sub.stream().sawPublished(e.ID, e.TimeUS)
 		n++
 	}
 	if len(items) > 0 {
@@ -300,7 +300,7 @@ func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadR
 		s.pause(sub)
 		return
 	}
-	if sub.st.inRing(sub.cursor) {
+	if sub.stream().inRing(sub.cursor) {
 		// The rest is in the stream's ring: one write from it, not more reads of the table
 		// (each waits its turn in the replay pool behind every other subscriber catching up).
 		s.tryJoin(sub)
@@ -322,7 +322,7 @@ func (s *subscriptions) wentBack(sub *subscription, to int64) {
 	switch sub.state {
 	case subLive, subCatchUp, subLagging:
 		if sub.conn.streaming() {
-			s.conns.write(sub.conn, s.tr.gap([]byte(sub.st.name), sub.cursor, to))
+			s.conns.write(sub.conn, s.tr.gap([]byte(sub.stream().name), sub.cursor, to))
 		}
 		sub.cursor = to
 	}
@@ -335,7 +335,7 @@ func (s *subscriptions) tryJoin(sub *subscription) {
 	if sub.conn.ending() {
 		return
 	}
-	st := sub.st
+	st := sub.stream()
 	c := sub.cursor
 	ring, ok := st.bridge(c)
 	if !ok {
@@ -400,7 +400,7 @@ func (s *subscriptions) resumeLagging() {
 		}
 		s.metrics.lagging.Dec()
 		s.resume(sub)
-		if sub.st.inRing(sub.cursor) { // only stream subscriptions lag; channel ones are closed instead
+		if sub.stream().inRing(sub.cursor) { // only stream subscriptions lag; channel ones are closed instead
 			s.tryJoin(sub)
 		} else {
 			s.replay(sub)
@@ -419,7 +419,7 @@ func (s *subscriptions) retryRead(sub *subscription, err error) {
 		limit = maxPendingReadRetries
 	}
 	if sub.retries > limit {
-		s.log.Warn("history read keeps failing; client told to retry later", "stream", sub.st.name, "err", err)
+		s.log.Warn("history read keeps failing; client told to retry later", "stream", sub.stream().name, "err", err)
 		switch sc := sub.conn; {
 		case !schemaMissing(err):
 		case sc.state == statePending: // not migrated: say so
@@ -433,7 +433,7 @@ func (s *subscriptions) retryRead(sub *subscription, err error) {
 		return
 	}
 	if sub.retries == 1 {
-		s.log.Warn("history read failed; retrying", "stream", sub.st.name, "err", err)
+		s.log.Warn("history read failed; retrying", "stream", sub.stream().name, "err", err)
 	}
 	s.retry = append(s.retry, sub)
 }

@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"net"
-	"slices"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -14,42 +12,6 @@ import (
 // SSE connection (sseconn.go, request.go), a hub worker (hubserver.go) or the loop's private anchor
 // (loop.go) — from the connection's context: when OnOpen runs, that is the origin the
 // acceptor that handed it over gave it (accept.go); after that, its part's own state.
-
-// compactAddrs lets go of the two 32-byte sockaddrs each SSE connection would otherwise keep
-// for as long as it is open (issue 25: an idle connection's bytes). gnet keeps the addresses of
-// the net.TCPConn the acceptor handed it (accept.go), and the net package made each address's
-// IP a slice of the sockaddr the accept or getsockname returned. pgsse never asks a
-// connection for its addresses, but they stay readable: the local IP is one slice shared by
-// every connection with that address (local, on the loop only), the peer's IPv4 address one
-// slice shared by the connections from it while peers holds at most maxSharedPeerIPs of them
-// (behind a proxy, a handful of addresses make every connection), a copy of its own otherwise.
-func compactAddrs(c gnet.Conn, local *net.IP, peers map[[4]byte]net.IP) {
-	if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
-		if !a.IP.Equal(*local) {
-			*local = slices.Clone(a.IP)
-		}
-		a.IP = *local
-	}
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		ip4 := a.IP.To4()
-		if ip4 == nil {
-			a.IP = slices.Clone(a.IP)
-			return
-		}
-		key := [4]byte(ip4)
-		shared, ok := peers[key]
-		if !ok {
-			shared = slices.Clone(ip4)
-			if len(peers) < maxSharedPeerIPs {
-				peers[key] = shared
-			}
-		}
-		a.IP = shared
-	}
-}
-
-// maxSharedPeerIPs bounds compactAddrs's table of peer addresses (≈ 50 B each).
-const maxSharedPeerIPs = 1024
 
 // anchorMark is the context of the anchor connection.
 type anchorMark struct{}
@@ -90,7 +52,6 @@ func (s *Server) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		s.hurry()
 		s.enter()
 		defer s.leave()
-		compactAddrs(c, &s.sseLocalIP, s.ssePeerIPs)
 		s.conns.open(c)
 		return nil, gnet.None
 	}

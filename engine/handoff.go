@@ -255,6 +255,7 @@ func (s *Server) AdoptAsync(fds []int, records [][]byte) <-chan error {
 			errs = append(errs, err)
 			continue
 		}
+		s.sseAddrs.share(c) // as an accepted connection's (accept.go: connAddrs)
 		ctx := gnet.NewNetConnContext(gnet.NewContext(context.Background(), &adoption{rec: rec}), c)
 		res, err := s.eng.Register(ctx)
 		if err != nil {

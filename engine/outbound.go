@@ -139,8 +139,9 @@ type outbound struct {
 	iovecs    []unix.Iovec
 	items     []outItem // scratch for building one connection's write
 	free      []*outQueue
-	large     []*event // large events read from the table that queues hold (budget.go)
-	pressed   bool     // the limits shrank (budget.go); cleared, and the heap returned, once the queues are low again
+	freeExts  []*connExt // empty connection extensions the emptied queues left (sseConn.setQueue)
+	large     []*event   // large events read from the table that queues hold (budget.go)
+	pressed   bool       // the limits shrank (budget.go); cleared, and the heap returned, once the queues are low again
 
 	totalSeen atomic.Int64  // total as of the last tick, for keepMemory
 	relieved  chan struct{} // the loop tells keepMemory that the outbound pressure passed
@@ -179,16 +180,16 @@ func (o *outbound) sendEvents(sc *sseConn, evs []*event) {
 
 // pending is the number of bytes sc's socket has not taken yet.
 func (sc *sseConn) pending() int {
-	if sc.q == nil {
+	if sc.queue() == nil {
 		return 0
 	}
-	return sc.q.bytes
+	return sc.queue().bytes
 }
 
 // send writes items to sc in one writev (up to maxIOV pieces per syscall) and keeps what the
 // socket does not take. Behind bytes already queued, items are queued without a syscall.
 func (o *outbound) send(sc *sseConn, items []outItem) {
-	if sc.q != nil && sc.q.bytes > 0 {
+	if sc.queue() != nil && sc.queue().bytes > 0 {
 		o.keep(sc, items, 0)
 		return
 	}
@@ -276,7 +277,7 @@ func (o *outbound) keep(sc *sseConn, items []outItem, skip int) {
 func (o *outbound) sendLive(sc *sseConn, items []outItem, limit int) int {
 	sent := 0
 	switch {
-	case sc.q != nil && sc.q.bytes > 0:
+	case sc.queue() != nil && sc.queue().bytes > 0:
 	case sc.c.OutboundBuffered() > 0:
 		o.gnetWrite(sc, items)
 		return len(items)
@@ -336,10 +337,17 @@ func (o *outbound) sendLive(sc *sseConn, items []outItem, limit int) int {
 // enqueue appends b — all of it.b, or the unsent part when begun (the socket took the rest)
 // — to sc's queue and counts it.
 func (o *outbound) enqueue(sc *sseConn, it outItem, b []byte, begun bool) {
-	q := sc.q
+	q := sc.queue()
 	if q == nil {
 		q = o.newQueue()
-		sc.q = q
+		var spare *connExt
+		if n := len(o.freeExts); n > 0 {
+			spare, o.freeExts[n-1] = o.freeExts[n-1], nil
+			o.freeExts = o.freeExts[:n-1]
+		}
+		if back := sc.setQueue(q, spare); back != nil {
+			o.freeExts = append(o.freeExts, back)
+		}
 	}
 	if q.bytes == 0 {
 		o.queued++
@@ -406,7 +414,7 @@ func (o *outbound) consume(q *outQueue, n int) {
 
 // flushQueue writes from sc's queue until the queue is empty or the socket is full.
 func (o *outbound) flushQueue(sc *sseConn) {
-	q := sc.q
+	q := sc.queue()
 	if q == nil || q.bytes == 0 || sc.c == nil {
 		return
 	}
@@ -433,7 +441,7 @@ func (o *outbound) flushQueue(sc *sseConn) {
 // the item it began, or of a lead and the item it leads (finish: the connection's last bytes
 // go right after it, and a composite id must not be followed by anything but its event).
 func (o *outbound) trimQueue(sc *sseConn) {
-	q := sc.q
+	q := sc.queue()
 	if q == nil || q.bytes == 0 {
 		return
 	}
@@ -456,8 +464,10 @@ func (o *outbound) trimQueue(sc *sseConn) {
 
 // emptied returns an empty queue for reuse.
 func (o *outbound) emptied(sc *sseConn) {
-	q := sc.q
-	sc.q = nil
+	q := sc.queue()
+	if x := sc.setQueue(nil, nil); x != nil && len(o.freeExts) < queueFreeListLen {
+		o.freeExts = append(o.freeExts, x)
+	}
 	o.queued--
 	clear(q.items[q.head:])
 	q.items, q.head, q.bytes, q.begun = q.items[:0], 0, 0, false
@@ -483,7 +493,7 @@ func (o *outbound) newQueue() *outQueue {
 // written piece's remainder first), and empties the queue (a handoff: the successor writes
 // them).
 func (o *outbound) takeQueue(sc *sseConn, dst []byte) []byte {
-	q := sc.q
+	q := sc.queue()
 	if q == nil || q.bytes == 0 {
 		return dst
 	}
@@ -496,7 +506,7 @@ func (o *outbound) takeQueue(sc *sseConn, dst []byte) []byte {
 
 // dropQueue abandons whatever sc still has queued (the connection is gone).
 func (o *outbound) dropQueue(sc *sseConn) {
-	q := sc.q
+	q := sc.queue()
 	if q == nil {
 		return
 	}
@@ -509,7 +519,7 @@ func (o *outbound) dropQueue(sc *sseConn) {
 		o.queued--
 	}
 	q.begun = false
-	sc.q = nil
+	sc.setQueue(nil, nil)
 }
 
 // retryQueues tries every queue that has not been tried for olderThanMS: from the sweep
@@ -520,7 +530,7 @@ func (o *outbound) retryQueues(olderThanMS int64) {
 		return
 	}
 	for _, sc := range o.conns.all() {
-		if sc.q != nil && sc.q.bytes > 0 && !sc.closed && o.nowMS-sc.q.triedMS >= olderThanMS {
+		if sc.queue() != nil && sc.queue().bytes > 0 && !sc.closed && o.nowMS-sc.queue().triedMS >= olderThanMS {
 			o.flushQueue(sc)
 		}
 	}

@@ -86,7 +86,7 @@ func TestOutboundFinishCompletesTheBegunEvent(t *testing.T) {
 	first := &event{id: 1, enc: sse.AppendEvent(nil, 1, nil, bytes.Repeat([]byte("a"), 100_000))}
 	second := &event{id: 2, enc: sse.AppendEvent(nil, 2, nil, []byte("dropped"))}
 	s.conns.writeEvents(sc, []*event{first})
-	require.True(t, sc.q != nil && sc.q.begun, "the socket took part of the first event")
+	require.True(t, sc.queue() != nil && sc.queue().begun, "the socket took part of the first event")
 	s.conns.writeEvents(sc, []*event{second})
 	s.conns.closeWithRetry(sc)
 	assert.Equal(t, stateClosing, sc.state)
@@ -198,8 +198,8 @@ func TestOutboundFinishKeepsTheEventOfABegunLead(t *testing.T) {
 	items := func() []outItem { return []outItem{leadItem(lead), sharedBodyItem(ev, body)} }
 	kept := func(sc *sseConn) string {
 		var b []byte
-		if sc.q != nil {
-			for _, it := range sc.q.items[sc.q.head:] {
+		if sc.queue() != nil {
+			for _, it := range sc.queue().items[sc.queue().head:] {
 				b = append(b, it.b...)
 			}
 		}
@@ -213,7 +213,7 @@ func TestOutboundFinishKeepsTheEventOfABegunLead(t *testing.T) {
 
 	// The lead was queued and then written whole (flushQueue's consume).
 	s.out.keep(scs[1], items(), 0)
-	s.out.consume(scs[1].q, len(lead))
+	s.out.consume(scs[1].queue(), len(lead))
 	s.out.trimQueue(scs[1])
 	require.Equal(t, string(body), kept(scs[1]), "the lead was flushed: its event stays")
 
@@ -231,4 +231,35 @@ func TestOutboundFinishKeepsTheEventOfABegunLead(t *testing.T) {
 		s.out.dropQueue(sc)
 	}
 	require.Zero(t, s.out.total, "every byte accounted for")
+}
+
+// A socket that falls behind and catches up, again and again, allocates nothing: its queue
+// comes from the emptied ones, and so does the connection extension that holds it (issue 25:
+// the queue moved into the extension, which would otherwise be made anew each time).
+func TestFallingBehindAndCatchingUpAllocatesNothing(t *testing.T) {
+	s, cs, scs := queueServer(t, 1)
+	c, sc := cs[0], scs[0]
+	ev := &event{id: 1, enc: s.tr.event(nil, 1, nil, []byte(strings.Repeat("x", 64<<10)))}
+	items := make([]outItem, 1)
+	fds := []int32{int32(c.fd)}
+	buf := make([]byte, 256<<10)
+	cycle := func() {
+		items[0] = sharedItem(ev)
+		s.conns.writeLive(sc, items, durableHighBytes)
+		if sc.queue() == nil {
+			panic("the socket took 64 KiB at once: nothing queued")
+		}
+		for sc.pending() > 0 {
+			for {
+				if n, _ := unix.Read(c.peer, buf); n <= 0 {
+					break
+				}
+			}
+			s.out.flushReady(fds)
+		}
+	}
+	cycle() // the first queue and extension are made here
+	require.Nil(t, sc.ext, "a caught-up public connection holds no extension")
+	allocs := testing.AllocsPerRun(50, cycle)
+	assert.Zero(t, allocs, "allocations per falling behind and catching up")
 }

@@ -28,7 +28,7 @@ import (
 //
 //   - TestEnginePartsOwnTheirFields: a field is selected only in the files of the part that
 //     owns its type (or the field: a type may lend one field to another part, as sseConn lends
-//     q to the write path), except fields that are read-only outside their part;
+//     first to the subscriptions part), except fields that are read-only outside their part;
 //   - TestEngineMethodCount: no type has more than maxMethods methods;
 //   - TestStateAssignedOnlyByItsHelper: sseConn.state and subscription.state are assigned by
 //     their one transition helper (to) and nowhere else.
@@ -67,16 +67,14 @@ var readAnywhere = []string{"loopEnv", "Config", "metrics", "outLimits", "subReq
 // lentFields are fields of a type that a part other than the type's own owns (it alone reads
 // and writes them), or that others may read ("read"): type.field → part, or "read".
 var lentFields = map[string]string{
-	// The connection (sseconn.go): its socket and its state are read everywhere, its queue is
-	// the write path's, its publish state publishing's, its subject admission's, its
-	// subscriptions the subscriptions part's.
+	// The connection (sseconn.go): its socket and its state are read everywhere, its
+	// subscriptions are the subscriptions part's; its queue, publish state and request live in
+	// its extension (connExt), reached through its accessors.
 	"sseConn.c":      "read",
 	"sseConn.state":  "read",
 	"sseConn.closed": "read",
-	"sseConn.setup":  "read",
-	"sseConn.q":      "outbound",
-	"sseConn.pub":    "publishing",
 	"sseConn.nsub":   "subscriptions",
+	"subRequest.ext": "connTable", // the connection's extension while it sets up
 	"sseConn.first":  "subscriptions",
 	// A raw channel (channels.go) has an SSE side (fanout.go) and a hub side (hubserver.go).
 	"channel.name": "read",

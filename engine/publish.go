@@ -95,10 +95,10 @@ type publishStamps struct {
 // neither the body nor the token's verdict, then the body (read by readBody) and the
 // token (verified off the loop) in parallel.
 func (p *publishing) publish(sc *sseConn, req *sse.Request, cors sse.CORS) {
-	if sc.pub == nil {
-		sc.pub = &publishConn{}
+	if sc.publisher() == nil {
+		sc.setPublisher(&publishConn{})
 	}
-	pub := sc.pub
+	pub := sc.publisher()
 	pub.seq++
 	st := &pub.stamps
 	st.head, st.parsed, st.body = time.Time{}, time.Now(), time.Time{}
@@ -208,7 +208,7 @@ func (p *publishing) singleEventParams(pub *publishConn, req *sse.Request) error
 
 // onPublishVerdict takes the token's verdict for request seq (on the loop).
 func (p *publishing) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Claims, err error) {
-	pub := sc.pub
+	pub := sc.publisher()
 	if sc.closed || pub == nil || pub.seq != seq || sc.state != statePublishBody || pub.status != 0 {
 		return // closed, answered or refused meanwhile
 	}
@@ -234,7 +234,7 @@ func (p *publishing) onPublishVerdict(sc *sseConn, seq uint32, claims *auth.Clai
 // readBody feeds the connection's input to the body decoder; it reports whether the
 // connection moved on (body complete, or refused) so that requests.read goes on.
 func (p *publishing) readBody(sc *sseConn) bool {
-	pub := sc.pub
+	pub := sc.publisher()
 	if pub.bodyDone {
 		// Waiting for the token's verdict; what follows is the next request, left in the
 		// input (readAhead reads it once this one is answered) up to publishPipelineBytes.
@@ -297,7 +297,7 @@ func discard(c gnet.Conn, n int) {
 // bodyRead takes ownership of a complete body: a view into the connection's input is
 // copied into the connection's buffer.
 func (p *publishing) bodyRead(sc *sseConn) {
-	pub := sc.pub
+	pub := sc.publisher()
 	body, buf := pub.body.Body(), pub.body.Buffer()
 	if len(body) > 0 && (cap(buf) == 0 || &buf[:1][0] != &body[0]) {
 		buf = append(buf[:0], body...)
@@ -312,7 +312,7 @@ func (p *publishing) bodyRead(sc *sseConn) {
 // headSeen notes that the loop is reading a request head of a connection that has published
 // before (requests.readHead): the head stage starts at the first such reading.
 func (p *publishing) headSeen(sc *sseConn) {
-	if pub := sc.pub; pub != nil && !pub.stamps.seen {
+	if pub := sc.publisher(); pub != nil && !pub.stamps.seen {
 		pub.stamps.headAt, pub.stamps.seen = time.Now(), true
 	}
 }
@@ -335,7 +335,7 @@ func (p *publishing) observeStages(pub *publishConn, res *store.PublishResult, a
 // submitPublish hands a request whose body is read and whose token allows it to the
 // Publisher: publish-body → publish-commit, or an answer at once when it is refused.
 func (p *publishing) submitPublish(sc *sseConn) {
-	pub := sc.pub
+	pub := sc.publisher()
 	if pub.batch {
 		events, err := store.ParseBatch(pub.data)
 		if err != nil {
@@ -440,7 +440,7 @@ func (p *publishing) onCommitted(ca *committedAnswer) {
 	}
 	ca.early = nil
 	sc := ca.sc
-	if pub := sc.pub; pub != nil && pub.seq == ca.seq && !sc.closed {
+	if pub := sc.publisher(); pub != nil && pub.seq == ca.seq && !sc.closed {
 		p.readAhead(sc) // (a request read since the answer was read by gnet's callback)
 	}
 }
@@ -452,7 +452,7 @@ func (p *publishing) answerCommitted(ca *committedAnswer) {
 	}
 	ca.answered = true
 	sc, res := ca.sc, &ca.res
-	pub := sc.pub
+	pub := sc.publisher()
 	if sc.closed || pub == nil || pub.seq != ca.seq || sc.state != statePublishCommit {
 		p.metrics.publishRequestsFor(resultStatus(*res)).Inc() // the outcome is counted; the client has gone
 		return
@@ -512,7 +512,7 @@ func (p *publishing) readAhead(sc *sseConn) {
 // draining); otherwise the rest of the body is skipped and the answer, on a kept-alive
 // connection, goes out when it is consumed.
 func (p *publishing) refuse(sc *sseConn, status int, reason string) {
-	pub := sc.pub
+	pub := sc.publisher()
 	switch {
 	case pub.bodyDone:
 		p.answerPublishError(sc, status, reason)
@@ -527,7 +527,7 @@ func (p *publishing) refuse(sc *sseConn, status int, reason string) {
 
 // answerPublishError answers a request whose body has been read with an error status.
 func (p *publishing) answerPublishError(sc *sseConn, status int, reason string) {
-	pub := sc.pub
+	pub := sc.publisher()
 	p.metrics.publishRequestsFor(status).Inc()
 	keep := p.keepPublisher(pub)
 	p.conns.answerPublish(sc, p.appendPublishError(status, reason, pub, keep), keep, false)
@@ -537,7 +537,7 @@ func (p *publishing) answerPublishError(sc *sseConn, status int, reason string) 
 // closePublish answers with an error status and closes the connection, whose input is
 // discarded until the client's EOF (linger).
 func (p *publishing) closePublish(sc *sseConn, status int, reason string) {
-	pub := sc.pub
+	pub := sc.publisher()
 	p.metrics.publishRequestsFor(status).Inc()
 	p.conns.answerPublish(sc, p.appendPublishError(status, reason, pub, false), false, true)
 	p.endPublish(pub)
@@ -566,9 +566,9 @@ func (p *publishing) endPublish(pub *publishConn) {
 
 // release drops a closed connection's request state (connTable.remove).
 func (p *publishing) release(sc *sseConn) {
-	if sc.pub != nil {
-		p.bodies.release(sc.pub)
-		sc.pub = nil // a request still with the Publisher keeps its own data alive
+	if sc.publisher() != nil {
+		p.bodies.release(sc.publisher())
+		sc.setPublisher(nil) // a request still with the Publisher keeps its own data alive
 	}
 }
 
@@ -840,8 +840,8 @@ func (p *publishing) bodyTimeoutMS() int64 { return p.publishBodyTimeoutMS }
 // countConn counts a connection as a publisher from its first publish request on
 // (connTable.beginPublish).
 func (p *publishing) countConn(sc *sseConn) {
-	if !sc.pub.counted {
-		sc.pub.counted = true
+	if !sc.publisher().counted {
+		sc.publisher().counted = true
 		p.publishers++
 		p.metrics.publishConns.Set(float64(p.publishers))
 	}
@@ -849,8 +849,8 @@ func (p *publishing) countConn(sc *sseConn) {
 
 // uncountConn stops counting a publisher connection that closed or turned into a subscriber.
 func (p *publishing) uncountConn(sc *sseConn) {
-	if sc.pub != nil && sc.pub.counted {
-		sc.pub.counted = false
+	if sc.publisher() != nil && sc.publisher().counted {
+		sc.publisher().counted = false
 		p.publishers--
 		p.metrics.publishConns.Set(float64(p.publishers))
 	}

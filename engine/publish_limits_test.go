@@ -419,8 +419,8 @@ func startBodyAttack(t *testing.T, ts *testServer, n, announced int, stall bool,
 		inPlace := 0
 		ts.onLoop(t, func() {
 			for _, sc := range ts.conns.all() {
-				if sc.pub != nil && sc.state == statePublishBody && strings.HasPrefix(sc.pub.stream, "attack/") &&
-					(!stall || sc.pub.held >= int64(announced-1)) {
+				if sc.publisher() != nil && sc.state == statePublishBody && strings.HasPrefix(sc.publisher().stream, "attack/") &&
+					(!stall || sc.publisher().held >= int64(announced-1)) {
 					inPlace++
 				}
 			}

@@ -267,22 +267,26 @@ func (r *requests) preflight(sc *sseConn, req *sse.Request, cors sse.CORS) {
 
 // subRequest is what a subscription request asked for, kept from its head (a view into
 // gnet's buffer) while its token is verified, while it waits in the admission FIFO and until
-// its response head is sent (sseConn.setup).
+// its response head is sent (sseConn.request).
 type subRequest struct {
 	name      string
 	isChan    bool
 	public    bool // a --public-streams stream (on /streams: every one is): a token only adds tags (auth.OnPublicStream)
 	hasCursor bool
-	cursor    int64
-	tokenKey  [sha256.Size]byte // the token's hash: its subject when it has no sub claim
-	origin    []byte            // the allowed Origin to echo in the response head; nil = none
-	// streams are the streams of GET /streams?stream=…, in request order, each with its cursor
-	// and whether --public-streams covers it; nil for /streams/{stream} and /channels/{channel}.
-	streams []streamAsk
 	// presence: ?presence=1 (presence events on its presence streams); presenceSub: the
 	// subject it counts under on them ("" = anonymous), from its token's sub claim.
 	presence    bool
 	presenceSub string
+	cursor      int64
+	tokenKey    [sha256.Size]byte // the token's hash: its subject when it has no sub claim
+	origin      []byte            // the allowed Origin to echo in the response head; nil = none
+	// streams are the streams of GET /streams?stream=…, in request order, each with its cursor
+	// and whether --public-streams covers it; nil for /streams/{stream} and /channels/{channel}.
+	streams []streamAsk
+	// ext is the connection's extension while it sets up (sseconn.go: setRequest): one
+	// allocation for both, 208 B — a size class no lasting per-connection object is in (a
+	// connection's later subscriptions are 32 B each: 224 B for 8 streams).
+	ext connExt
 }
 
 // streamAsk is one stream of GET /streams?stream=… and where its subscription starts.
@@ -431,7 +435,7 @@ func (r *requests) subscribe(sc *sseConn, req *sse.Request, cors sse.CORS) {
 		if sc.closed || sc.state != stateVerifying {
 			return // gone, or sent away (drain, timeout) while the pool worked
 		}
-		r.authorized(sc, sc.setup, claims, err)
+		r.authorized(sc, sc.request(), claims, err)
 	})
 	switch verdict {
 	case tokenChecked:

@@ -36,8 +36,7 @@ const (
 // (docs/architecture.md, invariant 1); other goroutines hand work over through tasks.
 type Server struct {
 	*loopEnv
-	sseLocalIP net.IP             // the SSE connections' local IP, shared by them (handler.go: compactAddrs)
-	ssePeerIPs map[[4]byte]net.IP // their peers' IPv4 addresses, each shared (compactAddrs)
+	sseAddrs connAddrs // the SSE connections' addresses, made small (accept.go)
 
 	// The parts.
 	conns connTable     // the SSE port's connections and their state machine (sseconn.go)
@@ -93,7 +92,6 @@ func New(cfg Config) (*Server, error) {
 		tasks: newTaskQueue(),
 	}
 	s := &Server{
-		ssePeerIPs: map[[4]byte]net.IP{},
 		loopEnv:    env,
 		loopsReady: make(chan struct{}),
 		pollNow:    make(chan struct{}, 1),

@@ -49,7 +49,7 @@ func TestLaggingConnectionSentAwayGetsNothingAfterItsLastBytes(t *testing.T) {
 				ts.onLoop(t, func() {
 					for _, sc := range ts.conns.list {
 						for i := range sc.subCount() {
-							if sub := sc.sub(i); sub.st != nil && sub.state == subLagging && sub.st.inRing(sub.cursor) {
+							if sub := sc.sub(i); sub.stream() != nil && sub.state == subLagging && sub.stream().inRing(sub.cursor) {
 								n++
 							}
 						}

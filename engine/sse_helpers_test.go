@@ -371,7 +371,7 @@ func isEOF(err error) bool {
 // streamSub is the connection's subscription to stream name, or nil (on the loop).
 func (sc *sseConn) streamSub(name string) *subscription {
 	for i := range sc.subCount() {
-		if sub := sc.sub(i); sub.st != nil && sub.st.name == name {
+		if sub := sc.sub(i); sub.stream() != nil && sub.stream().name == name {
 			return sub
 		}
 	}

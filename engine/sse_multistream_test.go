@@ -438,7 +438,7 @@ func TestMultiStreamLaggingCatchUp(t *testing.T) {
 				for i := range sc.subCount() {
 					sub := sc.sub(i)
 					lagged = lagged || sub.state == subLagging
-					if sub.replaying {
+					if sub.replaying() {
 						reads++
 					}
 				}

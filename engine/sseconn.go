@@ -125,20 +125,17 @@ const (
 )
 
 // sseConn is one connection on the SSE port. It lives on the loop goroutine only. What stays
-// per connection is here: the socket, its outbound queue, the token's tags, expiry and
-// subject, the timers and the connection's state; what it follows is its subscriptions
-// (subscription.go), each with its own stream, cursor and catch-up state.
+// per connection is here: the socket, the timers and the connection's state; what it follows
+// is its subscriptions (subscription.go), each with its own stream, cursor and catch-up state.
 //
-// Kept small (an idle connection should cost well under 1 KiB including gnet's own state):
-// what only setting up needs (the request, the Origin) hangs off setup and goes once the
-// response head is sent, a publisher's state hangs off pub, and the first subscription is
-// held inline (TestIdleConnSize pins the size).
+// Kept small (issue 25: an idle connection costs gnet's own state and little more): 80 B, the
+// first subscription inline (TestIdleConnSize pins the size). Whatever only some connections
+// hold, or hold only for a while, hangs off ext, nil when there is none of it: the outbound
+// queue while the socket is behind, a publisher's request state, the request until the
+// response head is sent, what a token brings, the subscriptions after the first.
 type sseConn struct {
-	c     gnet.Conn
-	q     *outQueue    // what the socket has not taken yet; nil when nothing (outbound.go)
-	pub   *publishConn // a publisher's request state (publish.go); kept across keep-alive requests
-	setup *subRequest  // what it asked for, from its head until its response head is sent (request.go)
-	ext   *connExt     // what only some tokens bring (tags, subject, exp); nil for none
+	c   gnet.Conn
+	ext *connExt // what only some connections hold, or hold for a while; nil for none
 
 	// atMS is when the connection entered its state (the time rules of the states other than
 	// streaming) and, while it streams, when it was last written to (heartbeats): one field,
@@ -162,15 +159,117 @@ type sseConn struct {
 	first subscription
 }
 
-// connExt is what a token may bring a connection beyond the bare stream: its tags (audience),
-// its subject while counted per subject, its exp. A public stream's connection, or one whose
-// token has none of them, holds none (sseConn.ext nil): an idle connection pays for what its
-// token brought, not for what some tokens bring.
+// connExt is what only some connections hold, or hold only for a while (sseConn.ext): an
+// idle connection following a public stream holds none of it. Each field has its accessor
+// on sseConn and belongs to the part that says so: q the write path's (outbound.go), pub
+// publishing's (publish.go), setup the request's (request.go, until the response head), the
+// token's tags and exp and the subject admission's (admission.go), more the subscriptions'.
+// The extension goes once it holds nothing (tidy).
 type connExt struct {
-	tags      []string // the token's tags (audience)
-	subject   string   // its key in admission.subjects while counted there ("" = not counted; admission.go)
-	expiresMS int64    // the token's exp, unix ms; 0 = none
-	more      *subSet  // its subscriptions after the first (subscription.go); nil for one
+	q         *outQueue    // what the socket has not taken yet; nil when nothing (outbound.go)
+	pub       *publishConn // a publisher's request state (publish.go); kept across keep-alive requests
+	setup     *subRequest  // what it asked for, from its head until its response head is sent (request.go)
+	tags      []string     // the token's tags (audience)
+	subject   string       // its key in admission.subjects while counted there ("" = not counted; admission.go)
+	expiresMS int64        // the token's exp, unix ms; 0 = none
+	more      *subSet      // its subscriptions after the first (subscription.go); nil for one
+}
+
+// queue is what the socket has not taken yet (nil: nothing; outbound.go).
+func (sc *sseConn) queue() *outQueue {
+	if sc.ext == nil {
+		return nil
+	}
+	return sc.ext.q
+}
+
+// setQueue gives the connection q as its outbound queue, or (nil) takes it away. spare is an
+// empty extension it may take if it has none (nil: it makes one). It returns what the caller
+// may keep for the next queue: the spare it did not take, or the extension it let go of, empty
+// — so that a socket falling behind and catching up, again and again, allocates nothing
+// (outbound.go keeps them with its emptied queues).
+func (sc *sseConn) setQueue(q *outQueue, spare *connExt) (unused *connExt) {
+	if q != nil {
+		if sc.ext == nil {
+			if spare == nil {
+				spare = &connExt{}
+			}
+			sc.ext, spare = spare, nil
+		}
+		sc.ext.q = q
+		return spare
+	}
+	x := sc.ext
+	if x == nil {
+		return spare
+	}
+	x.q = nil
+	sc.tidy()
+	if sc.ext == nil && spare == nil {
+		return x
+	}
+	return spare
+}
+
+// publisher is its publish request state (nil: not a publisher; publish.go).
+func (sc *sseConn) publisher() *publishConn {
+	if sc.ext == nil {
+		return nil
+	}
+	return sc.ext.pub
+}
+
+// setPublisher gives the connection its publish request state, or (nil) takes it away.
+func (sc *sseConn) setPublisher(p *publishConn) {
+	if p != nil {
+		sc.extended().pub = p
+	} else if sc.ext != nil {
+		sc.ext.pub = nil
+		sc.tidy()
+	}
+}
+
+// request is what it asked for, until its response head is sent (nil after; request.go).
+func (sc *sseConn) request() *subRequest {
+	if sc.ext == nil {
+		return nil
+	}
+	return sc.ext.setup
+}
+
+// setRequest records what it asked for, or (nil) lets go of it. While the request is held the
+// extension is the one inside it (subRequest.ext), so that setting up allocates no extension
+// of its own: an 80-byte connExt per connection, garbage once the response head is sent,
+// would sit among the sseConns of the same size class and keep their spans resident (issue
+// 25). What of it outlives the setup (a token's tags, the subscriptions after the first)
+// moves to an extension of its own when the request goes.
+func (sc *sseConn) setRequest(req *subRequest) {
+	if req != nil {
+		if sc.ext != nil {
+			req.ext = *sc.ext
+		}
+		req.ext.setup = req
+		sc.ext = &req.ext
+		return
+	}
+	x := sc.ext
+	if x == nil || x.setup == nil {
+		return
+	}
+	inside := x == &x.setup.ext
+	x.setup = nil
+	sc.tidy()
+	if inside && sc.ext != nil {
+		moved := *x
+		sc.ext = &moved
+	}
+}
+
+// tidy lets the extension go once it holds nothing.
+func (sc *sseConn) tidy() {
+	if x := sc.ext; x.q == nil && x.pub == nil && x.setup == nil && x.tags == nil && x.subject == "" && x.expiresMS == 0 && x.more == nil {
+		sc.ext = nil
+	}
 }
 
 // moreSubs is what a connection following several streams holds besides its first
@@ -226,9 +325,7 @@ func (sc *sseConn) setSubject(key string) {
 	}
 	if sc.ext != nil {
 		sc.ext.subject = ""
-		if sc.ext.tags == nil && sc.ext.expiresMS == 0 && sc.ext.more == nil {
-			sc.ext = nil
-		}
+		sc.tidy()
 	}
 }
 
@@ -271,10 +368,10 @@ func (sc *sseConn) wrote(nowMS int64) {
 
 // cors is the CORS part of a response head: the request's Origin when it is allowed.
 func (sc *sseConn) cors() sse.CORS {
-	if sc.setup == nil {
+	if sc.request() == nil {
 		return sse.CORS{}
 	}
-	return sc.setup.cors()
+	return sc.request().cors()
 }
 
 // connTable is the SSE port's connections: every one of them (list), the admitted ones
@@ -353,7 +450,7 @@ func (t *connTable) open(c gnet.Conn, handed ...*framing.HandoffConn) *sseConn {
 
 // asked records what a subscription request asked for (its streams, cursor and Origin):
 // kept until the response head is sent.
-func (t *connTable) asked(sc *sseConn, req *subRequest) { sc.setup = req }
+func (t *connTable) asked(sc *sseConn, req *subRequest) { sc.setRequest(req) }
 
 // verify parks a connection whose token is being checked on the verifier pool: head →
 // verifying. The pool's answer resumes it (request.go: authorized).
@@ -386,7 +483,7 @@ func (t *connTable) admit(sc *sseConn) {
 // every subscription is live (docs/http.md, Cursors and gaps): pending → streaming.
 func (t *connTable) respond(sc *sseConn) {
 	t.write(sc, t.tr.streamHead(sc.cors(), t.cfg.Retry.Milliseconds()))
-	sc.setup = nil
+	sc.setRequest(nil)
 	t.enter(sc, stateStreaming)
 	t.schedule(sc)
 	t.pres.responded(sc)
@@ -668,8 +765,8 @@ func (t *connTable) remove(sc *sseConn) {
 	sc.c = nil
 	if sc.ext != nil { // the subscriptions after the first stay where late results find them
 		*sc.ext = connExt{more: sc.ext.more}
+		sc.tidy()
 	}
-	sc.setup = nil
 }
 
 // connIndex is sc's position in connTable.list.

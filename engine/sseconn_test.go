@@ -169,7 +169,7 @@ func TestSweepConnsPublisherTimeRules(t *testing.T) {
 	const t0 = 1_000_000
 	t.Run("body", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
-		sc.pub = &publishConn{keepAlive: true}
+		sc.setPublisher(&publishConn{keepAlive: true})
 		s.conns.beginPublish(sc)
 		s.nowMS = t0 + s.pub.publishBodyTimeoutMS - 1
 		s.conns.sweep()
@@ -185,7 +185,7 @@ func TestSweepConnsPublisherTimeRules(t *testing.T) {
 	})
 	t.Run("idle", func(t *testing.T) {
 		s, c, sc := openAt(t, t0)
-		sc.pub = &publishConn{keepAlive: true}
+		sc.setPublisher(&publishConn{keepAlive: true})
 		s.conns.beginPublish(sc)
 		s.conns.answerPublish(sc, []byte("HTTP/1.1 200 OK\r\n\r\n"), true, false)
 		require.Equal(t, stateIdle, sc.state)

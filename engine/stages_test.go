@@ -98,8 +98,8 @@ func BenchmarkPublishStages(b *testing.B) {
 	vec := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "x", Buckets: prometheus.DefBuckets}, []string{"stage"})
 	c := newStageClock(vec)
 	p := &publishing{loopEnv: &loopEnv{stages: c}}
-	sc := &sseConn{pub: &publishConn{stream: "bench/1"}}
-	pub := sc.pub
+	sc := &sseConn{ext: &connExt{pub: &publishConn{stream: "bench/1"}}}
+	pub := sc.publisher()
 	stream := []byte(pub.stream)
 	items := []*event{{id: 1}}
 	t0 := time.Now()

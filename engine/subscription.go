@@ -3,6 +3,7 @@ package engine
 import (
 	"cmp"
 	"slices"
+	"unsafe"
 
 	"github.com/pgsse/pgsse/framing"
 )
@@ -63,21 +64,70 @@ type subSet struct {
 	waiting   []*subscription
 }
 
-// subscription is one thing a connection follows: a durable stream (st) or a raw channel
-// (ch). It lives inside its connection (sseConn.first, or its subSet) for as long as the
+// subscription is one thing a connection follows: a durable stream or a raw channel, its
+// source. It lives inside its connection (sseConn.first, or its subSet) for as long as the
 // connection does, so the fan-out's pointers to it stay valid until the connection is removed.
+// 32 B (TestIdleConnSize): the source is one pointer, a *stream or (subOnChannel) a *channel,
+// set and read only through onStream, onChannel, stream and channel.
 type subscription struct {
 	conn   *sseConn
-	st     *stream  // a stream subscription's stream, or nil
-	ch     *channel // a channel subscription's channel, or nil
-	cursor int64    // last durable id written (or skipped) on this subscription
-	idx    int32    // in its stream's or channel's subscriber list (fanout.go)
+	src    unsafe.Pointer // its *stream, or with subOnChannel its *channel; nil while it has none
+	cursor int64          // last durable id written (or skipped) on this subscription
+	idx    int32          // in its stream's or channel's subscriber list (fanout.go)
 	state  subState
-	// replaying is set while a table read for this subscription is in flight.
-	replaying bool
+	flags  subFlags
 	// gapChecked is set once the client's cursor has been checked against the table.
 	gapChecked bool
 	retries    uint8 // consecutive failed history reads
+}
+
+// subFlags are a subscription's bits.
+type subFlags uint8
+
+const (
+	subOnChannel subFlags = 1 << iota // its source is a channel
+	subReplaying                      // a table read for it is in flight
+)
+
+// stream is a stream subscription's stream (nil: a channel's, or none).
+func (sub *subscription) stream() *stream {
+	if sub.flags&subOnChannel != 0 {
+		return nil
+	}
+	return (*stream)(sub.src)
+}
+
+// channel is a channel subscription's channel (nil: a stream's, or none).
+func (sub *subscription) channel() *channel {
+	if sub.flags&subOnChannel == 0 {
+		return nil
+	}
+	return (*channel)(sub.src)
+}
+
+// onStream makes st its source.
+func (sub *subscription) onStream(st *stream) {
+	sub.src, sub.flags = unsafe.Pointer(st), sub.flags&^subOnChannel
+}
+
+// onChannel makes ch its source.
+func (sub *subscription) onChannel(ch *channel) {
+	sub.src, sub.flags = unsafe.Pointer(ch), sub.flags|subOnChannel
+}
+
+// leaveSource forgets its source.
+func (sub *subscription) leaveSource() { sub.src, sub.flags = nil, sub.flags&^subOnChannel }
+
+// replaying reports whether a table read for it is in flight.
+func (sub *subscription) replaying() bool { return sub.flags&subReplaying != 0 }
+
+// setReplaying records whether a table read for it is in flight.
+func (sub *subscription) setReplaying(on bool) {
+	if on {
+		sub.flags |= subReplaying
+	} else {
+		sub.flags &^= subReplaying
+	}
 }
 
 // to is the one assignment of a subscription's state.
@@ -206,14 +256,14 @@ func (s *subscriptions) hold(sc *sseConn, k int, composite bool) {
 // known (and the session up) means at once, else the head is read from the table first
 // (readHead). With one, its history is read once the connection has its response head.
 func (s *subscriptions) subscribeStream(sub *subscription, name string, cursor int64, hasCursor bool) {
-	sub.st = s.fan.join(name, sub)
+	sub.onStream(s.fan.join(name, sub))
 	switch {
 	case hasCursor:
 		sub.cursor = cursor
 		sub.gapChecked = false
 		sub.to(subCatchUp)
-	case sub.st.head() >= 0 && s.lsn.isUp():
-		sub.cursor = sub.st.head()
+	case sub.stream().head() >= 0 && s.lsn.isUp():
+		sub.cursor = sub.stream().head()
 		sub.gapChecked = true
 		sub.to(subCatchUp)
 	default:
@@ -234,8 +284,8 @@ func (s *subscriptions) subscribeChannel(sub *subscription, name string) {
 		s.conns.shed(sub.conn, shedChannelLimit)
 		return
 	}
-	sub.ch = s.fan.joinChannel(name, sub)
-	if s.chans.isLive(sub.ch) {
+	sub.onChannel(s.fan.joinChannel(name, sub))
+	if s.chans.isLive(sub.channel()) {
 		sub.to(subLive)
 		return
 	}
@@ -301,12 +351,12 @@ func (s *subscriptions) unsubscribeAll(sc *sseConn) {
 	for i := range sc.subCount() {
 		sub := sc.sub(i)
 		switch {
-		case sub.st != nil:
-			s.fan.leave(sub.st, sub)
-			sub.st = nil
-		case sub.ch != nil:
-			s.fan.leaveChannel(sub.ch, sub)
-			sub.ch = nil
+		case sub.stream() != nil:
+			s.fan.leave(sub.stream(), sub)
+			sub.leaveSource()
+		case sub.channel() != nil:
+			s.fan.leaveChannel(sub.channel(), sub)
+			sub.leaveSource()
 		}
 		sub.to(subNone)
 	}
@@ -333,11 +383,11 @@ func (s *subscriptions) record(sc *sseConn, dst []framing.HandoffSub) ([]framing
 			return dst, false
 		}
 		switch {
-		case sub.st != nil:
-			r.Kind, r.Name = framing.HandoffStream, sub.st.name
-		case sub.ch != nil:
-			r.Kind, r.Name = framing.HandoffChannel, sub.ch.name
-			r.Cursor = s.chans.ssePosition(sub.ch) // its handoff position
+		case sub.stream() != nil:
+			r.Kind, r.Name = framing.HandoffStream, sub.stream().name
+		case sub.channel() != nil:
+			r.Kind, r.Name = framing.HandoffChannel, sub.channel().name
+			r.Cursor = s.chans.ssePosition(sub.channel()) // its handoff position
 		default:
 			return dst, false
 		}
@@ -357,12 +407,12 @@ func (s *subscriptions) adopt(sc *sseConn, h *framing.HandoffConn) {
 	for i, r := range h.Subs {
 		sub := sc.sub(i)
 		if r.Kind == framing.HandoffChannel {
-			sub.ch = s.fan.joinChannel(r.Name, sub)
+			sub.onChannel(s.fan.joinChannel(r.Name, sub))
 			sub.to(subStarting)
-			s.chans.resumeAt(sub.ch, r.Cursor, func(notes []heldNote, _ bool) { s.resumeChannel(sub, notes) })
+			s.chans.resumeAt(sub.channel(), r.Cursor, func(notes []heldNote, _ bool) { s.resumeChannel(sub, notes) })
 			continue
 		}
-		sub.st = s.fan.join(r.Name, sub)
+		sub.onStream(s.fan.join(r.Name, sub))
 		sub.cursor = r.Cursor
 		sub.gapChecked = r.Checked
 		sub.to(subCatchUp)
@@ -374,7 +424,7 @@ func (s *subscriptions) adopt(sc *sseConn, h *framing.HandoffConn) {
 // notifications it missed first, then live — unless its LISTEN here is not complete yet
 // (channelStarted starts it then; a subscription's notifications are best effort).
 func (s *subscriptions) resumeChannel(sub *subscription, notes []heldNote) {
-	if sub.state != subStarting || sub.conn.closed || sub.ch == nil || !s.chans.isLive(sub.ch) {
+	if sub.state != subStarting || sub.conn.closed || sub.channel() == nil || !s.chans.isLive(sub.channel()) {
 		return
 	}
 	sub.to(subLive)
@@ -538,10 +588,10 @@ func (s *subscriptions) deliverMulti(sc *sseConn) int {
 	streams := 0
 	for k := range sc.subCount() {
 		sub := sc.sub(k)
-		if sub.st == nil {
+		if sub.stream() == nil {
 			continue
 		}
-		evs := sub.st.passEvents()
+		evs := sub.stream().passEvents()
 		if len(evs) == 0 {
 			continue
 		}
@@ -641,7 +691,7 @@ func (s *subscriptions) liveGap(sub *subscription, resume int64) {
 	if sub.state != subLive || !sub.conn.streaming() || sub.cursor >= resume {
 		return
 	}
-	s.conns.write(sub.conn, s.tr.gap([]byte(sub.st.name), sub.cursor, resume))
+	s.conns.write(sub.conn, s.tr.gap([]byte(sub.stream().name), sub.cursor, resume))
 	sub.cursor = resume
 }
 
