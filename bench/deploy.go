@@ -33,7 +33,9 @@ import (
 //	           `pgsse serve` (--procs dp.Procs) running from a binary installed at a path of
 //	           its own. In one run: a steady window (dp.Window) as the baseline; then
 //	           (a) SIGTERM, and the same binary started again on the same ports once the
-//	           old process has exited; then (b) the binary installed again at its path
+//	           old process has exited; then, once the new one is at steady state (a
+//	           deployQuiet window without catch-up reads or lagging subscribers, every
+//	           subscriber at the head), (b) the binary installed again at its path
 //	           (written beside it, renamed over it) and SIGUSR2: the handoff to a successor
 //	           started from it. For each: connections the server closed and reconnects
 //	           (counted at the clients), the delivery pause — per subscriber, the longest wait
@@ -47,13 +49,15 @@ import (
 
 // DeployParams sizes scenario 17.
 type DeployParams struct {
-	Conns       int           // durable subscribers in all
-	Procs       int           // pgsse --procs (1: none given)
-	Rate        float64       // events per second
-	Warmup      time.Duration // publishing before the steady window
-	Window      time.Duration // the steady window: the pause without a deploy, for comparison
-	Settle      time.Duration // after every subscriber has caught up, before the next step
-	ClientConns int           // at most this many subscribers per client process
+	Conns  int           // durable subscribers in all
+	Procs  int           // pgsse --procs (1: none given)
+	Rate   float64       // events per second
+	Warmup time.Duration // publishing before the steady window
+	Window time.Duration // the steady window: the pause without a deploy, for comparison
+	Settle time.Duration // after every subscriber has caught up, before the next step
+	// HandoffFirst runs (b) before (a): from the steady window, and (a) restarts the successor.
+	HandoffFirst bool
+	ClientConns  int // at most this many subscribers per client process
 }
 
 func fullDeploy() DeployParams {
@@ -297,6 +301,76 @@ func (d *deployRun) caughtUp() error {
 	return nil
 }
 
+// waitLogLine waits for a line of srv's output (from its start) that match accepts. srv must
+// be a process this one started.
+func waitLogLine(ctx context.Context, srv *Server, _ int64, match func(string) bool) (string, error) {
+	if srv.proc == nil {
+		return "", errors.New("not a process of ours")
+	}
+	b, err := srv.proc.WaitLine(ctx, func(l []byte) bool { return match(string(l)) })
+	return string(b), err
+}
+
+// waitGone waits up to d for srv to exit (a process of ours, or a successor: by its pid).
+func waitGone(srv *Server, d time.Duration) bool {
+	if srv.proc != nil {
+		select {
+		case <-srv.proc.Exited():
+			return true
+		case <-time.After(d):
+			return false
+		}
+	}
+	deadline := time.Now().Add(d)
+	for !servetest.Gone(srv.PID) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+// stopServing sends srv SIGTERM and waits (60 s) for it to exit.
+func stopServing(srv *Server) error {
+	if srv.proc != nil {
+		_ = srv.proc.Signal(syscall.SIGTERM)
+	} else {
+		_ = syscall.Kill(srv.PID, syscall.SIGTERM)
+	}
+	if !waitGone(srv, 60*time.Second) {
+		return errors.New("the server did not exit within 60 s of SIGTERM")
+	}
+	orphans.Delete(srv.PID)
+	return nil
+}
+
+// deployQuiet is the window without catch-up reads (pgsse_replay_reads_total unchanged) or
+// lagging subscribers (pgsse_lagging_connections 0), every subscriber having had an event
+// committed at its start, that (b) waits for: steady state.
+const deployQuiet = 2 * time.Second
+
+// steady waits (deployWaitTimeout at most) until srv has served deployQuiet with no catch-up
+// read and no lagging subscriber, every subscriber having had the event committed as that
+// window began; it returns how long ago the window began, or -1 if it did not come in time.
+func (d *deployRun) steady(ctx context.Context, srv *Server) (time.Duration, error) {
+	deadline := time.Now().Add(deployWaitTimeout)
+	for time.Now().Before(deadline) {
+		began := time.Now()
+		reads := replayReads(ctx, srv)
+		if err := d.caughtUp(); err != nil {
+			return -1, err
+		}
+		if left := deployQuiet - time.Since(began); left > 0 {
+			time.Sleep(left)
+		}
+		if replayReads(ctx, srv) == reads && serverMetric(ctx, srv, "pgsse_lagging_connections") == 0 {
+			return time.Since(began), nil
+		}
+	}
+	return -1, nil
+}
+
 // Deploy is scenario 17 against t (pgsse); client makes its client processes (each calling
 // DeployClientMain). It returns the steady, (a) and (b) results and the whole run's checks.
 func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, client HolderCommand) ([]*Result, error) {
@@ -383,6 +457,11 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 	// The steps, as far as they go: a step that fails (a server that does not come back, or
 	// subscribers that do not catch up in time) ends them, and what was measured until then
 	// is reported with the clients' counts.
+	// A client's window is the last one marked, so the windows go in the order of the steps.
+	wRestart, wHandoff := deployRestart, deployHandoff
+	if dp.HandoffFirst {
+		wRestart, wHandoff = deployHandoff, deployRestart
+	}
 	phases := func() error {
 		// The steady window: the pauses of a server that nobody deploys.
 		replays0, deliv0 := replayReads(ctx, srv), serverMetric(ctx, srv, "pgsse_deliveries_total")
@@ -397,111 +476,159 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 		rssOld, _ := srv.RSS()
 		steady.add("server RSS", "MiB", float64(rssOld)/(1<<20), true)
 
+		cur := srv // the server the next step deploys
 		// (a) SIGTERM, and the same binary again on the same ports once the old one has gone.
-		e.logf("%s: (a) SIGTERM + restart", label)
-		signalAt, err := d.mark(deployRestart)
-		if err != nil {
-			return err
+		stepRestart := func() error {
+			e.logf("%s: (a) SIGTERM + restart", label)
+			rssOld, _ := cur.RSS()
+			signalAt, err := d.mark(wRestart)
+			if err != nil {
+				return err
+			}
+			if err := stopServing(cur); err != nil {
+				return fmt.Errorf("(a): %w", err)
+			}
+			if cur.PID == successor {
+				successor = 0 // (b) ran first: it was the successor, and it is gone
+			}
+			exited := time.Since(time.Unix(0, signalAt))
+			srv2, err := StartServer(ctx, t, db.URL, e.Dir)
+			if err != nil {
+				return fmt.Errorf("(a): restart: %w", err)
+			}
+			servers = append(servers, srv2)
+			cur = srv2
+			serving := time.Since(time.Unix(0, signalAt))
+			if err := d.caughtUp(); err != nil {
+				return fmt.Errorf("(a): %w", err)
+			}
+			recovered := time.Since(time.Unix(0, signalAt))
+			restart.add("time from the signal until the old process exited", "ms", ms(exited), true)
+			restart.add("time from the signal until the new process serves", "ms", ms(serving), true)
+			restart.add("time from the signal until every subscriber has a new event", "ms", ms(recovered), true)
+			time.Sleep(dp.Settle)
+			restart.add("catch-up reads (pgsse_replay_reads_total of the new process)", "", replayReads(ctx, srv2), true)
+			rssNew, _ := srv2.RSS()
+			restart.add("server RSS", "MiB", float64(rssNew)/(1<<20), true)
+			restart.add("new process's RSS ÷ the old's", "×", float64(rssNew)/float64(max(rssOld, 1)), true)
+			// The next step starts from steady state: every subscriber of (a) having had a new
+			// event does not mean they are live — a server still catching reconnected
+			// subscribers up from the table serves each a little behind the head, and those
+			// subscribers would be handed over with cursors its successor has no memory of
+			// (issue 22, task deployscale).
+			if dp.HandoffFirst {
+				return nil // nothing follows
+			}
+			quiet, err := d.steady(ctx, srv2)
+			if err != nil {
+				return fmt.Errorf("(a): %w", err)
+			}
+			if quiet < 0 {
+				restart.note("no %v without catch-up reads within %v of the signal: the next step starts from a server still catching subscribers up", deployQuiet, deployWaitTimeout)
+			} else {
+				restart.add("time from the signal until a "+deployQuiet.String()+" window without catch-up reads or lagging subscribers", "ms", ms(time.Since(time.Unix(0, signalAt))-quiet), true)
+			}
+			return nil
 		}
-		_ = srv.proc.Signal(syscall.SIGTERM)
-		select {
-		case <-srv.proc.Exited():
-		case <-time.After(60 * time.Second):
-			return errors.New("(a): the server did not exit within 60 s of SIGTERM")
-		}
-		exited := time.Since(time.Unix(0, signalAt))
-		srv2, err := StartServer(ctx, t, db.URL, e.Dir)
-		if err != nil {
-			return fmt.Errorf("(a): restart: %w", err)
-		}
-		servers = append(servers, srv2)
-		serving := time.Since(time.Unix(0, signalAt))
-		if err := d.caughtUp(); err != nil {
-			return fmt.Errorf("(a): %w", err)
-		}
-		recovered := time.Since(time.Unix(0, signalAt))
-		restart.add("time from the signal until the old process exited", "ms", ms(exited), true)
-		restart.add("time from the signal until the new process serves", "ms", ms(serving), true)
-		restart.add("time from the signal until every subscriber has a new event", "ms", ms(recovered), true)
-		// The next binary, installed now: copying it stalls this process (the publisher) for a
-		// moment, which must not fall into (b)'s window.
-		if err := installBinary(t.Bin, bin); err != nil {
-			return err
-		}
-		time.Sleep(dp.Settle)
-		restart.add("catch-up reads (pgsse_replay_reads_total of the new process)", "", replayReads(ctx, srv2), true)
-		rssNew, _ := srv2.RSS()
-		restart.add("server RSS", "MiB", float64(rssNew)/(1<<20), true)
-		restart.add("new process's RSS ÷ the old's", "×", float64(rssNew)/float64(max(rssOld, 1)), true)
 
 		// (b) SIGUSR2: the handoff to the binary at the same path.
-		e.logf("%s: (b) SIGUSR2", label)
-		waitProfile := func() {}
-		if e.ProfileDir != "" {
-			waitSucc := profileSuccessor(ctx, e, srv2, label)
-			// The predecessor's side of the move: 4 s from the signal (it serves the admin
-			// endpoint alone until then; a profile in progress keeps it up to 5 s longer).
-			waitPred := (&run{e: e, t: Target{Name: "pgsse", Label: scenarioFile(label) + "-predecessor"}, srv: srv2}).profile(ctx, "17-deploy", 4*time.Second)
-			waitProfile = func() { waitSucc(); waitPred() }
-		}
-		rssPred, _ := srv2.RSS()
-		signalAt, err = d.mark(deployHandoff)
-		if err != nil {
-			return err
-		}
-		_ = srv2.proc.Signal(syscall.SIGUSR2)
-		lctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		line, err := srv2.proc.WaitLine(lctx, func(l []byte) bool {
-			return strings.Contains(string(l), "handed everything over to the successor") || strings.Contains(string(l), "handoff failed")
-		})
-		cancel()
-		if err != nil {
-			return fmt.Errorf("(b): no word of the handoff: %w\n%s", err, tail(srv2.LogPath, 20))
-		}
-		// A text log line: key=value pairs (slog's TextHandler).
-		var m struct {
-			Successor, Connections int
-			Took                   string
-		}
-		for _, kv := range logfmtRE.FindAllStringSubmatch(string(line), -1) {
-			switch kv[1] {
-			case "successor":
-				m.Successor, _ = strconv.Atoi(kv[2])
-			case "connections":
-				m.Connections, _ = strconv.Atoi(kv[2])
-			case "took":
-				m.Took = strings.Trim(kv[2], `"`)
+		stepHandoff := func() error {
+			// The next binary, installed now: copying it stalls this process (the publisher)
+			// for a moment, which must not fall into (b)'s window.
+			if err := installBinary(t.Bin, bin); err != nil {
+				return err
 			}
+			time.Sleep(dp.Settle)
+			pred := cur
+			e.logf("%s: (b) SIGUSR2", label)
+			waitProfile := func() {}
+			if e.ProfileDir != "" {
+				waitSucc := profileSuccessor(ctx, e, pred, label)
+				// The predecessor's side of the move: 4 s from the signal (it serves the admin
+				// endpoint alone until then; a profile in progress keeps it up to 5 s longer).
+				waitPred := (&run{e: e, t: Target{Name: "pgsse", Label: scenarioFile(label) + "-predecessor"}, srv: pred}).profile(ctx, "17-deploy", 4*time.Second)
+				waitProfile = func() { waitSucc(); waitPred() }
+			}
+			rssPred, _ := pred.RSS()
+			signalAt, err := d.mark(wHandoff)
+			if err != nil {
+				return err
+			}
+			_ = syscall.Kill(pred.PID, syscall.SIGUSR2)
+			lctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			line, err := waitLogLine(lctx, pred, signalAt, func(l string) bool {
+				return strings.Contains(l, "handed everything over to the successor") || strings.Contains(l, "handoff failed")
+			})
+			cancel()
+			if err != nil {
+				return fmt.Errorf("(b): no word of the handoff: %w\n%s", err, tail(pred.LogPath, 20))
+			}
+			// A text log line: key=value pairs (slog's TextHandler).
+			var m struct {
+				Successor, Connections int
+				Took                   string
+			}
+			for _, kv := range logfmtRE.FindAllStringSubmatch(line, -1) {
+				switch kv[1] {
+				case "successor":
+					m.Successor, _ = strconv.Atoi(kv[2])
+				case "connections":
+					m.Connections, _ = strconv.Atoi(kv[2])
+				case "took":
+					m.Took = strings.Trim(kv[2], `"`)
+				}
+			}
+			if m.Successor == 0 {
+				return fmt.Errorf("(b): %s", line)
+			}
+			successor = m.Successor
+			orphans.Store(successor, struct{}{})
+			if !waitGone(pred, 60*time.Second) {
+				return errors.New("(b): the predecessor did not exit within 60 s of SIGUSR2")
+			}
+			exited := time.Since(time.Unix(0, signalAt))
+			took, _ := time.ParseDuration(m.Took)
+			handoff.add("time from the signal until the old process exited", "ms", ms(exited), true)
+			handoff.add("time from the signal until the handover was done (its log line)", "ms", ms(took), true)
+			handoff.add("connections handed over (its log line)", "", float64(m.Connections), false)
+			// (A binary from before that line has none: the wait is short.)
+			pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+			ph, err := waitLogLine(pctx, pred, signalAt, func(l string) bool { return strings.Contains(l, "handoff: connections moved") })
+			pcancel()
+			if err == nil {
+				for _, kv := range logfmtRE.FindAllStringSubmatch(ph, -1) {
+					if d, err := time.ParseDuration(strings.Trim(kv[2], `"`)); err == nil {
+						handoff.add("the move's "+kv[1]+" (its log line: handoff: connections moved)", "ms", ms(d), true)
+					}
+				}
+			}
+			if err := d.caughtUp(); err != nil {
+				return fmt.Errorf("(b): %w", err)
+			}
+			recovered := time.Since(time.Unix(0, signalAt))
+			handoff.add("time from the signal until every subscriber has a new event", "ms", ms(recovered), true)
+			time.Sleep(dp.Settle)
+			succ := &Server{Name: t.Name, PID: successor, SSE: pred.SSE, Admin: pred.Admin, LogPath: pred.LogPath}
+			cur = succ
+			waitProfile()
+			handoff.add("catch-up reads (pgsse_replay_reads_total of the new process)", "", replayReads(ctx, succ), true)
+			rssSucc, _ := succ.RSS()
+			handoff.add("server RSS", "MiB", float64(rssSucc)/(1<<20), true)
+			handoff.add("new process's RSS ÷ the old's", "×", float64(rssSucc)/float64(max(rssPred, 1)), true)
+			if exe, err := os.Readlink("/proc/" + strconv.Itoa(successor) + "/exe"); err != nil || exe != bin {
+				handoff.note("the successor runs %q, not the installed %s (%v)", exe, bin, err)
+			}
+			return nil
 		}
-		if m.Successor == 0 {
-			return fmt.Errorf("(b): %s", line)
+		steps := []func() error{stepRestart, stepHandoff}
+		if dp.HandoffFirst {
+			steps = []func() error{stepHandoff, stepRestart}
+			handoff.note("(b) ran first, from the steady window; (a) then restarted the successor")
 		}
-		successor = m.Successor
-		orphans.Store(successor, struct{}{})
-		select {
-		case <-srv2.proc.Exited():
-		case <-time.After(60 * time.Second):
-			return errors.New("(b): the predecessor did not exit within 60 s of SIGUSR2")
-		}
-		exited = time.Since(time.Unix(0, signalAt))
-		took, _ := time.ParseDuration(m.Took)
-		handoff.add("time from the signal until the old process exited", "ms", ms(exited), true)
-		handoff.add("time from the signal until the handover was done (its log line)", "ms", ms(took), true)
-		handoff.add("connections handed over (its log line)", "", float64(m.Connections), false)
-		if err := d.caughtUp(); err != nil {
-			return fmt.Errorf("(b): %w", err)
-		}
-		recovered = time.Since(time.Unix(0, signalAt))
-		handoff.add("time from the signal until every subscriber has a new event", "ms", ms(recovered), true)
-		time.Sleep(dp.Settle)
-		succ := &Server{Name: t.Name, PID: successor, SSE: srv.SSE, Admin: srv.Admin, LogPath: srv2.LogPath}
-		waitProfile()
-		handoff.add("catch-up reads (pgsse_replay_reads_total of the new process)", "", replayReads(ctx, succ), true)
-		rssSucc, _ := succ.RSS()
-		handoff.add("server RSS", "MiB", float64(rssSucc)/(1<<20), true)
-		handoff.add("new process's RSS ÷ the old's", "×", float64(rssSucc)/float64(max(rssPred, 1)), true)
-		if exe, err := os.Readlink("/proc/" + strconv.Itoa(successor) + "/exe"); err != nil || exe != bin {
-			handoff.note("the successor runs %q, not the installed %s (%v)", exe, bin, err)
+		for _, step := range steps {
+			if err := step(); err != nil {
+				return err
+			}
 		}
 		return nil
 	}
@@ -559,7 +686,7 @@ func Deploy(ctx context.Context, e *Env, t Target, dp DeployParams, p Params, cl
 	for _, x := range []struct {
 		r *Result
 		w int
-	}{{steady, deploySteady}, {restart, deployRestart}, {handoff, deployHandoff}} {
+	}{{steady, deploySteady}, {restart, wRestart}, {handoff, wHandoff}} {
 		r, w := x.r, x.w
 		r.add("subscribers", "", float64(total.Conns), false)
 		r.add("connections closed by the server (counted at the clients)", "", float64(total.Closed[w]), true)

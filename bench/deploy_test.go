@@ -48,13 +48,20 @@ func deployClients(addr netip.AddrPort, n, sources int) *exec.Cmd {
 // closes every connection and every subscriber reconnects with Last-Event-ID; SIGUSR2 closes
 // none; every subscriber has every event once, in order, across both — the figures the full
 // run reports, and the checks it makes.
-func TestDeployRestartAgainstHandoff(t *testing.T) {
+func TestDeployRestartAgainstHandoff(t *testing.T) { testDeploy(t, false) }
+
+// The same with --deploy-handoff-first: (b) from the steady window, then (a) against the
+// successor, which is no child of this process.
+func TestDeployHandoffFirst(t *testing.T) { testDeploy(t, true) }
+
+func testDeploy(t *testing.T, handoffFirst bool) {
 	pg := servers(t)[0]
 	env := &Env{Cluster: UseCluster(pgtest.URL(t)), Dir: t.TempDir(), Logf: t.Logf}
 	p := Small()
 	dp := p.Deploy
 	dp.Conns, dp.ClientConns = 120, 70
 	dp.Window, dp.Settle = time.Second, 500*time.Millisecond
+	dp.HandoffFirst = handoffFirst
 	rs, err := Deploy(context.Background(), env, pg, dp, p, deployClients)
 	require.NoError(t, err)
 	require.Len(t, rs, 4)
@@ -73,7 +80,13 @@ func TestDeployRestartAgainstHandoff(t *testing.T) {
 	assert.Positive(t, handoff.Get("delivery pause p50 (longest wait per subscriber)"))
 	assert.Positive(t, handoff.Get("time from the signal until the old process exited"))
 	assert.Positive(t, handoff.Get("server RSS"))
-	assert.Empty(t, handoff.Notes, "the successor runs the installed binary")
+	if handoffFirst {
+		assert.Len(t, handoff.Notes, 1, "(b) ran first; the successor runs the installed binary")
+	} else {
+		assert.Empty(t, handoff.Notes, "the successor runs the installed binary")
+		assert.Positive(t, restart.Get("time from the signal until a 2s window without catch-up reads or lagging subscribers"), "(b) waited for steady state")
+	}
+	assert.Positive(t, handoff.Get("the move's move (its log line: handoff: connections moved)"))
 	assert.Equal(t, float64(dp.Conns), whole.Get("subscribers reconnected at least once"))
 	assert.Zero(t, whole.Get("deliveries missing (subscribers × events − deliveries)"))
 	assert.Zero(t, whole.Get("sequence numbers skipped (gaps)"))

@@ -120,11 +120,77 @@ func (s *subscriptions) onHead(sub *subscription, res store.ReadResult) {
 	s.started(sub.conn)
 }
 
-// replay reads the next batch of history for one subscription.
-func (s *subscriptions) replay(sub *subscription) {
-	if s.replayer == nil || sub.replaying() || sub.conn.ending() || sub.stream().holdRead(sub, s.lsn.settling()) || !s.mayRead(sub) {
+// --- at most so many reads in the replay pool's queue --------------------------------------
+
+// A read in flight reserves what it may bring against the outbound budget (outbound.reading),
+// from the moment it is queued: thousands of subscribers catching up at once (a restart's
+// reconnects, a handoff's moved connections behind the head) queued as many reads behind the
+// pool's few connections, whose reservations squeezed every connection's watermark to its
+// floor (2.4 KiB at 15,000: bench/RESULTS.md, scenario 17, task deployscale) — live
+// subscribers were paused and each join from the ring wrote a few dozen events a round. So at
+// most readsInFlightPerConn reads per pool connection are queued at once; the others wait
+// here, in order, taking no memory, and a subscriber reading on (its next batch) goes before
+// those that have not started: the ones that started finish and join.
+const readsInFlightPerConn = 8
+
+// readGate is the subscriptions' reads in the replay pool's queue and those waiting for
+// room there.
+type readGate struct {
+	inFlight int
+	waiting  []*subscription
+	queued   map[*subscription]bool // in waiting
+}
+
+// max is how many reads may be queued at once: readsInFlightPerConn per pool connection, and
+// no more than reserve an eighth of the outbound budget between them (half of what squeezes
+// the watermarks), but one per pool connection at least.
+func (g *readGate) max(poolSize, budget int) int {
+	pool := max(poolSize, 1)
+	return max(pool, min(readsInFlightPerConn*pool, budget/8/(durableHighBytes+durableSliceBytes)))
+}
+
+// wait puts sub in line (once).
+func (g *readGate) wait(sub *subscription) {
+	if g.queued[sub] {
 		return
 	}
+	if g.queued == nil {
+		g.queued = make(map[*subscription]bool)
+	}
+	g.queued[sub] = true
+	g.waiting = append(g.waiting, sub)
+}
+
+// fill starts the reads waiting for room (after a read returned, and on the sweep): replay
+// (subscriptions.replay) for each, in order, while there is room.
+func (g *readGate) fill(max int, replay func(*subscription)) {
+	for g.inFlight < max && len(g.waiting) > 0 {
+		sub := g.waiting[0]
+		g.waiting[0] = nil
+		g.waiting = g.waiting[1:]
+		delete(g.queued, sub)
+		if sub.state == subCatchUp && !sub.conn.ending() {
+			replay(sub)
+		}
+	}
+	if len(g.waiting) == 0 {
+		g.waiting = nil // let the backing array go after a storm
+	}
+}
+
+// replay reads the next batch of history for one subscription.
+func (s *subscriptions) replay(sub *subscription) {
+	if s.replayer == nil || sub.replaying() || sub.conn.ending() || sub.stream().holdRead(sub, s.lsn.settling()) {
+		return
+	}
+	if s.reads.inFlight >= s.reads.max(s.cfg.ReplayPoolSize, s.cfg.MaxOutboundMemory) {
+		s.reads.wait(sub) // replay(sub) again once a read returns
+		return
+	}
+	if !s.mayRead(sub) {
+		return
+	}
+	s.reads.inFlight++
 	sub.setReplaying(true)
 	s.metrics.replays.Inc()
 	// What the read may bring counts against the budget until it is written (outbound.reading).
@@ -140,6 +206,7 @@ func (s *subscriptions) replay(sub *subscription) {
 		s.out.releaseRead(reserved)
 		sub.setReplaying(false)
 		s.readDone(sub)
+		s.reads.inFlight-- // those waiting start on the next return or sweep
 		s.log.Warn("replay queue full; client told to retry", "stream", sub.stream().name)
 		s.conns.closeWithRetry(sub.conn)
 	}
@@ -148,6 +215,8 @@ func (s *subscriptions) replay(sub *subscription) {
 func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadResult) {
 	sub.setReplaying(false)
 	s.readDone(sub)
+	s.reads.inFlight--
+	defer s.reads.fill(s.reads.max(s.cfg.ReplayPoolSize, s.cfg.MaxOutboundMemory), s.replay) // after sub's own next read, if any: it goes first
 	sc := sub.conn
 	defer s.nextRead(sc)
 	if sc.ending() {
@@ -229,6 +298,12 @@ func (s *subscriptions) onReplay(sub *subscription, after int64, res store.ReadR
 	}
 	if sc.pending() > s.out.limits().high {
 		s.pause(sub)
+		return
+	}
+	if sub.stream().inRing(sub.cursor) {
+		// The rest is in the stream's ring: one write from it, not more reads of the table
+		// (each waits its turn in the replay pool behind every other subscriber catching up).
+		s.tryJoin(sub)
 		return
 	}
 	s.replay(sub)
@@ -365,6 +440,7 @@ func (s *subscriptions) retryRead(sub *subscription, err error) {
 
 // runReadRetries reissues the subscriptions' failed history reads (from the tick).
 func (s *subscriptions) runReadRetries() {
+	s.reads.fill(s.reads.max(s.cfg.ReplayPoolSize, s.cfg.MaxOutboundMemory), s.replay) // none may be in flight to start them (replay: the pool's queue was full)
 	if len(s.retry) == 0 {
 		return
 	}

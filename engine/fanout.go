@@ -88,7 +88,7 @@ type channelSubs struct {
 // Limits of the stream state (docs/architecture.md, invariant 3). The backpressure policy — how
 // much a connection may have queued — is the outbound budget's (budget.go).
 const (
-	ringMaxEvents     = 512     // recent events a stream keeps for joining subscriptions
+	ringMaxEvents     = 4096    // recent events a stream keeps for joining subscriptions: 41 s at 100/s (catchup.go, onReplay)
 	ringMaxBytes      = 1 << 20 // and their encoded bytes (a larger event is not kept)
 	pendingMaxEvents  = 4096    // live events held beyond a gap while the table is read
 	replayBatchEvents = 200     // events per catch-up read for one subscription

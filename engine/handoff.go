@@ -40,7 +40,7 @@ import (
 // keeps what arrives meanwhile — gives it what it missed, no more, no less.
 
 // A loop task hands over every connection that is ready, at least handoffTaskMin of them and
-// after that for as long as handoffTaskBudget lasts, up to handoffTaskMax: recording a connection costs a few
+// after that for as long as its budget lasts (handoffBudget), up to handoffTaskMax: recording a connection costs a few
 // microseconds, but a loop task waits its turn behind a delivery round to every connection
 // still here — at 15,000 connections, one batch of 64 per task made the move 235 turns of
 // tens of milliseconds each (bench/RESULTS.md, scenario 17), past the 30 s move timeout.
@@ -50,9 +50,16 @@ const (
 	handoffBatch      = 64                    // connections per send
 	handoffTaskMin    = 4 * handoffBatch      // connections per loop task at least (if ready)
 	handoffTaskMax    = 16 * handoffBatch     // and at most: each holds a second descriptor until sent
-	handoffTaskBudget = 4 * time.Millisecond  // loop time per task, once handoffTaskMin are moved
+	handoffTaskBudget = 4 * time.Millisecond  // loop time per task, once handoffTaskMin are moved, at least
 	handoffPoll       = 20 * time.Millisecond // while connections finish a request or flush gnet's buffer
 )
+
+// handoffBudget is a loop task's time to hand over in, once handoffTaskMin are moved, after it
+// waited its turn for waited: handoffTaskBudget, or half of what it waited — the loop's rounds
+// (a delivery round to every connection still here) come between the tasks, and the longer
+// they take, the more each task moves (at 15,000 connections on a loaded host, tasks of about
+// 256 waited 420 ms each: bench/RESULTS.md, scenario 17, task deployscale).
+func handoffBudget(waited time.Duration) time.Duration { return max(handoffTaskBudget, waited/2) }
 
 // HandedConn is one connection on its way to a successor: its descriptor (a duplicate the
 // caller of HandOver must not close: HandOver does, once send returned) and its record
@@ -153,8 +160,10 @@ func (s *Server) HandOver(ctx context.Context, send func([]HandedConn) error) (h
 	for {
 		res := make(chan handBatch, 1)
 		out := batch[:0]
+		pushed := time.Now()
 		if !s.tasks.push(func() {
-			conns, waiting := s.handOverConns(handoffTaskMin, time.Now().Add(handoffTaskBudget), out)
+			now := time.Now()
+			conns, waiting := s.handOverConns(handoffTaskMin, now.Add(handoffBudget(now.Sub(pushed))), out)
 			conns, more := s.hub.handOverBatch(len(conns)+handoffBatch, conns)
 			res <- handBatch{conns, waiting + more}
 		}) {

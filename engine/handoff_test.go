@@ -419,3 +419,48 @@ func startSuccessor(t *testing.T, a *testServer, addr string, accept chan struct
 		}
 	})
 }
+
+// A loop task whose turn came late hands over for longer: its budget after handoffTaskMin is a
+// half of the time it waited behind the loop's rounds (a delivery round to every connection
+// still here), up to handoffTaskMax. At 15,000 connections on a loaded host each task of about
+// 256 waited 420 ms, and 54 of them ran the move past its 30 s timeout (bench/RESULTS.md,
+// scenario 17, task deployscale: between_sends 22.7 s of 30.1 s). Here the loop is kept busy
+// for 300 ms before the first task: it then hands over all n at once.
+func TestHandOverTaskThatWaitedMovesMore(t *testing.T) {
+	t.Parallel()
+	const n = 1000
+	require.LessOrEqual(t, n, handoffTaskMax)
+	ts := startServer(t, "", func(c *Config) { c.MaxConnectionsPerSubject = NoLimit })
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	for range n {
+		c := dial(t, addr, "/streams/m/1", tok)
+		require.Equal(t, 200, c.Status, c.Body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	streaming := func() (k int) {
+		require.NoError(t, ts.loopDo(ctx, func() {
+			for _, sc := range ts.conns.all() {
+				if !sc.closed && sc.state == stateStreaming {
+					k++
+				}
+			}
+		}))
+		return k
+	}
+	waitFor(t, 20*time.Second, "every connection streams", func() bool { return streaming() == n })
+
+	ts.StopAcceptingAll()
+	ts.tasks.push(func() { time.Sleep(300 * time.Millisecond) }) // a slow round
+	left := -1                                                   // connections still streaming here when the first batch is sent
+	handed, err := ts.HandOver(ctx, func(batch []HandedConn) error {
+		if left < 0 {
+			left = streaming()
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	assert.Equal(t, n, handed)
+	assert.Zero(t, left, "the first loop task, 300 ms late, handed over every connection")
+}

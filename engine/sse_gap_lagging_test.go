@@ -91,10 +91,13 @@ func TestSSEGapWhileLaggingFromCursorZero(t *testing.T) {
 	// More events than the stream's ring keeps, so that catching up reads the table, which
 	// has been pruned by then. All of it happens while the loop is held, before the next tick
 	// could resume the connection.
-	const total, kept = 2 * ringMaxEvents, 3
+	// (Events of 1 KiB: the ring's bytes bound keeps fewer than a thousand, and the SQL stays
+	// quick under load — 2 × ringMaxEvents small events ran past onLoop's 10 s at load 28.)
+	const total, kept, size = 2048, 3, 1 << 10
+	require.Greater(t, total*size, ringMaxBytes)
 	ts.onLoop(t, func() {
 		ts.subs.pause(sub()) // as deliver does over the high watermark
-		pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.publish('lag0', g::text) FROM generate_series(1, %d) g", total))
+		pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.publish('lag0', lpad(g::text, %d, 'x')) FROM generate_series(1, %d) g", size, total))
 		pgtest.Exec(t, ts.DSN, fmt.Sprintf("SELECT pgsse.prune('0 seconds', %d)", kept))
 	})
 	ev := c.mustNextData(15 * time.Second)

@@ -184,6 +184,7 @@ type subscriptions struct {
 	laggingSpare []*subscription
 	retry        []*subscription // failed history reads, retried on the sweep
 	largeWait    []*subscription // catch-ups waiting for a large event to leave (budget.go)
+	reads        readGate        // catch-up reads in the replay pool's queue, and those waiting (catchup.go)
 	items        []outItem       // scratch: one connection's write
 	evs          []*event        // scratch: a ring's events one subscription bridges
 

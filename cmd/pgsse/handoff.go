@@ -385,6 +385,13 @@ func handOverAll(log *slog.Logger, srv *engine.Server, ctrl *net.UnixConn, mark 
 	// then the mark: every channel the successor LISTENs now counts from it exactly.
 	mctx, mcancel := context.WithTimeout(context.Background(), handoffReadyTimeout)
 	defer mcancel()
+	var ph handoffPhases
+	t0 := time.Now()
+	defer func() {
+		if tookOver {
+			ph.log(log, handed)
+		}
+	}()
 	if err := sendChannels(mctx, srv, ctrl, mark); err != nil {
 		log.Error("handoff: the successor went away as it took over; serving the connections we have, accepting no more", "err", err)
 		return 0, -1, false
@@ -397,12 +404,24 @@ func handOverAll(log *slog.Logger, srv *engine.Server, ctrl *net.UnixConn, mark 
 		log.Error("handoff: the successor went away as it took over; serving the connections we have, accepting no more", "err", err)
 		return 0, -1, false
 	}
+	ph.mark = time.Since(t0)
 	ctx, cancel := context.WithTimeout(context.Background(), handoffMoveTimeout)
 	defer cancel()
+	t1 := time.Now()
+	last := t1
 	handed, err := srv.HandOver(ctx, func(batch []engine.HandedConn) error {
+		ts := time.Now()
+		ph.between += ts.Sub(last)
 		body, fds := batchBody(batch)
-		return writeFrame(ctrl, 'B', body, fds)
+		err := writeFrame(ctrl, 'B', body, fds)
+		last = time.Now()
+		ph.send += last.Sub(ts)
+		ph.batches++
+		return err
 	})
+	ph.move = time.Since(t1)
+	t2 := time.Now()
+	defer func() { ph.adopt = time.Since(t2) }()
 	if err != nil {
 		log.Error("handoff: not every connection could be handed over; the rest are drained here", "handed", handed, "err", err)
 	}
@@ -419,6 +438,24 @@ func handOverAll(log *slog.Logger, srv *engine.Server, ctrl *net.UnixConn, mark 
 	}
 	_ = ctrl.Close()
 	return handed, adopted, true
+}
+
+// handoffPhases is where a predecessor's handOverAll spent its time, logged once the
+// successor took over (bench/RESULTS.md, scenario 17: the handover's parts): mark — the
+// channels taken on meanwhile, the mark and 'A'; move — engine.Server.HandOver, of which send
+// is the writes of the 'B' frames (SCM_RIGHTS) and between the time from one send's end to
+// the next one's start (the loop tasks that record the connections, and their waits behind
+// the loop's delivery rounds); adopt — 'D' until the successor's 'K' (its loop taking the
+// last batches, its presence registration).
+type handoffPhases struct {
+	mark, move, send, between, adopt time.Duration
+	batches                          int
+}
+
+func (p *handoffPhases) log(log *slog.Logger, handed int) {
+	ms := func(d time.Duration) string { return d.Round(100 * time.Microsecond).String() }
+	log.Info("handoff: connections moved", "connections", handed, "batches", p.batches, "mark", ms(p.mark),
+		"move", ms(p.move), "send", ms(p.send), "between_sends", ms(p.between), "adopt", ms(p.adopt))
 }
 
 // sendChannels sends the raw channels this process holds and its mark ('C'), and waits for

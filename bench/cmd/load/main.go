@@ -112,6 +112,7 @@ func main() {
 	flag.Float64Var(&p.Deploy.Rate, "deploy-rate", p.Deploy.Rate, "17: events per second")
 	flag.DurationVar(&p.Deploy.Window, "deploy-window", p.Deploy.Window, "17: the steady window before the deploys")
 	flag.DurationVar(&p.Deploy.Settle, "deploy-settle", p.Deploy.Settle, "17: after every subscriber caught up, before the next step")
+	flag.BoolVar(&p.Deploy.HandoffFirst, "deploy-handoff-first", false, "17: (b) SIGUSR2 before (a) SIGTERM + restart (from the steady window; (a) restarts the successor)")
 	flag.Parse()
 	if *deployCl != "" {
 		raiseFDLimit()
