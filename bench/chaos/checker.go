@@ -586,11 +586,14 @@ func (c *checker) completeness(sl *SubLog, stream string, s *streamState, seen m
 		}
 	}
 	// The first of the lost events the subscriber received last, with nothing but lost events
-	// after it (math.MaxInt64: its last event is the table's).
+	// after it (math.MaxInt64: its last event is the table's) — or lost events hidden from it.
 	trailingLost := int64(math.MaxInt64)
 	for id := s.lastID; id > 0; id-- {
 		k, ok := s.got[id]
 		if !ok {
+			if trailingLost != math.MaxInt64 && c.lostHidden(stream, id, sl.Tags) {
+				trailingLost = id // the lost history it holds had an event for others here
+			}
 			continue // hidden from it, or never received (a gap moved its cursor)
 		}
 		if _, lost := s.seenLost[id]; !lost || s.seenLost[id] != k {
