@@ -262,7 +262,7 @@ func (cfg Config) FDBudget(fdLimit uint64) FDBudget {
 	b.Shares = []FDShare{
 		{"runtime and files", fdRuntime},
 		{"listeners, loop anchor, reserve descriptors", fdListeners},
-		{"PostgreSQL sessions (LISTEN, " + strconv.Itoa(replay) + " replay, schema check, retention, publishing)", fdPostgresFixed + replay},
+		{"PostgreSQL sessions (LISTEN, " + strconv.Itoa(replay) + " replay, schema check, retention, 3 publishing)", fdPostgresFixed + replay},
 		{"admin connections (--admin-max-connections)", admin},
 		{"connections being handed to the loop (" + strconv.Itoa(b.AcceptWindow) + " per listener)", listeners * b.AcceptWindow},
 		{"SSE connections told to retry (over --max-connections)", shedSlack},

@@ -348,7 +348,7 @@ func (f *fanout) markDirty(st *stream) {
 // once. It reports whether a sweep is left to do (Server.leave). budget is a slice's length
 // (sweepSlice while publishers are connected: their requests are read between slices; 0
 // otherwise: nothing waits to be read that a pause would serve, and each pause costs a
-// wake-up — scenario 3's 10,000-subscriber round took 1.6× as long sliced).
+// wake-up — scenario 3's 15,000-subscriber round took 1.6× as long sliced).
 func (f *fanout) flush(budget time.Duration, drive bool) bool {
 	left := f.flushStreams(budget, drive)
 	f.flushChannels(nil)

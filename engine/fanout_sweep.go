@@ -2,7 +2,7 @@ package engine
 
 import "time"
 
-// The fan-out's sweep (docs/architecture.md, The sweep): what the loop entries queue on the
+// The fan-out's sweep (docs/architecture.md, The fan-out sweep): what the loop entries queue on the
 // streams is written by a sweep over the dirty streams' subscriptions that stops after a
 // slice (sweepSlice, looked at every flushSliceSubs subscriptions) and resumes where it
 // stopped, so that a round of 10,000 writes no longer holds the loop: between slices gnet

@@ -67,7 +67,7 @@ func parseServe(args []string, env func(string) (string, bool), stdout, stderr i
 	publicStreams := c.List("public-streams", "stream patterns readable without a token, comma-separated")
 	corsOrigins := c.List("cors-origins", "exact origins allowed cross-origin, comma-separated")
 	limit := engine.FDLimit()
-	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: what RLIMIT_NOFILE leaves after the other consumers, pgsse doctor shows the budget; now %d)", engine.MaxConnectionsFor(limit)))
+	maxConns := c.Int("max-connections", 0, fmt.Sprintf("SSE connection limit (default: what RLIMIT_NOFILE leaves after the other consumers, pgsse doctor shows the budget; now %d without --hub-socket and --presence-streams)", engine.MaxConnectionsFor(limit)))
 	perSubject := c.Int("max-connections-per-subject", engine.DefaultMaxConnectionsPerSubject, "SSE connections one token subject (sub, else the token) may hold at once (0 = no limit)")
 	maxStreams := c.Int("max-streams-per-connection", engine.DefaultMaxStreamsPerConnection, fmt.Sprintf("streams one GET /streams?stream=…&stream=… may follow (1-%d)", engine.MaxMaxStreamsPerConnection))
 	maxHeader := c.Size("max-header-bytes", engine.DefaultMaxHeaderBytes, "request head limit")

@@ -15,7 +15,7 @@ const maxTokenPatterns = 256
 // cmdToken runs `pgsse token --stream P… [--channel C…] [--publish P…] [--tag T…] [--ttl 1h]`: it mints
 // with the key `pgsse serve` is configured with and prints only the token.
 func cmdToken(args []string, env func(string) (string, bool), stdout io.Writer, now time.Time) error {
-	c := newCLI("token", "--stream PATTERN… [flags]", env)
+	c := newCLI("token", "--stream|--channel|--publish PATTERN… [flags]", env)
 	streams := c.Multi("stream", "stream `PATTERN` to grant: a name, or a prefix ending in \"*\" (repeatable)")
 	channels := c.Multi("channel", "raw channel `PATTERN` to grant (repeatable)")
 	publish := c.Multi("publish", "stream `PATTERN` to grant publishing to (POST /streams, /publish; repeatable)")
