@@ -345,25 +345,9 @@ func TestHandOverMovesManyBatchesPerLoopTask(t *testing.T) {
 	const n = 3*handoffBatch + 5
 	require.LessOrEqual(t, n, handoffTaskMin)
 	ts := startServer(t, "", nil)
-	addr := ts.Addr().String()
-	tok := bearerH(allStreams(t))
-	for range n {
-		c := dial(t, addr, "/streams/m/1", tok)
-		require.Equal(t, 200, c.Status, c.Body)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	streaming := func() (k int) {
-		require.NoError(t, ts.loopDo(ctx, func() {
-			for _, sc := range ts.conns.all() {
-				if !sc.closed && sc.state == stateStreaming {
-					k++
-				}
-			}
-		}))
-		return k
-	}
-	waitFor(t, 10*time.Second, "every connection streams", func() bool { return streaming() == n })
+	streaming := dialStreaming(t, ctx, ts, n, 10*time.Second)
 
 	ts.StopAcceptingAll()
 	var sizes []int
@@ -431,25 +415,9 @@ func TestHandOverTaskThatWaitedMovesMore(t *testing.T) {
 	const n = 1000
 	require.LessOrEqual(t, n, handoffTaskMax)
 	ts := startServer(t, "", func(c *Config) { c.MaxConnectionsPerSubject = NoLimit })
-	addr := ts.Addr().String()
-	tok := bearerH(allStreams(t))
-	for range n {
-		c := dial(t, addr, "/streams/m/1", tok)
-		require.Equal(t, 200, c.Status, c.Body)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	streaming := func() (k int) {
-		require.NoError(t, ts.loopDo(ctx, func() {
-			for _, sc := range ts.conns.all() {
-				if !sc.closed && sc.state == stateStreaming {
-					k++
-				}
-			}
-		}))
-		return k
-	}
-	waitFor(t, 20*time.Second, "every connection streams", func() bool { return streaming() == n })
+	streaming := dialStreaming(t, ctx, ts, n, 20*time.Second)
 
 	ts.StopAcceptingAll()
 	ts.tasks.push(func() { time.Sleep(300 * time.Millisecond) }) // a slow round
@@ -463,4 +431,28 @@ func TestHandOverTaskThatWaitedMovesMore(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, n, handed)
 	assert.Zero(t, left, "the first loop task, 300 ms late, handed over every connection")
+}
+
+// dialStreaming opens n subscriptions of /streams/m/1 to ts and waits (up to wait) until every
+// one streams; it returns how many connections stream on ts (read on its loop, within ctx).
+func dialStreaming(t *testing.T, ctx context.Context, ts *testServer, n int, wait time.Duration) func() int {
+	t.Helper()
+	addr := ts.Addr().String()
+	tok := bearerH(allStreams(t))
+	for range n {
+		c := dial(t, addr, "/streams/m/1", tok)
+		require.Equal(t, 200, c.Status, c.Body)
+	}
+	streaming := func() (k int) {
+		require.NoError(t, ts.loopDo(ctx, func() {
+			for _, sc := range ts.conns.all() {
+				if !sc.closed && sc.state == stateStreaming {
+					k++
+				}
+			}
+		}))
+		return k
+	}
+	waitFor(t, wait, "every connection streams", func() bool { return streaming() == n })
+	return streaming
 }
