@@ -630,5 +630,7 @@ func TestPublisherIdleWorkerRunsAtSubmit(t *testing.T) {
 			early++
 		}
 	}
-	assert.GreaterOrEqual(t, early, n*4/5, "of %d requests to an idle publisher, %d were sent before Submit returned", n, early)
+	// Without the yield 0 of 50 were; with it 39–50 (CI, with -race and the other packages'
+	// tests beside it, saw 39): a quarter leaves the scheduler its margin and still fails on 0.
+	assert.GreaterOrEqual(t, early, n/4, "of %d requests to an idle publisher, %d were sent before Submit returned", n, early)
 }
