@@ -131,10 +131,6 @@ const flushSliceSubs = 64
 // receiving says when the notifications routed next (onPayload) were received.
 func (f *fanout) receiving(at time.Time) { f.received = at }
 
-// passEvents are the events queued for the stream's live side and not trimmed by a sweep yet,
-// in arrival order (read them during the sweep only: fanout_sweep.go).
-func (st *stream) passEvents() []*event { return st.sweepable() }
-
 // head is the highest id the stream has accounted for; -1 when not known yet.
 func (st *stream) head() int64 { return st.last }
 

@@ -617,7 +617,7 @@ func (s *subscriptions) deliverMulti(sc *sseConn) int {
 		if sub.stream() == nil {
 			continue
 		}
-		evs := sub.stream().passEvents()
+		evs := sub.stream().sweepable()
 		if len(evs) == 0 {
 			continue
 		}
